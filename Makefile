@@ -1,0 +1,49 @@
+# mlmkit: `make train` (quick start) and `make test` set everything up on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# PyTorch build. On Linux without an NVIDIA driver a CPU-only build is taken (about
+# 200 MB instead of several GB of CUDA libraries) from PyTorch's CPU index or a local
+# wheel; elsewhere the default build from PyPI. Override, e.g.: make test TORCH=torch==2.6.0
+HAS_NVIDIA := $(shell command -v nvidia-smi 2>/dev/null)
+UNAME_S    := $(shell uname -s)
+ifeq ($(UNAME_S)$(HAS_NVIDIA),Linux)
+TORCH       ?= torch==2.13.0+cpu
+TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu
+else
+TORCH       ?= torch>=2.4
+TORCH_INDEX ?=
+endif
+
+ARGS ?=
+
+.PHONY: venv train test test-fast lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch alone first (only it is looked up on the extra index), then its dependencies
+	$(BIN)/python -c "import torch" 2>/dev/null || \
+	  ( $(BIN)/python -m pip install --quiet --retries 1 --no-deps "$(TORCH)" $(TORCH_INDEX) && \
+	    $(BIN)/python -m pip install --quiet "$(TORCH)" )
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+train: venv  ## quick start: tiny BERT on the built-in corpus, a few minutes on a CPU
+	$(BIN)/python train.py $(ARGS)
+
+test: venv  ## the test suite (CPU, a few minutes)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf outputs .pytest_cache

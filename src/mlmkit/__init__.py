@@ -1,0 +1,18 @@
+"""mlmkit: pretrain BERT-style masked language models."""
+
+from mlmkit.collator import MLMCollator
+from mlmkit.config import Config
+from mlmkit.errors import MLMKitError
+
+__version__ = "0.1.0"
+
+
+def train(cfg, run_dir):
+    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.trainer.train``."""
+    from mlmkit.config import to_config
+    from mlmkit.trainer import train as _train
+
+    return _train(to_config(cfg), run_dir)
+
+
+__all__ = ["Config", "MLMCollator", "MLMKitError", "train", "__version__"]

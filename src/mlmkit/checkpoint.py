@@ -1,0 +1,103 @@
+"""Checkpoints: accelerate state plus the loop's own state, written atomically.
+
+A checkpoint is a folder ``checkpoints/step_0000500/`` holding what
+``accelerator.save_state`` writes (model, optimizer, scheduler, RNG states) and
+``loop_state.json``. It is written under a temporary name and renamed only when
+complete, so a run killed while saving never leaves a latest checkpoint that cannot be
+loaded. ``final/`` is the plain Hugging Face export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mlmkit.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+LOOP_STATE = "loop_state.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / LOOP_STATE).is_file()
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete checkpoints in ``ckpt_dir``, oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for child in ckpt_dir.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m and is_checkpoint(child):
+            found.append((int(m.group(1)), child))
+    return [p for _, p in sorted(found)]
+
+
+def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
+    """The checkpoint to resume from: None, the latest in ``ckpt_dir`` ("auto"), or a path."""
+    if resume is None or resume in ("", "none", "null", "false"):
+        return None
+    if resume == "auto":
+        found = list_checkpoints(ckpt_dir)
+        if found:
+            return found[-1]
+        log.info("train.resume=auto: no checkpoint in %s, starting from scratch", ckpt_dir)
+        return None
+    path = Path(resume).expanduser()
+    if not is_checkpoint(path):
+        raise CheckpointError(
+            f"train.resume={resume!r} is not a checkpoint folder (it has no {LOOP_STATE}); "
+            "use train.resume=auto or the path of a checkpoints/step_* folder."
+        )
+    return path
+
+
+def save_checkpoint(accelerator, ckpt_dir: Path, step: int, loop_state: dict[str, Any],
+                    keep_last: int) -> Path:
+    """Save on every rank (sharded engines need it); rename and prune on the main process."""
+    final = ckpt_dir / checkpoint_name(step)
+    tmp = ckpt_dir / f".tmp-{checkpoint_name(step)}"
+    if accelerator.is_main_process:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        with open(tmp / LOOP_STATE, "w") as f:
+            json.dump(loop_state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(ckpt_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
+    """Restore accelerate state and return the loop state."""
+    try:
+        accelerator.load_state(str(path))
+        with open(path / LOOP_STATE) as f:
+            return json.load(f)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(
+            f"Could not load checkpoint {str(path)!r}: {str(exc).splitlines()[0]}; "
+            "point train.resume at another checkpoint or start a new run."
+        ) from None

@@ -1,0 +1,313 @@
+"""Typed configuration for mlmkit.
+
+These dataclasses are the schema of ``conf/``: Hydra composes the YAML files on
+top of them (a misspelt key or a value of the wrong type stops composition), and
+``__post_init__`` checks the values once the config is turned into objects. Every
+field says what it means and in which unit.
+
+Library code takes these objects, never a DictConfig, so each piece can be used
+without Hydra: ``build_model(cfg.model, vocab_size)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlmkit.errors import ConfigError
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass
+class ModelConfig:
+    """The encoder. A preset fills in the sizes; any size can be overridden."""
+
+    name: str = "bert-tiny"  # a label for the run and the model card
+    num_hidden_layers: int = 2  # transformer blocks
+    hidden_size: int = 128  # width of the residual stream
+    num_attention_heads: int = 2  # hidden_size must be divisible by this
+    intermediate_size: int = 512  # FFN width (4x hidden in every preset)
+    max_position_embeddings: int = 512  # longest sequence the position table holds
+    hidden_dropout_prob: float = 0.1  # dropout after attention/FFN (BERT: 0.1)
+    attention_probs_dropout_prob: float = 0.1  # dropout on attention weights (BERT: 0.1)
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02  # std of the truncated-normal init
+    type_vocab_size: int = 2  # segment embeddings (kept for BERT compatibility)
+    # Continued pretraining: a Hugging Face model dir (or hub name) to start from.
+    # Its config, weights and tokenizer are used; the size fields above are ignored.
+    init_from: str | None = None
+    # Attention kernel: "sdpa" (torch scaled_dot_product_attention, fused kernels) or "eager".
+    attn_implementation: str = "sdpa"
+    # Compute the vocabulary projection only at the chosen (masked) positions.
+    # Same loss and gradients as the full head; several times faster.
+    sparse_prediction: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.num_hidden_layers > 0, "model.num_hidden_layers must be at least 1.")
+        _check(
+            self.hidden_size > 0 and self.num_attention_heads > 0
+            and self.hidden_size % self.num_attention_heads == 0,
+            f"model.hidden_size ({self.hidden_size}) must be a positive multiple of "
+            f"model.num_attention_heads ({self.num_attention_heads}).",
+        )
+        _check(self.intermediate_size > 0, "model.intermediate_size must be positive.")
+        _check(self.max_position_embeddings > 0, "model.max_position_embeddings must be positive.")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            v = getattr(self, key)
+            _check(0.0 <= v < 1.0, f"model.{key} must be in [0, 1), got {v}.")
+        _check(
+            self.attn_implementation in ("sdpa", "eager"),
+            f"model.attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}.",
+        )
+
+
+@dataclass
+class TokenizerConfig:
+    """Where the tokenizer comes from: a Hugging Face tokenizer, or WordPiece trained here."""
+
+    # A local tokenizer dir or a hub name. null: train WordPiece on the training corpus
+    # (or use the tokenizer of model.init_from when that is set).
+    name_or_path: str | None = None
+    vocab_size: int = 8192  # WordPiece vocabulary size when training (special tokens included)
+    lowercase: bool = True  # BERT-uncased normalisation (lowercase, strip accents)
+    min_frequency: int = 2  # a pair must occur this often to be merged
+    # Train on at most this many characters of the corpus (null: all of it).
+    max_train_chars: int | None = 50_000_000
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 100, f"tokenizer.vocab_size must be at least 100, got {self.vocab_size}.")
+        _check(self.min_frequency >= 1, "tokenizer.min_frequency must be at least 1.")
+
+
+@dataclass
+class DataConfig:
+    """The corpus and how it becomes fixed-length blocks."""
+
+    # "builtin": English prose from this Python installation (no download, ~2 MB);
+    # "files": local text files listed in train_files (and validation_files).
+    source: str = "builtin"
+    train_files: list[str] = field(default_factory=list)  # paths or globs (.txt .jsonl .json .parquet .csv)
+    validation_files: list[str] = field(default_factory=list)  # empty: hold out validation_split
+    text_column: str = "text"  # column holding the text in .jsonl/.json/.parquet/.csv
+    # How .txt files are cut into documents: "paragraph" (blank-line separated),
+    # "line" (every line) or "document" (whole file).
+    txt_sample_by: str = "paragraph"
+    validation_split: float = 0.05  # share of documents held out when no validation_files
+    max_seq_length: int = 128  # tokens per block, [CLS] and [SEP] included
+    num_proc: int | None = None  # worker processes for tokenizing (null: one per core, at most 8)
+    max_eval_samples: int | None = 1000  # cap on validation blocks (null: all)
+    cache: bool = True  # keep the tokenized, packed dataset on disk and reuse it
+
+    def __post_init__(self) -> None:
+        _check(
+            self.source in ("builtin", "files"),
+            f"data.source must be 'builtin' or 'files', got {self.source!r}.",
+        )
+        if self.source == "files":
+            _check(
+                len(self.train_files) > 0,
+                "data=files needs data.train_files=[path, ...] (files or globs).",
+            )
+        _check(
+            self.txt_sample_by in ("paragraph", "line", "document"),
+            f"data.txt_sample_by must be 'paragraph', 'line' or 'document', got {self.txt_sample_by!r}.",
+        )
+        _check(
+            0.0 < self.validation_split < 1.0,
+            f"data.validation_split must be in (0, 1), got {self.validation_split}.",
+        )
+        _check(
+            self.max_seq_length >= 8,
+            f"data.max_seq_length must be at least 8, got {self.max_seq_length}.",
+        )
+        _check(
+            self.num_proc is None or self.num_proc >= 1,
+            "data.num_proc must be at least 1 (or null for automatic).",
+        )
+
+
+@dataclass
+class MaskingConfig:
+    """BERT's 80-10-10 masking (Devlin et al., 2019)."""
+
+    mlm_probability: float = 0.15  # share of real tokens chosen for prediction
+    mask_replace_prob: float = 0.8  # of the chosen: replaced by [MASK]
+    random_replace_prob: float = 0.1  # of the chosen: replaced by a random token (rest unchanged)
+    eval_seed: int = 1234  # seed of the fixed validation masks
+
+    def __post_init__(self) -> None:
+        _check(
+            0.0 < self.mlm_probability < 1.0,
+            f"masking.mlm_probability must be in (0, 1), got {self.mlm_probability}.",
+        )
+        _check(
+            0.0 <= self.mask_replace_prob <= 1.0 and 0.0 <= self.random_replace_prob <= 1.0,
+            "masking.mask_replace_prob and masking.random_replace_prob must be in [0, 1].",
+        )
+        _check(
+            self.mask_replace_prob + self.random_replace_prob <= 1.0 + 1e-9,
+            "masking.mask_replace_prob + masking.random_replace_prob must not exceed 1 "
+            f"(got {self.mask_replace_prob} + {self.random_replace_prob}).",
+        )
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with warmup and decay."""
+
+    lr: float = 1e-3  # peak learning rate
+    weight_decay: float = 0.01  # not applied to biases and LayerNorm weights
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    max_grad_norm: float | None = 1.0  # gradient clipping (null: none)
+    warmup_steps: int = 100  # optimizer steps of linear warmup from 0
+    schedule: str = "linear"  # decay after warmup: linear | cosine | constant
+    min_lr_ratio: float = 0.0  # lr at the end of decay, as a share of lr
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, f"optim.lr must be positive, got {self.lr}.")
+        _check(self.weight_decay >= 0, "optim.weight_decay must not be negative.")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1).")
+        _check(self.eps > 0, "optim.eps must be positive.")
+        _check(
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "optim.max_grad_norm must be positive (or null to disable clipping).",
+        )
+        _check(self.warmup_steps >= 0, "optim.warmup_steps must not be negative.")
+        _check(
+            self.schedule in ("linear", "cosine", "constant"),
+            f"optim.schedule must be linear, cosine or constant, got {self.schedule!r}.",
+        )
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1].")
+
+
+@dataclass
+class TrainConfig:
+    """The loop: batch, precision, length, and the occasional jobs."""
+
+    batch_size: int = 32  # sequences per device per micro-batch
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    max_steps: int = 1000  # optimizer steps
+    # Mixed precision: auto (bf16 where the hardware has it, else fp16 on CUDA, else none),
+    # no, fp16 (CUDA only), bf16 (CUDA or CPU).
+    precision: str = "auto"
+    seed: int = 0
+    log_every: int = 10  # optimizer steps between log events
+    eval_every: int = 200  # optimizer steps between evaluations (0: only at the end)
+    save_every: int = 500  # optimizer steps between checkpoints (0: only at the end)
+    keep_last: int = 2  # checkpoints kept (older ones are deleted)
+    # Resume: null (start fresh), "auto" (latest checkpoint in this run dir, if any)
+    # or the path of a checkpoint folder.
+    resume: str | None = None
+    num_workers: int = 0  # dataloader worker processes (0: load in the training process)
+    progress: bool = True  # show a progress bar
+    export: bool = True  # write <run dir>/final/ at the end
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, f"train.batch_size must be at least 1, got {self.batch_size}.")
+        _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be at least 1.")
+        _check(self.max_steps >= 1, f"train.max_steps must be at least 1, got {self.max_steps}.")
+        _check(
+            self.precision in ("auto", "no", "fp16", "bf16"),
+            f"train.precision must be auto, no, fp16 or bf16, got {self.precision!r}.",
+        )
+        _check(self.log_every >= 1, "train.log_every must be at least 1.")
+        _check(self.eval_every >= 0, "train.eval_every must not be negative.")
+        _check(self.save_every >= 0, "train.save_every must not be negative.")
+        _check(self.keep_last >= 1, "train.keep_last must be at least 1.")
+        _check(self.num_workers >= 0, "train.num_workers must not be negative.")
+
+
+@dataclass
+class PathsConfig:
+    """Where shared, reusable files go (not the run's own files)."""
+
+    # Trained tokenizers and tokenized datasets, keyed by what produced them.
+    cache_dir: str = ".cache/mlmkit"
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def __post_init__(self) -> None:
+        if self.model.init_from is None:
+            _check(
+                self.data.max_seq_length <= self.model.max_position_embeddings,
+                f"data.max_seq_length ({self.data.max_seq_length}) is larger than "
+                f"model.max_position_embeddings ({self.model.max_position_embeddings}); "
+                "lower data.max_seq_length or raise model.max_position_embeddings.",
+            )
+
+
+def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
+    """The start time of the run, the same on every rank of a node.
+
+    Under ``accelerate launch``/torchrun each rank resolves the Hydra config on its own, at
+    slightly different moments; they share the launcher process, so its start time names
+    one run dir for all of them. Outside a launcher this is simply now.
+    """
+    import os
+    import time
+
+    started = time.time()
+    if "LOCAL_RANK" in os.environ:
+        try:
+            with open(f"/proc/{os.getppid()}/stat") as f:
+                ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/stat") as f:
+                btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+            started = btime + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return time.strftime(fmt, time.localtime(started))
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (conf/config.yaml extends it) and the
+    ``launch_time`` resolver used by the default run dir."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    cs = ConfigStore.instance()
+    cs.store(name="mlmkit_schema", node=Config)
+    if not OmegaConf.has_resolver("launch_time"):
+        OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
+
+
+def to_config(cfg: Any) -> Config:
+    """Turn a composed DictConfig (or a plain dict) into a checked ``Config``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, Config):
+        return cfg
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(schema, cfg)
+        return OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except Exception as exc:  # omegaconf validation errors name the key
+        raise ConfigError(_omegaconf_message(exc)) from None
+
+
+def _omegaconf_message(exc: Exception) -> str:
+    key = getattr(exc, "full_key", None)
+    msg = str(exc).splitlines()[0]
+    if key:
+        return f"config key '{key}': {msg}"
+    return msg

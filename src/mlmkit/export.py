@@ -1,0 +1,78 @@
+"""Export a plain Hugging Face model dir: weights, config, tokenizer and a model card."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mlmkit.model import count_parameters
+
+
+def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]) -> str:
+    c = model.config
+    mask = tokenizer.mask_token
+    metrics = "\n".join(
+        f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
+        for k, v in summary.items()
+    )
+    data = config.get("data", {})
+    source = data.get("source")
+    if source == "files":
+        source = ", ".join(data.get("train_files", []))
+    return f"""---
+library_name: transformers
+pipeline_tag: fill-mask
+tags: [bert, fill-mask, mlmkit]
+---
+
+# {config.get("model", {}).get("name", "bert")} (masked language model)
+
+A BERT encoder pretrained with masked language modeling by mlmkit.
+
+- Architecture: BertForMaskedLM, {c.num_hidden_layers} layers, hidden {c.hidden_size},
+  {c.num_attention_heads} heads, FFN {c.intermediate_size}, vocabulary {c.vocab_size},
+  {count_parameters(model) / 1e6:.2f}M parameters.
+- Data: {source}, blocks of {data.get("max_seq_length")} tokens.
+- Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
+
+## Final evaluation (validation set, fixed masks)
+
+| metric | value |
+| --- | --- |
+{metrics}
+
+## Use
+
+```python
+from transformers import pipeline
+
+fill = pipeline("fill-mask", model="path/to/this/dir")
+fill("The {mask} of the function is returned.")
+```
+
+## Full config
+
+```json
+{json.dumps(config, indent=2, default=str)}
+```
+"""
+
+
+def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, Any],
+                 summary: dict[str, Any]) -> Path:
+    """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md) atomically."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / "README.md").write_text(model_card(model, tokenizer, config, summary))
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path

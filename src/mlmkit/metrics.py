@@ -1,0 +1,106 @@
+"""Evaluation with fixed masks, and the run's metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlmkit.collator import MLMCollator
+
+
+def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Mask the validation set once with ``masking.eval_seed``.
+
+    The same masks are used at every evaluation and by every run with the same data and
+    tokenizer, whatever the training seed or strategy, so eval figures are comparable.
+    """
+    collator = MLMCollator(
+        tokenizer,
+        mlm_probability=masking.mlm_probability,
+        mask_replace_prob=masking.mask_replace_prob,
+        random_replace_prob=masking.random_replace_prob,
+        seed=masking.eval_seed,
+    )
+    batches = []
+    for start in range(0, len(dataset), batch_size):
+        rows = dataset[start:start + batch_size]["input_ids"]
+        batches.append(collator([{"input_ids": r} for r in rows]))
+    return batches
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """MLM loss, perplexity and masked-token accuracy (top-1, top-5) over ``batches``.
+
+    Each rank evaluates every world_size-th batch; sums are reduced across ranks, so the
+    figures are exact averages over all chosen tokens.
+    """
+    was_training = model.training
+    model.eval()
+    device = accelerator.device
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, n, top1, top5
+    for batch in batches[accelerator.process_index::accelerator.num_processes]:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        if bool(batch["attention_mask"].all()):
+            batch["attention_mask"] = None
+        out = model(**batch)  # the prepared model runs under the run's autocast
+        valid = out["targets"] != -100
+        top5 = out["logits"].topk(min(5, out["logits"].size(-1)), dim=-1).indices
+        hit5 = (top5 == out["targets"][:, None]).any(-1) & valid
+        totals += torch.stack([
+            out["loss_sum"].double(), out["n_tokens"].double(), out["n_correct"].double(),
+            hit5.sum().double(),
+        ])
+    totals = accelerator.reduce(totals, reduction="sum")
+    loss_sum, n, top1, top5 = totals.tolist()
+    if was_training:
+        model.train()
+    n = max(n, 1.0)
+    loss = loss_sum / n
+    return {
+        "eval_loss": loss,
+        "eval_perplexity": math.exp(min(loss, 50.0)),
+        "eval_accuracy": top1 / n,
+        "eval_top5_accuracy": top5 / n,
+        "eval_tokens": int(n),
+    }
+
+
+class MetricsLog:
+    """Appends one JSON object per event to ``metrics.jsonl`` (main process only)."""
+
+    def __init__(self, path: Path, enabled: bool = True) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def truncate_after(self, step: int) -> None:
+        """Drop events after ``step`` (a resumed run rewrites them), keeping the rest."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if event.get("step", 0) <= step:
+                kept.append(line)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(k + "\n" for k in kept))
+        tmp.replace(self.path)
+
+    def write(self, event: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All events of a run's metrics.jsonl."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,148 @@
+"""The encoder: a plain ``BertForMaskedLM`` on SDPA, and the training objective around it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlmkit.collator import IGNORE_INDEX
+from mlmkit.config import ModelConfig
+from mlmkit.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def bert_config(cfg: ModelConfig, tokenizer):
+    """A ``BertConfig`` for a preset, with the tokenizer's vocabulary and special ids."""
+    from transformers import BertConfig
+
+    vocab_size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        hidden_act="gelu",
+        hidden_dropout_prob=cfg.hidden_dropout_prob,
+        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+        max_position_embeddings=cfg.max_position_embeddings,
+        type_vocab_size=cfg.type_vocab_size,
+        initializer_range=cfg.initializer_range,
+        layer_norm_eps=cfg.layer_norm_eps,
+        pad_token_id=tokenizer.pad_token_id,
+        is_decoder=False,
+    )
+
+
+def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None):
+    """``BertForMaskedLM`` from a size preset, or from ``cfg.init_from`` (continued pretraining).
+
+    Attention runs through torch SDPA (``attn_implementation="sdpa"``), bidirectional.
+    """
+    from transformers import BertForMaskedLM
+
+    if cfg.init_from:
+        model = load_pretrained(cfg.init_from, cfg.attn_implementation)
+        emb = model.get_input_embeddings().num_embeddings
+        vocab = max(tokenizer.get_vocab().values()) + 1
+        if vocab > emb:
+            raise ConfigError(
+                f"The tokenizer has {vocab} ids but model.init_from={cfg.init_from!r} has only "
+                f"{emb} embeddings; use the tokenizer of that model (tokenizer.name_or_path=null)."
+            )
+        # Dropout is a recipe choice of this run, not of the checkpoint.
+        model.config.hidden_dropout_prob = cfg.hidden_dropout_prob
+        model.config.attention_probs_dropout_prob = cfg.attention_probs_dropout_prob
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = cfg.hidden_dropout_prob
+        for layer in model.bert.encoder.layer:
+            layer.attention.self.dropout.p = cfg.attention_probs_dropout_prob
+    else:
+        model = BertForMaskedLM(bert_config(cfg, tokenizer))
+        model.set_attn_implementation(cfg.attn_implementation)
+    limit = model.config.max_position_embeddings
+    if max_seq_length is not None and max_seq_length > limit:
+        raise ConfigError(
+            f"data.max_seq_length ({max_seq_length}) is larger than the model's "
+            f"max_position_embeddings ({limit}); lower data.max_seq_length."
+        )
+    return model
+
+
+def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa"):
+    """Load a ``BertForMaskedLM`` (safetensors only) with one clear error on failure."""
+    from transformers import AutoConfig, BertForMaskedLM
+
+    local = Path(name_or_path).expanduser()
+    source = str(local) if local.exists() else name_or_path
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except Exception as exc:
+        raise ConfigError(
+            f"Could not load model.init_from={name_or_path!r} (not a local model dir, and the "
+            f"Hugging Face Hub could not provide it: {str(exc).splitlines()[0]}); point "
+            "model.init_from at a local dir with config.json and model.safetensors."
+        ) from None
+    if config.model_type != "bert":
+        raise ConfigError(
+            f"model.init_from={name_or_path!r} is a {config.model_type!r} model; mlmkit "
+            "continues pretraining of BERT models only."
+        )
+    try:
+        return BertForMaskedLM.from_pretrained(
+            source, attn_implementation=attn_implementation, use_safetensors=True
+        )
+    except Exception as exc:
+        raise ConfigError(
+            f"Could not load weights from model.init_from={name_or_path!r}: "
+            f"{str(exc).splitlines()[0]} (mlmkit loads model.safetensors only)."
+        ) from None
+
+
+class MaskedLM(nn.Module):
+    """The training objective around a plain ``BertForMaskedLM``.
+
+    ``forward`` returns the *sum* of the cross-entropy over the chosen positions and
+    their count, so the loop can normalise by the number of chosen tokens in the whole
+    optimizer step (all micro-batches, all ranks). With ``sparse_prediction`` the
+    vocabulary projection runs only on the chosen positions; the loss and gradients
+    are those of the full head. The wrapped model is saved as it is.
+    """
+
+    def __init__(self, model, sparse_prediction: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.sparse_prediction = sparse_prediction
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if self.sparse_prediction:
+            hidden = self.model.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            flat_labels = labels.reshape(-1)
+            positions = torch.nonzero(flat_labels != IGNORE_INDEX).squeeze(1)
+            hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
+            logits = self.model.cls(hidden)
+            targets = flat_labels.index_select(0, positions)
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits = logits.reshape(-1, logits.size(-1))
+            targets = labels.reshape(-1)
+        loss_sum = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        valid = targets != IGNORE_INDEX
+        correct = ((logits.argmax(-1) == targets) & valid).sum()
+        return {"loss_sum": loss_sum, "n_tokens": valid.sum(), "n_correct": correct, "logits": logits,
+                "targets": targets}
+
+
+def count_parameters(model: nn.Module, embeddings: bool = True) -> int:
+    n = sum(p.numel() for p in model.parameters())
+    if not embeddings:
+        bert = model.bert if hasattr(model, "bert") else model
+        n -= sum(p.numel() for p in bert.embeddings.parameters())
+    return n

@@ -1,0 +1,157 @@
+"""Tokenizers: load a Hugging Face tokenizer, or train a BERT WordPiece one and cache it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from mlmkit.config import TokenizerConfig
+from mlmkit.errors import TokenizerError
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+REQUIRED = ("cls_token", "sep_token", "pad_token", "mask_token")
+
+
+def check_special_tokens(tokenizer, source: str) -> None:
+    """Fail with one sentence if the tokenizer lacks a token BERT pretraining needs."""
+    vocab = tokenizer.get_vocab()
+    missing = [
+        name for name in REQUIRED
+        if getattr(tokenizer, name, None) is None or str(getattr(tokenizer, name)) not in vocab
+    ]
+    if missing:
+        names = ", ".join(name.replace("_token", "").upper() for name in missing)
+        raise TokenizerError(
+            f"The tokenizer from {source} has no {names} token; masked-language-model "
+            "pretraining needs [CLS], [SEP], [PAD] and [MASK]: point tokenizer.name_or_path "
+            "at a BERT-style tokenizer, or set it to null to train one."
+        )
+    if not getattr(tokenizer, "is_fast", False):
+        raise TokenizerError(
+            f"The tokenizer from {source} is not a fast (Rust) tokenizer; set "
+            "tokenizer.name_or_path to a dir with a tokenizer.json."
+        )
+
+
+def load_tokenizer(name_or_path: str, setting: str = "tokenizer.name_or_path"):
+    """Load a tokenizer from a local dir or a hub name, with one clear error on failure."""
+    from transformers import AutoTokenizer
+
+    local = Path(name_or_path).expanduser()
+    looks_local = local.exists() or name_or_path.startswith((".", "/", "~"))
+    if looks_local and not local.is_dir():
+        raise TokenizerError(f"{setting}={name_or_path!r} is not a directory.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else name_or_path)
+    except Exception as exc:  # OSError, ValueError, connection errors from the hub
+        where = "the local dir" if looks_local else "the Hugging Face Hub (is it reachable?)"
+        raise TokenizerError(
+            f"Could not load a tokenizer from {setting}={name_or_path!r} via {where}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. "
+            "Use a local tokenizer dir, or set tokenizer.name_or_path=null to train one."
+        ) from None
+    check_special_tokens(tokenizer, f"{setting}={name_or_path!r}")
+    return tokenizer
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of everything that changes how text becomes ids."""
+    state = tokenizer.backend_tokenizer.to_str()
+    return hashlib.sha256(state.encode()).hexdigest()[:16]
+
+
+def _limited(texts: Iterable[str], max_chars: int | None) -> Iterator[str]:
+    seen = 0
+    for text in texts:
+        if not text:
+            continue
+        yield text
+        seen += len(text)
+        if max_chars is not None and seen >= max_chars:
+            return
+
+
+def train_wordpiece(cfg: TokenizerConfig, texts: Iterable[str]):
+    """Train a BERT WordPiece tokenizer (BERT normalisation and special tokens)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import BertTokenizer
+
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=cfg.lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    backend.train_from_iterator(_limited(texts, cfg.max_train_chars), trainer=trainer)
+    vocab = backend.get_vocab()
+    if len(vocab) <= len(SPECIAL_TOKENS):
+        raise TokenizerError(
+            "The training corpus yielded no tokens to build a vocabulary from; "
+            "check data.train_files (or data.text_column)."
+        )
+    # BertTokenizer (the Rust-backed one) rebuilds BERT's normaliser, pre-tokenizer,
+    # [CLS] ... [SEP] template and WordPiece decoder around the learned vocabulary.
+    return BertTokenizer(vocab=vocab, do_lower_case=cfg.lowercase)
+
+
+def get_tokenizer(
+    cfg: TokenizerConfig,
+    texts: Callable[[], Iterable[str]],
+    corpus_fingerprint: str,
+    cache_dir: str | os.PathLike,
+    init_from: str | None = None,
+):
+    """The tokenizer of a run: ``cfg.name_or_path``, else ``init_from``'s, else trained and cached.
+
+    ``texts`` is called only when a tokenizer must be trained; the trained tokenizer is
+    stored under ``cache_dir/tokenizers/<key>``, the key covering the corpus and settings.
+    """
+    if cfg.name_or_path:
+        return load_tokenizer(cfg.name_or_path)
+    if init_from:
+        return load_tokenizer(init_from, setting="model.init_from")
+
+    key_src = json.dumps(
+        {
+            "corpus": corpus_fingerprint,
+            "vocab_size": cfg.vocab_size,
+            "lowercase": cfg.lowercase,
+            "min_frequency": cfg.min_frequency,
+            "max_train_chars": cfg.max_train_chars,
+            "kind": "wordpiece-v1",
+        },
+        sort_keys=True,
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    target = Path(cache_dir) / "tokenizers" / key
+    if (target / "tokenizer.json").is_file():
+        log.info("Using cached tokenizer %s", target)
+        return load_tokenizer(str(target), setting="the tokenizer cache")
+
+    log.info("Training a WordPiece tokenizer (vocab %d) on the training corpus", cfg.vocab_size)
+    tokenizer = train_wordpiece(cfg, texts())
+    check_special_tokens(tokenizer, "WordPiece training")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        os.replace(tmp, target)  # atomic: a reader sees the whole tokenizer or none
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "tokenizer.json").is_file():
+            raise
+    return tokenizer

@@ -1,0 +1,353 @@
+"""The training loop: one function, read top to bottom.
+
+set up (accelerator, data, tokenizer, model, optimizer) → resume → for each optimizer
+step: gather the micro-batches, count the chosen tokens over all of them and all ranks,
+forward/backward each micro-batch with its loss divided by that count, clip, step → log →
+evaluate → checkpoint → stop at ``train.max_steps`` → export ``final/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from mlmkit.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from mlmkit.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.config import Config
+from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets
+from mlmkit.errors import ConfigError, DataError
+from mlmkit.export import export_final
+from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches
+from mlmkit.model import MaskedLM, build_model, count_parameters
+from mlmkit.optim import build_optimizer, build_scheduler
+from mlmkit.runtime import apply_speed_settings, resolve_precision
+from mlmkit.tokenizer import get_tokenizer
+
+log = logging.getLogger("mlmkit")
+
+
+class DropFullAttentionMask:
+    """Collate, then drop ``attention_mask`` when the batch has no padding.
+
+    Runs in the dataloader (on the CPU, no device synchronisation); without a mask,
+    SDPA can use its fused kernels. Packed blocks never need one.
+    """
+
+    def __init__(self, collator: MLMCollator) -> None:
+        self.collator = collator
+
+    def __call__(self, examples):
+        batch = self.collator(examples)
+        if bool(batch["attention_mask"].all()):
+            del batch["attention_mask"]
+        return batch
+
+
+class BatchStream:
+    """Endless micro-batches over epochs; knows its position for exact resume."""
+
+    def __init__(self, accelerator, loader, epoch: int = 0, offset: int = 0) -> None:
+        self.accelerator = accelerator
+        self.loader = loader
+        self.epoch = epoch
+        self.offset = offset  # micro-batches already taken in this epoch
+        self._it = None
+
+    def _start_epoch(self):
+        loader = self.loader
+        loader.set_epoch(self.epoch)
+        if self.offset:
+            loader = self.accelerator.skip_first_batches(self.loader, self.offset)
+            loader.set_epoch(self.epoch)
+        self._it = iter(loader)
+
+    def __next__(self):
+        if self._it is None:
+            self._start_epoch()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.epoch += 1
+            self.offset = 0
+            self._start_epoch()
+            batch = next(self._it)
+        self.offset += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+
+def _setup_logging(run_dir: Path, is_main: bool) -> None:
+    level = logging.INFO if is_main else logging.WARNING
+    log.setLevel(level)
+    logging.getLogger("mlmkit").propagate = False
+    for h in list(log.handlers):
+        log.removeHandler(h)
+    fmt = logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    log.addHandler(stream)
+    if is_main:
+        fh = logging.FileHandler(run_dir / "train.log")
+        fh.setFormatter(fmt)
+        log.addHandler(fh)
+
+
+def _shared_run_dir(run_dir: Path) -> Path:
+    """All ranks use the main process's run dir (Hydra resolves it once per rank)."""
+    from accelerate.utils import broadcast_object_list
+
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.num_processes == 1:
+        return run_dir
+    obj = [str(run_dir)]
+    broadcast_object_list(obj, from_process=0)
+    if obj[0] != str(run_dir):
+        log.warning("Using the main process's run dir %s (this rank resolved %s)", obj[0], run_dir)
+    return Path(obj[0])
+
+
+def _check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot write to the run dir {str(run_dir)!r} ({exc.strerror}); "
+            "set hydra.run.dir to a writable folder."
+        ) from None
+
+
+def _encode_state(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _decode_state(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
+    """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``.
+
+    Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
+    """
+    from accelerate import Accelerator, DataLoaderConfiguration, PartialState
+    from accelerate.utils import gather_object, set_seed
+
+    tc = cfg.train
+    state = PartialState()
+    run_dir = _shared_run_dir(Path(run_dir))
+    if state.is_main_process:
+        _check_writable(run_dir)
+    state.wait_for_everyone()
+    _setup_logging(run_dir, state.is_main_process)
+
+    # ---- accelerator and speed settings (one place, see runtime.py) ----------------------
+    apply_speed_settings()
+    precision = resolve_precision(tc.precision, use_cpu=state.device.type == "cpu")
+    accelerator = Accelerator(
+        mixed_precision=precision,
+        step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=tc.seed),
+    )
+    set_seed(tc.seed)
+    world = accelerator.num_processes
+    log.info("Run dir %s | %d process(es) on %s | precision %s", run_dir, world,
+             accelerator.device.type, precision)
+
+    # ---- tokenizer and data (the main process of each node prepares, others reuse) -------
+    cache_dir = Path(cfg.paths.cache_dir).expanduser()
+    fingerprint = corpus_fingerprint(cfg.data)
+    corpus = None
+
+    def corpus_texts():
+        nonlocal corpus
+        corpus = load_corpus(cfg.data)
+        for rows in corpus["train"].iter(batch_size=1000):
+            yield from rows["text"]
+
+    with accelerator.local_main_process_first():
+        tokenizer = get_tokenizer(cfg.tokenizer, corpus_texts, fingerprint, cache_dir,
+                                  init_from=cfg.model.init_from)
+        packed = prepare_datasets(cfg.data, tokenizer, cache_dir, corpus=corpus, fingerprint=fingerprint)
+    train_set, val_set = packed["train"], packed["validation"]
+    per_step = tc.batch_size * world
+    if len(train_set) < per_step:
+        raise DataError(
+            f"The training set has {len(train_set)} blocks of {cfg.data.max_seq_length} tokens, "
+            f"fewer than one batch ({tc.batch_size} x {world} processes); lower train.batch_size "
+            "or add text."
+        )
+    log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
+             len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
+
+    # ---- model, objective, optimizer ------------------------------------------------------
+    model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length)
+    log.info("Model %s: %.2fM parameters (%.2fM without embeddings)", cfg.model.name,
+             count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6)
+    objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction)
+    optimizer = build_optimizer(objective, cfg.optim, accelerator.device.type)
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps)
+
+    m = cfg.masking
+    collator = MLMCollator(tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
+                           seed=tc.seed * 1000 + accelerator.process_index)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=tc.batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=DropFullAttentionMask(collator),
+        num_workers=tc.num_workers,
+        pin_memory=accelerator.device.type == "cuda",
+        persistent_workers=tc.num_workers > 0,
+        prefetch_factor=4 if tc.num_workers > 0 else None,
+    )
+    eval_batches = fixed_eval_batches(val_set, tokenizer, m, tc.batch_size)
+    objective, optimizer, train_loader, scheduler = accelerator.prepare(
+        objective, optimizer, train_loader, scheduler
+    )
+
+    # ---- resume ---------------------------------------------------------------------------
+    ckpt_dir = run_dir / "checkpoints"
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+    step, tokens_seen, stream_state = 0, 0, {"epoch": 0, "offset": 0}
+    resume_from = resolve_resume(tc.resume, ckpt_dir)
+    if resume_from is not None:
+        loop_state = load_checkpoint(accelerator, resume_from)
+        step, tokens_seen = loop_state["step"], loop_state["tokens_seen"]
+        stream_state = loop_state["stream"]
+        collator_states = loop_state.get("collator", [])
+        if accelerator.process_index < len(collator_states) and tc.num_workers == 0:
+            collator.generator.set_state(_decode_state(collator_states[accelerator.process_index]))
+        metrics.truncate_after(step)
+        log.info("Resumed from %s at step %d", resume_from, step)
+    stream = BatchStream(accelerator, train_loader, stream_state["epoch"], stream_state["offset"])
+
+    def loop_state() -> dict[str, Any]:
+        return {
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "stream": stream.state_dict(),
+            "collator": gather_object([_encode_state(collator.generator.get_state())]),
+            "world_size": world,
+        }
+
+    def save() -> None:
+        path = save_checkpoint(accelerator, ckpt_dir, step, loop_state(), tc.keep_last)
+        log.info("Saved checkpoint %s", path)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    progress = None
+    if accelerator.is_main_process and tc.progress:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=tc.max_steps, initial=step, desc="train", dynamic_ncols=True)
+    objective.train()
+    last_eval: dict[str, Any] = {}
+    device = accelerator.device
+    loss_acc = torch.zeros((), device=device)  # summed loss since the last log (this rank)
+    masked_acc = torch.zeros((), device=device)  # chosen tokens since the last log (all ranks)
+    tokens_since = 0
+    t_log = time.perf_counter()
+    t_start = t_log
+
+    while step < tc.max_steps:
+        micro = [next(stream) for _ in range(tc.grad_accum_steps)]
+        n_local = sum((b["labels"] != IGNORE_INDEX).sum() for b in micro)
+        n_global = accelerator.reduce(n_local.float(), reduction="sum")
+        # DDP averages gradients over ranks; multiply back so that the step's gradient is
+        # that of (sum of token losses) / (chosen tokens in the whole step).
+        scale = world / n_global.clamp(min=1.0)
+        for i, batch in enumerate(micro):
+            sync = i == len(micro) - 1
+            with nullcontext() if sync else accelerator.no_sync(objective):
+                out = objective(**batch)
+                accelerator.backward(out["loss_sum"] * scale)
+            loss_acc += out["loss_sum"].detach()
+        grad_norm = None
+        if cfg.optim.max_grad_norm is not None:
+            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), cfg.optim.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        step_tokens = sum(b["input_ids"].numel() for b in micro) * world
+        tokens_seen += step_tokens
+        tokens_since += step_tokens
+        masked_acc += n_global
+        if progress is not None:
+            progress.update(1)
+
+        if step % tc.log_every == 0 or step == tc.max_steps:  # the only host syncs of a step
+            elapsed = time.perf_counter() - t_log
+            total_loss = accelerator.reduce(loss_acc, reduction="sum")
+            masked = float(masked_acc)
+            event = {
+                "event": "train",
+                "step": step,
+                "loss": float(total_loss) / max(masked, 1.0),
+                "lr": scheduler.get_last_lr()[0],
+                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "tokens_per_s": tokens_since / elapsed,
+                "masked_tokens_per_s": masked / elapsed,
+                "tokens_seen": tokens_seen,
+                "epoch": stream.epoch,
+                "elapsed_s": time.perf_counter() - t_start,
+            }
+            if torch.cuda.is_available() and device.type == "cuda":
+                event["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics.write(event)
+            if progress is not None:
+                progress.set_postfix(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
+                                     tok_s=f"{event['tokens_per_s']:.0f}")
+            if not math.isfinite(event["loss"]):
+                log.warning("Step %d: loss is %s", step, event["loss"])
+            loss_acc.zero_()
+            masked_acc.zero_()
+            tokens_since = 0
+            t_log = time.perf_counter()
+
+        if (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps:
+            last_eval = evaluate(accelerator, objective, eval_batches)
+            metrics.write({"event": "eval", "step": step, **last_eval})
+            log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f", step,
+                     last_eval["eval_loss"], last_eval["eval_perplexity"], last_eval["eval_accuracy"])
+            t_log = time.perf_counter()  # keep evaluation out of tokens/s
+
+        if (tc.save_every and step % tc.save_every == 0) or step == tc.max_steps:
+            save()
+            t_log = time.perf_counter()
+
+    if progress is not None:
+        progress.close()
+
+    # ---- export ---------------------------------------------------------------------------
+    accelerator.wait_for_everyone()
+    if not last_eval:  # resumed at max_steps: evaluate the restored weights
+        last_eval = evaluate(accelerator, objective, eval_batches)
+    if tc.export and accelerator.is_main_process:
+        final = export_final(
+            accelerator.unwrap_model(objective).model, tokenizer, run_dir / "final",
+            config=asdict(cfg), summary={"step": step, "tokens_seen": tokens_seen, **last_eval},
+        )
+        log.info("Exported %s", final)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return last_eval

@@ -1,0 +1,35 @@
+"""Pretrain a masked language model: ``python train.py`` or ``accelerate launch train.py``.
+
+Any setting can be overridden Hydra-style, e.g.
+``accelerate launch train.py model=bert-mini optim.lr=5e-4 train.max_steps=200``.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from mlmkit.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from mlmkit.config import to_config
+    from mlmkit.errors import MLMKitError
+
+    try:
+        config = to_config(cfg)
+        from mlmkit.trainer import train
+
+        train(config, HydraConfig.get().runtime.output_dir)
+    except MLMKitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
