@@ -16,6 +16,7 @@ from typing import Any
 
 from mlmkit.errors import ConfigError
 
+
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)

@@ -118,11 +118,7 @@ def _split_text(text: str, sample_by: str) -> list[str]:
 
 def _txt_generator(files: list[tuple[str, int, int]], sample_by: str) -> Iterator[dict]:
     for path, _size, _mtime in files:
-        raw = Path(path).read_bytes()
-        if b"\x00" in raw[:8192]:
-            raise DataError(f"{path!r} looks like a binary file (it contains NUL bytes); "
-                            "list only text files in data.train_files / data.validation_files.")
-        text = raw.decode("utf-8", errors="replace")
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
         bad = text.count("\ufffd")
         if bad:
             log.warning("%s: %d bytes are not valid UTF-8 and were replaced", path, bad)
@@ -163,6 +159,13 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
     parts = []
     for builder, group in sorted(by_builder.items()):
         if builder == "text":
+            for f in group:
+                with open(f, "rb") as fh:
+                    if b"\x00" in fh.read(8192):
+                        raise DataError(
+                            f"{setting}: {f!r} looks like a binary file (it contains NUL "
+                            "bytes); list only text files."
+                        )
             # The stats (size, mtime) are in gen_kwargs so that datasets' own cache of this
             # step is invalidated when a file changes.
             parts.append(datasets.Dataset.from_generator(

@@ -32,6 +32,26 @@ def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dic
     return batches
 
 
+def majority_baseline(train_set, eval_batches: list[dict[str, torch.Tensor]], tokenizer,
+                      max_blocks: int = 20_000) -> dict[str, float | int | str]:
+    """Accuracy of always predicting the training corpus's most frequent real token.
+
+    The bar a model must clear to have learned anything from context.
+    """
+    ids = train_set[: min(len(train_set), max_blocks)]["input_ids"]
+    ids = torch.as_tensor(ids).reshape(-1).long()
+    counts = torch.bincount(ids, minlength=len(tokenizer))
+    counts[torch.tensor(tokenizer.all_special_ids, dtype=torch.long)] = 0
+    top = int(counts.argmax())
+    hits = total = 0
+    for batch in eval_batches:
+        targets = batch["labels"][batch["labels"] != -100]
+        hits += int((targets == top).sum())
+        total += targets.numel()
+    return {"baseline_token": tokenizer.convert_ids_to_tokens(top),
+            "baseline_accuracy": hits / max(total, 1)}
+
+
 @torch.no_grad()
 def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """MLM loss, perplexity and masked-token accuracy (top-1, top-5) over ``batches``.

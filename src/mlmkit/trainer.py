@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from mlmkit.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from mlmkit.collator import IGNORE_INDEX, MLMCollator
@@ -28,7 +28,7 @@ from mlmkit.config import Config
 from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.export import export_final
-from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches
+from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches, majority_baseline
 from mlmkit.model import MaskedLM, build_model, count_parameters
 from mlmkit.optim import build_optimizer, build_scheduler
 from mlmkit.runtime import apply_speed_settings, resolve_precision
@@ -54,36 +54,58 @@ class DropFullAttentionMask:
         return batch
 
 
-class BatchStream:
-    """Endless micro-batches over epochs; knows its position for exact resume."""
+class EpochBatchSampler(Sampler[list[int]]):
+    """Batches of indices for one rank: a seeded permutation per epoch, sharded by rank.
 
-    def __init__(self, accelerator, loader, epoch: int = 0, offset: int = 0) -> None:
-        self.accelerator = accelerator
+    Rank r of w takes batches r, r + w, r + 2w, ... of the epoch's permutation, so ranks
+    never overlap; ``skip`` batches at the start of the epoch are passed over (resume).
+    """
+
+    def __init__(self, n: int, batch_size: int, rank: int, world: int, seed: int) -> None:
+        self.n, self.batch_size, self.rank, self.world, self.seed = n, batch_size, rank, world, seed
+        self.epoch = 0
+        self.skip = 0
+
+    def __len__(self) -> int:
+        return self.n // (self.batch_size * self.world)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        perm = torch.randperm(self.n, generator=g)
+        for b in range(self.skip, len(self)):
+            start = (b * self.world + self.rank) * self.batch_size
+            yield perm[start:start + self.batch_size].tolist()
+
+
+class BatchStream:
+    """Endless micro-batches over epochs, moved to the device; knows its position."""
+
+    def __init__(self, loader: DataLoader, device: torch.device, epoch: int = 0, offset: int = 0) -> None:
         self.loader = loader
+        self.sampler: EpochBatchSampler = loader.batch_sampler
+        self.device = device
         self.epoch = epoch
         self.offset = offset  # micro-batches already taken in this epoch
         self._it = None
 
-    def _start_epoch(self):
-        loader = self.loader
-        loader.set_epoch(self.epoch)
-        if self.offset:
-            loader = self.accelerator.skip_first_batches(self.loader, self.offset)
-            loader.set_epoch(self.epoch)
-        self._it = iter(loader)
+    def _start_epoch(self) -> None:
+        self.sampler.epoch, self.sampler.skip = self.epoch, self.offset
+        # the loader's generator only seeds workers; reseeding it per epoch keeps worker
+        # seeds reproducible without touching torch's global RNG (which dropout uses)
+        self.loader.generator.manual_seed(self.sampler.seed * 100_003 + self.epoch)
+        self._it = iter(self.loader)
 
-    def __next__(self):
+    def __next__(self) -> dict[str, torch.Tensor]:
         if self._it is None:
             self._start_epoch()
         try:
             batch = next(self._it)
         except StopIteration:
-            self.epoch += 1
-            self.offset = 0
+            self.epoch, self.offset = self.epoch + 1, 0
             self._start_epoch()
             batch = next(self._it)
         self.offset += 1
-        return batch
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "offset": self.offset}
@@ -93,6 +115,7 @@ def _setup_logging(run_dir: Path, is_main: bool) -> None:
     level = logging.INFO if is_main else logging.WARNING
     log.setLevel(level)
     logging.getLogger("mlmkit").propagate = False
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file save/load chatter
     for h in list(log.handlers):
         log.removeHandler(h)
     fmt = logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S")
@@ -107,9 +130,8 @@ def _setup_logging(run_dir: Path, is_main: bool) -> None:
 
 def _shared_run_dir(run_dir: Path) -> Path:
     """All ranks use the main process's run dir (Hydra resolves it once per rank)."""
-    from accelerate.utils import broadcast_object_list
-
     from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
 
     state = PartialState()
     if state.num_processes == 1:
@@ -147,7 +169,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
 
     Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
     """
-    from accelerate import Accelerator, DataLoaderConfiguration, PartialState
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import gather_object, set_seed
 
     tc = cfg.train
@@ -158,13 +180,22 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     state.wait_for_everyone()
     _setup_logging(run_dir, state.is_main_process)
 
+    # Where to start, decided before any expensive work.
+    ckpt_dir = run_dir / "checkpoints"
+    resume_from = resolve_resume(tc.resume, ckpt_dir)
+    previous = [p for p in (run_dir / "metrics.jsonl", ckpt_dir, run_dir / "final") if p.exists()]
+    if resume_from is None and previous and tc.resume != "auto":
+        raise ConfigError(
+            f"The run dir {str(run_dir)!r} already holds a run ({previous[0].name}); set "
+            "train.resume=auto to continue it, or choose a new hydra.run.dir."
+        )
+
     # ---- accelerator and speed settings (one place, see runtime.py) ----------------------
     apply_speed_settings()
     precision = resolve_precision(tc.precision, use_cpu=state.device.type == "cpu")
     accelerator = Accelerator(
         mixed_precision=precision,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=tc.seed),
     )
     set_seed(tc.seed)
     world = accelerator.num_processes
@@ -208,37 +239,42 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     m = cfg.masking
     collator = MLMCollator(tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
                            seed=tc.seed * 1000 + accelerator.process_index)
+    # Our own sampler (not accelerate's prepared loader): it shards by rank, and with
+    # num_workers=0 nothing is collated ahead of the step, so the collator's RNG state in
+    # a checkpoint is exactly where the run stopped.
     train_loader = DataLoader(
         train_set,
-        batch_size=tc.batch_size,
-        shuffle=True,
-        drop_last=True,
+        batch_sampler=EpochBatchSampler(len(train_set), tc.batch_size, accelerator.process_index,
+                                        world, tc.seed),
         collate_fn=DropFullAttentionMask(collator),
         num_workers=tc.num_workers,
         pin_memory=accelerator.device.type == "cuda",
-        persistent_workers=tc.num_workers > 0,
+        persistent_workers=False,
         prefetch_factor=4 if tc.num_workers > 0 else None,
+        generator=torch.Generator(),
     )
     eval_batches = fixed_eval_batches(val_set, tokenizer, m, tc.batch_size)
-    objective, optimizer, train_loader, scheduler = accelerator.prepare(
-        objective, optimizer, train_loader, scheduler
-    )
+    baseline = majority_baseline(train_set, eval_batches, tokenizer)
+    objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
 
     # ---- resume ---------------------------------------------------------------------------
-    ckpt_dir = run_dir / "checkpoints"
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     step, tokens_seen, stream_state = 0, 0, {"epoch": 0, "offset": 0}
-    resume_from = resolve_resume(tc.resume, ckpt_dir)
     if resume_from is not None:
-        loop_state = load_checkpoint(accelerator, resume_from)
-        step, tokens_seen = loop_state["step"], loop_state["tokens_seen"]
-        stream_state = loop_state["stream"]
-        collator_states = loop_state.get("collator", [])
+        restored = load_checkpoint(accelerator, resume_from)
+        step, tokens_seen = restored["step"], restored["tokens_seen"]
+        stream_state = restored["stream"]
+        collator_states = restored.get("collator", [])
         if accelerator.process_index < len(collator_states) and tc.num_workers == 0:
             collator.generator.set_state(_decode_state(collator_states[accelerator.process_index]))
         metrics.truncate_after(step)
         log.info("Resumed from %s at step %d", resume_from, step)
-    stream = BatchStream(accelerator, train_loader, stream_state["epoch"], stream_state["offset"])
+    else:
+        metrics.truncate_after(-1)  # resume=auto without a checkpoint: the run starts over
+        metrics.write({"event": "baseline", "step": 0, **baseline})
+        log.info("Baseline: always predicting %r scores eval accuracy %.4f",
+                 baseline["baseline_token"], baseline["baseline_accuracy"])
+    stream = BatchStream(train_loader, accelerator.device, stream_state["epoch"], stream_state["offset"])
 
     def loop_state() -> dict[str, Any]:
         return {
@@ -284,6 +320,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         grad_norm = None
         if cfg.optim.max_grad_norm is not None:
             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), cfg.optim.max_grad_norm)
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -303,7 +340,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                 "event": "train",
                 "step": step,
                 "loss": float(total_loss) / max(masked, 1.0),
-                "lr": scheduler.get_last_lr()[0],
+                "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "tokens_per_s": tokens_since / elapsed,
                 "masked_tokens_per_s": masked / elapsed,
@@ -345,7 +382,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     if tc.export and accelerator.is_main_process:
         final = export_final(
             accelerator.unwrap_model(objective).model, tokenizer, run_dir / "final",
-            config=asdict(cfg), summary={"step": step, "tokens_seen": tokens_seen, **last_eval},
+            config=asdict(cfg), summary={"step": step, "tokens_seen": tokens_seen, **last_eval, **baseline},
         )
         log.info("Exported %s", final)
     accelerator.wait_for_everyone()

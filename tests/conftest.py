@@ -1,0 +1,38 @@
+"""Shared fixtures: a small WordPiece tokenizer and paths to the reference data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def shared_file(relative: str) -> Path:
+    """A file of ../shared/data, or skip the test with the reason."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        pytest.skip(f"reference data {path} is absent (../shared/data is laid beside the project)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One tokenizer/dataset cache for the whole session (trained once, reused)."""
+    return tmp_path_factory.mktemp("mlmkit-cache")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """A WordPiece tokenizer trained on the built-in corpus (a few seconds)."""
+    from mlmkit.config import TokenizerConfig
+    from mlmkit.data import builtin_documents
+    from mlmkit.tokenizer import train_wordpiece
+
+    return train_wordpiece(TokenizerConfig(vocab_size=2000, max_train_chars=2_000_000), builtin_documents())

@@ -1,0 +1,109 @@
+"""The encoder and its objective: SDPA, bidirectional, sparse head == full head."""
+
+from __future__ import annotations
+
+import torch
+
+from mlmkit.collator import MLMCollator
+from mlmkit.config import ModelConfig, OptimConfig
+from mlmkit.model import MaskedLM, build_model
+from mlmkit.optim import lr_lambda, param_groups
+
+SMALL = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256,
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _batch(tokenizer, n=4, length=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, len(tokenizer), (n, length), generator=g)
+    ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+    return MLMCollator(tokenizer, mlm_probability=0.3, seed=seed)([{"input_ids": r} for r in ids])
+
+
+def test_model_uses_sdpa_and_is_a_plain_bert(tokenizer):
+    from transformers import BertForMaskedLM
+
+    model = build_model(SMALL, tokenizer)
+    assert type(model) is BertForMaskedLM
+    assert model.config._attn_implementation == "sdpa"
+    assert model.config.is_decoder is False
+    assert model.config.vocab_size == len(tokenizer)
+
+
+def test_attention_is_bidirectional(tokenizer):
+    """Changing the last token changes the first position's output: no causal mask."""
+    model = build_model(SMALL, tokenizer).eval()
+    batch = _batch(tokenizer, n=1)
+    ids = batch["input_ids"]
+    other = ids.clone()
+    other[0, -2] = (other[0, -2] + 1) % len(tokenizer)
+    with torch.no_grad():
+        h1 = model.bert(input_ids=ids).last_hidden_state
+        h2 = model.bert(input_ids=other).last_hidden_state
+    assert not torch.allclose(h1[0, 1], h2[0, 1])
+
+
+def test_no_mask_equals_all_ones_mask(tokenizer):
+    model = build_model(SMALL, tokenizer).eval()
+    ids = _batch(tokenizer)["input_ids"]
+    with torch.no_grad():
+        a = model.bert(input_ids=ids).last_hidden_state
+        b = model.bert(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    torch.testing.assert_close(a, b)
+
+
+def test_padding_is_masked_out(tokenizer):
+    """A padded row gives the same outputs at its real positions as the unpadded row."""
+    model = build_model(SMALL, tokenizer).eval()
+    ids = _batch(tokenizer, n=1)["input_ids"]
+    padded = torch.cat([ids, torch.full((1, 8), tokenizer.pad_token_id)], dim=1)
+    mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 8, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        a = model.bert(input_ids=ids).last_hidden_state
+        b = model.bert(input_ids=padded, attention_mask=mask).last_hidden_state[:, : ids.size(1)]
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_sparse_head_matches_full_head_loss_and_gradients(tokenizer):
+    torch.manual_seed(0)
+    model = build_model(SMALL, tokenizer)
+    batch = _batch(tokenizer)
+    results = []
+    for sparse in (True, False):
+        model.zero_grad()
+        out = MaskedLM(model, sparse_prediction=sparse)(**batch)
+        loss = out["loss_sum"] / out["n_tokens"]
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), out["n_correct"], grads))
+    (l1, c1, g1), (l2, c2, g2) = results
+    torch.testing.assert_close(l1, l2)
+    assert int(c1) == int(c2)
+    assert g1.keys() == g2.keys()
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6, msg=name)
+    # and it equals transformers' own mean cross-entropy over the labels
+    with torch.no_grad():
+        hf = model(**batch).loss
+    torch.testing.assert_close(l1, hf)
+
+
+def test_no_weight_decay_on_bias_and_layernorm(tokenizer):
+    model = build_model(SMALL, tokenizer)
+    decay, no_decay = param_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.ndim >= 2 for p in decay["params"])
+    nd = [names[id(p)] for p in no_decay["params"]]
+    assert any("LayerNorm" in n for n in nd) and any(n.endswith("bias") for n in nd)
+    assert not any("LayerNorm" in names[id(p)] for p in decay["params"])
+    total = sum(p.numel() for p in model.parameters())  # tied weights counted once
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == total
+
+
+def test_schedules():
+    cfg = OptimConfig(warmup_steps=10, schedule="linear")
+    assert lr_lambda(0, cfg, 100) == 0.1 and lr_lambda(9, cfg, 100) == 1.0
+    assert abs(lr_lambda(55, cfg, 100) - 0.5) < 1e-9 and lr_lambda(100, cfg, 100) == 0.0
+    cos = OptimConfig(warmup_steps=0, schedule="cosine", min_lr_ratio=0.1)
+    assert abs(lr_lambda(50, cos, 100) - 0.55) < 1e-9 and abs(lr_lambda(100, cos, 100) - 0.1) < 1e-9
+    assert lr_lambda(70, OptimConfig(warmup_steps=5, schedule="constant"), 100) == 1.0

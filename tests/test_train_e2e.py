@@ -1,0 +1,129 @@
+"""End to end through train.py: training, export, fill-mask, resume, and user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
+    "model.intermediate_size=64", "tokenizer.vocab_size=1000", "tokenizer.max_train_chars=300000",
+    "data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_size=8", "train.progress=false",
+    "train.log_every=5", "optim.warmup_steps=5",
+]
+
+
+def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = True):
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"paths.cache_dir={cache_dir}",
+           f"hydra.run.dir={run_dir}", *overrides]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+@pytest.mark.slow
+def test_train_export_and_fill_mask(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    run_train(run, cache_dir, "train.max_steps=30", "train.eval_every=15", "train.save_every=15",
+              "train.precision=bf16")
+    train_events, eval_events = events(run, "train"), events(run, "eval")
+    assert [e["step"] for e in train_events] == [5, 10, 15, 20, 25, 30]
+    assert [e["step"] for e in eval_events] == [15, 30]
+    for e in train_events:
+        assert e["loss"] > 0 and e["tokens_per_s"] > 0 and e["lr"] > 0
+    assert train_events[-1]["loss"] < train_events[0]["loss"]  # it learns
+    for key in ("eval_loss", "eval_accuracy", "eval_perplexity"):
+        assert key in eval_events[-1]
+    assert (run / ".hydra" / "config.yaml").is_file()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000015", "step_0000030"]
+    final = run / "final"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
+        assert (final / name).is_file(), name
+    card = (final / "README.md").read_text()
+    assert "fill-mask" in card and "eval_accuracy" in card
+
+    # The export is a plain Hugging Face dir: fill-mask with nothing from mlmkit imported.
+    code = (
+        "import sys, json\n"
+        "from transformers import AutoModelForMaskedLM, pipeline\n"
+        f"path = {str(final)!r}\n"
+        "model = AutoModelForMaskedLM.from_pretrained(path)\n"
+        "fill = pipeline('fill-mask', model=path)\n"
+        "out = fill('The [MASK] is returned by the function.')\n"
+        "assert 'mlmkit' not in sys.modules\n"
+        "print(json.dumps({'n': len(out), 'cls': type(model).__name__, 'token': out[0]['token_str']}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["n"] == 5 and result["cls"] == "BertForMaskedLM" and result["token"]
+
+
+@pytest.mark.slow
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, cache_dir):
+    """Stop after the step-10 checkpoint, resume with train.resume=auto: same losses, same weights."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    args = ["train.max_steps=20", "train.save_every=10", "train.eval_every=10", "train.precision=no",
+            "train.log_every=2"]
+    run_train(run, cache_dir, *args)
+    full_losses = [(e["step"], e["loss"]) for e in events(run, "train")]
+    full_weights = load_file(run / "final" / "model.safetensors")
+
+    # Roll the run back to its step-10 checkpoint, as if it had been killed there.
+    import shutil
+
+    shutil.rmtree(run / "checkpoints" / "step_0000020")
+    shutil.rmtree(run / "final")
+    proc = run_train(run, cache_dir, *args, "train.resume=auto")
+    assert "Resumed from" in proc.stderr
+    resumed_losses = [(e["step"], e["loss"]) for e in events(run, "train")]
+    assert resumed_losses == full_losses  # no duplicated or missing events, same values
+    assert len(events(run, "baseline")) == 1
+    resumed_weights = load_file(run / "final" / "model.safetensors")
+    assert resumed_weights.keys() == full_weights.keys()
+    for name, tensor in full_weights.items():
+        assert (resumed_weights[name] == tensor).all(), name
+
+
+@pytest.mark.slow
+def test_user_errors_are_one_sentence(tmp_path, cache_dir):
+    cases = [
+        (["optim.lrr=0.1"], "lrr"),
+        (["masking.mlm_probability=1.5"], "masking.mlm_probability"),
+        (["data=files", f"data.train_files=[{tmp_path / 'missing.txt'}]"], "data.train_files"),
+        (["model=bert-huge"], "bert-huge"),
+        (["data.max_seq_length=1024"], "data.max_seq_length"),
+        (["train.resume=/nonexistent/ckpt"], "train.resume"),
+    ]
+    for overrides, needle in cases:
+        proc = run_train(tmp_path / "err", cache_dir, *overrides, check=False)
+        assert proc.returncode != 0, overrides
+        assert needle in proc.stderr, (overrides, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (overrides, proc.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_used_run_dir_is_not_overwritten(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    run_train(run, cache_dir, "train.max_steps=5", "train.eval_every=0", "train.save_every=0")
+    before = (run / "metrics.jsonl").read_text()
+    proc = run_train(run, cache_dir, "train.max_steps=5", check=False)
+    assert proc.returncode == 2 and "train.resume=auto" in proc.stderr
+    assert (run / "metrics.jsonl").read_text() == before
