@@ -32,8 +32,11 @@ class ModelConfig:
     num_attention_heads: int = 2  # hidden_size must be divisible by this
     intermediate_size: int = 512  # FFN width (4x hidden in every preset)
     max_position_embeddings: int = 512  # longest sequence the position table holds
-    hidden_dropout_prob: float = 0.1  # dropout after attention/FFN (BERT: 0.1)
-    attention_probs_dropout_prob: float = 0.1  # dropout on attention weights (BERT: 0.1)
+    # Dropout after attention/FFN and on attention weights. BERT used 0.1; mlmkit defaults
+    # to 0.0 as cramming does (Geiping & Goldstein, 2023): single-pass pretraining rarely
+    # overfits, and dropout costs time, on a CPU especially.
+    hidden_dropout_prob: float = 0.0
+    attention_probs_dropout_prob: float = 0.0
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02  # std of the truncated-normal init
     type_vocab_size: int = 2  # segment embeddings (kept for BERT compatibility)

@@ -15,6 +15,8 @@ from mlmkit.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+POSITION_BUCKET = 64  # the sparse head's row count is padded to a multiple of this
+
 
 def bert_config(cfg: ModelConfig, tokenizer):
     """A ``BertConfig`` for a preset, with the tokenizer's vocabulary and special ids."""
@@ -126,9 +128,16 @@ class MaskedLM(nn.Module):
             hidden = self.model.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             flat_labels = labels.reshape(-1)
             positions = torch.nonzero(flat_labels != IGNORE_INDEX).squeeze(1)
+            targets = flat_labels.index_select(0, positions)
+            # Round the row count up to a multiple of POSITION_BUCKET with ignored rows, so
+            # the head sees a handful of shapes instead of a new one every step (kernel
+            # caches stay bounded; CPU memory otherwise grows with every new shape).
+            extra = -positions.numel() % POSITION_BUCKET
+            if extra:
+                positions = torch.cat([positions, positions.new_zeros(extra)])
+                targets = torch.cat([targets, targets.new_full((extra,), IGNORE_INDEX)])
             hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
             logits = self.model.cls(hidden)
-            targets = flat_labels.index_select(0, positions)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
             logits = logits.reshape(-1, logits.size(-1))

@@ -115,7 +115,11 @@ def _setup_logging(run_dir: Path, is_main: bool) -> None:
     level = logging.INFO if is_main else logging.WARNING
     log.setLevel(level)
     logging.getLogger("mlmkit").propagate = False
-    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file save/load chatter
+    acc_log = logging.getLogger("accelerate")
+    acc_log.setLevel(logging.WARNING)  # per-file save/load chatter
+    # Tied weights (embeddings = output projection) are stored once; accelerate says so on
+    # every save, which is expected for BERT.
+    acc_log.addFilter(lambda record: "Removed shared tensor" not in record.getMessage())
     for h in list(log.handlers):
         log.removeHandler(h)
     fmt = logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S")
