@@ -12,6 +12,9 @@ import torch
 from mlmkit.collator import MLMCollator
 
 
+EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
+
+
 def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dict[str, torch.Tensor]]:
     """Mask the validation set once with ``masking.eval_seed``.
 
@@ -25,10 +28,16 @@ def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dic
         random_replace_prob=masking.random_replace_prob,
         seed=masking.eval_seed,
     )
+    # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
+    chunks = []
+    for start in range(0, len(dataset), EVAL_MASK_CHUNK):
+        rows = dataset[start:start + EVAL_MASK_CHUNK]["input_ids"]
+        chunks.append(collator([{"input_ids": r} for r in rows]))
     batches = []
-    for start in range(0, len(dataset), batch_size):
-        rows = dataset[start:start + batch_size]["input_ids"]
-        batches.append(collator([{"input_ids": r} for r in rows]))
+    for chunk in chunks:
+        n = chunk["input_ids"].size(0)
+        for start in range(0, n, batch_size):
+            batches.append({k: v[start:start + batch_size] for k, v in chunk.items()})
     return batches
 
 

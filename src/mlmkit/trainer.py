@@ -119,7 +119,9 @@ def _setup_logging(run_dir: Path, is_main: bool) -> None:
     acc_log.setLevel(logging.WARNING)  # per-file save/load chatter
     # Tied weights (embeddings = output projection) are stored once; accelerate says so on
     # every save, which is expected for BERT.
-    acc_log.addFilter(lambda record: "Removed shared tensor" not in record.getMessage())
+    logging.getLogger("accelerate.utils.other").addFilter(
+        lambda record: "Removed shared tensor" not in record.getMessage()
+    )
     for h in list(log.handlers):
         log.removeHandler(h)
     fmt = logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S")
@@ -137,7 +139,7 @@ def _shared_run_dir(run_dir: Path) -> Path:
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
 
-    state = PartialState()
+    state = PartialState()  # already initialised by train()
     if state.num_processes == 1:
         return run_dir
     obj = [str(run_dir)]
@@ -177,7 +179,11 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     from accelerate.utils import gather_object, set_seed
 
     tc = cfg.train
-    state = PartialState()
+    # CPU runs (ACCELERATE_USE_CPU=1, or no CUDA device) use gloo across processes.
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not (
+        torch.cuda.is_available() or torch.backends.mps.is_available()
+    )
+    state = PartialState(cpu=use_cpu)
     run_dir = _shared_run_dir(Path(run_dir))
     if state.is_main_process:
         _check_writable(run_dir)
@@ -198,6 +204,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     apply_speed_settings()
     precision = resolve_precision(tc.precision, use_cpu=state.device.type == "cpu")
     accelerator = Accelerator(
+        cpu=use_cpu,
         mixed_precision=precision,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step
     )

@@ -1,0 +1,51 @@
+"""Evaluation masks, the baseline, and metrics.jsonl bookkeeping."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import torch
+
+from mlmkit.config import MaskingConfig
+from mlmkit.metrics import MetricsLog, fixed_eval_batches, majority_baseline
+
+
+def _dataset(tokenizer, n=300, length=32):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, len(tokenizer), (n, length), generator=g)
+    ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+    return datasets.Dataset.from_dict({"input_ids": ids.tolist()}).with_format("torch")
+
+
+def test_eval_masks_fixed_by_seed_not_by_batch_size(tokenizer):
+    ds = _dataset(tokenizer)
+    masking = MaskingConfig()
+    a = fixed_eval_batches(ds, tokenizer, masking, batch_size=8)
+    b = fixed_eval_batches(ds, tokenizer, masking, batch_size=32)
+    assert len(a) == 38 and len(b) == 10  # 300 rows: 37 x 8 + 4, 9 x 32 + 12
+    for key in ("input_ids", "labels"):
+        assert torch.equal(torch.cat([x[key] for x in a]), torch.cat([x[key] for x in b]))
+    other = fixed_eval_batches(ds, tokenizer, MaskingConfig(eval_seed=99), batch_size=8)
+    assert not torch.equal(torch.cat([x["labels"] for x in a]), torch.cat([x["labels"] for x in other]))
+
+
+def test_majority_baseline_counts_the_most_frequent_real_token(tokenizer):
+    rows = [[tokenizer.cls_token_id] + [50] * 6 + [60] * 2 + [tokenizer.sep_token_id]] * 4
+    train = datasets.Dataset.from_dict({"input_ids": rows}).with_format("torch")
+    labels = torch.full((2, 10), -100)
+    labels[0, 1], labels[0, 2], labels[1, 7], labels[1, 8] = 50, 60, 60, 70
+    result = majority_baseline(train, [{"labels": labels}], tokenizer)
+    assert result["baseline_token"] == tokenizer.convert_ids_to_tokens(50)
+    assert result["baseline_accuracy"] == 0.25
+
+
+def test_metrics_log_truncates_only_later_events(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (0, 5, 10, 15):
+        log.write({"event": "train", "step": step})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"event": "train", "st')  # a line cut by a kill
+    log.truncate_after(10)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 5, 10]
