@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint clean
+.PHONY: venv train test test-fast lint bench-head clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,9 @@ test: venv  ## the test suite (CPU, a few minutes)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
+	$(BIN)/python benchmarks/sparse_head.py $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -108,3 +108,11 @@ def test_launch_time_is_shared_by_ranks_of_one_launcher():
     alone = subprocess.run([sys.executable, "-c", code], env={k: v for k, v in env.items() if k != "LOCAL_RANK"},
                            capture_output=True, text=True, check=True)
     assert alone.stdout != first.stdout  # outside a launcher: now
+
+
+def test_presets_carry_a_learning_rate_that_falls_with_size():
+    names = ["bert-tiny", "bert-mini", "bert-small", "bert-medium", "bert-base", "bert-large"]
+    lrs = [to_config(_compose([f"model={n}"])).optim.lr for n in names]
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] > lrs[-1]
+    assert to_config(_compose(["model=bert-base", "optim.lr=1e-4"])).optim.lr == 1e-4
+    assert to_config(_compose(["optim.lr=2e-3", "model=bert-base"])).optim.lr == 2e-3

@@ -57,7 +57,8 @@ def test_local_formats_with_text_column(tmp_path):
     corpus = load_corpus(cfg)
     assert len(corpus["train"]) == 60 and len(corpus["validation"]) == 40
     assert corpus["validation"][0]["text"].startswith("Row 0")
-    for name in ("c.csv", "d.parquet"):
+    (tmp_path / "e.json").write_text(json.dumps(rows))  # a JSON array of records
+    for name in ("c.csv", "d.parquet", "e.json"):
         cfg = DataConfig(source="files", train_files=[str(tmp_path / name)], text_column="body")
         corpus = load_corpus(cfg)
         assert len(corpus["train"]) + len(corpus["validation"]) == 40

@@ -107,3 +107,34 @@ def test_schedules():
     cos = OptimConfig(warmup_steps=0, schedule="cosine", min_lr_ratio=0.1)
     assert abs(lr_lambda(50, cos, 100) - 0.55) < 1e-9 and abs(lr_lambda(100, cos, 100) - 0.1) < 1e-9
     assert lr_lambda(70, OptimConfig(warmup_steps=5, schedule="constant"), 100) == 1.0
+
+
+def test_accumulated_step_equals_one_big_batch(tokenizer):
+    """Micro-batches with unequal masked counts: the gradient is per chosen token of the step."""
+    from accelerate import Accelerator
+
+    from mlmkit.trainer import forward_backward
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True)
+    objective = MaskedLM(build_model(SMALL, tokenizer))
+    a = _batch(tokenizer, n=2, seed=1)
+    b = _batch(tokenizer, n=6, seed=2)
+    assert (a["labels"] != -100).sum() != (b["labels"] != -100).sum()
+    both = {k: torch.cat([a[k], b[k]]) for k in a}
+
+    grads = []
+    for micro in ([a, b], [both]):
+        objective.zero_grad()
+        loss_sum, n = forward_backward(accelerator, objective, micro)
+        grads.append({k: p.grad.clone() for k, p in objective.named_parameters() if p.grad is not None})
+        assert int(n) == int((both["labels"] != -100).sum())
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7, msg=name)
+    # a mean of per-micro-batch means would differ here
+    objective.zero_grad()
+    for m in (a, b):
+        out = objective(**m)
+        (out["loss_sum"] / out["n_tokens"] / 2).backward()
+    naive = objective.model.bert.embeddings.word_embeddings.weight.grad
+    assert not torch.allclose(naive, grads[1]["model.bert.embeddings.word_embeddings.weight"], rtol=1e-3)

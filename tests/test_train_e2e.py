@@ -35,11 +35,17 @@ def events(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["event"] == kind]
 
 
-@pytest.mark.slow
-def test_train_export_and_fill_mask(tmp_path, cache_dir):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, cache_dir) -> Path:
+    run = tmp_path_factory.mktemp("trained") / "run"
     run_train(run, cache_dir, "train.max_steps=30", "train.eval_every=15", "train.save_every=15",
               "train.precision=bf16")
+    return run
+
+
+@pytest.mark.slow
+def test_train_export_and_fill_mask(trained_run, tmp_path):
+    run = trained_run
     train_events, eval_events = events(run, "train"), events(run, "eval")
     assert [e["step"] for e in train_events] == [5, 10, 15, 20, 25, 30]
     assert [e["step"] for e in eval_events] == [15, 30]
@@ -148,3 +154,23 @@ def test_two_processes_share_one_run_dir(tmp_path, cache_dir):
     assert [e["step"] for e in events(run, "train")] == [5, 10]  # written once, not per rank
     assert (run / "final" / "model.safetensors").is_file()
     assert (run / "checkpoints" / "step_0000010" / "random_states_1.pkl").is_file()
+
+
+@pytest.mark.slow
+def test_continued_pretraining_from_an_exported_model(trained_run, tmp_path, cache_dir):
+    """model.init_from loads the weights and keeps that model's tokenizer."""
+    from safetensors.torch import load_file
+
+    source = trained_run / "final"
+    corpus = tmp_path / "domain.txt"
+    corpus.write_text("\n\n".join(f"Domain text {i} about ships, whales and the open sea." for i in range(400)))
+    run = tmp_path / "continued"
+    run_train(run, cache_dir, f"model.init_from={source}", "data=files", f"data.train_files=[{corpus}]",
+              "tokenizer.vocab_size=500", "train.max_steps=3", "optim.lr=1e-12", "optim.warmup_steps=0")
+    before, after = load_file(source / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    assert before.keys() == after.keys()
+    for name in before:  # lr ~ 0: the weights are the loaded ones
+        assert before[name].shape == after[name].shape
+        assert (before[name].float() - after[name].float()).abs().max() < 1e-6, name
+    # the tokenizer is the source model's, not one trained on the new corpus
+    assert (source / "tokenizer.json").read_text() == (run / "final" / "tokenizer.json").read_text()

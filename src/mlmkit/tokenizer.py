@@ -49,6 +49,12 @@ def load_tokenizer(name_or_path: str, setting: str = "tokenizer.name_or_path"):
     looks_local = local.exists() or name_or_path.startswith((".", "/", "~"))
     if looks_local and not local.is_dir():
         raise TokenizerError(f"{setting}={name_or_path!r} is not a directory.")
+    if looks_local and not any((local / f).is_file() for f in ("tokenizer.json", "vocab.txt",
+                                                             "tokenizer_config.json")):
+        raise TokenizerError(
+            f"{setting}={name_or_path!r} holds no tokenizer (no tokenizer.json, vocab.txt or "
+            "tokenizer_config.json); point it at a saved Hugging Face tokenizer dir."
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else name_or_path)
     except Exception as exc:  # OSError, ValueError, connection errors from the hub

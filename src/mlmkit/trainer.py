@@ -111,6 +111,30 @@ class BatchStream:
         return {"epoch": self.epoch, "offset": self.offset}
 
 
+def forward_backward(accelerator, objective, micro: list[dict[str, torch.Tensor]]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward every micro-batch of one optimizer step.
+
+    The gradient left in the parameters is that of (sum of the token losses of the whole
+    step) / (chosen tokens in the whole step, over all micro-batches and ranks): the
+    count is summed first, then each micro-batch's summed loss is divided by it. Returns
+    this rank's summed loss and the global count (device tensors; no host sync).
+    """
+    world = accelerator.num_processes
+    n_local = sum((b["labels"] != IGNORE_INDEX).sum() for b in micro)
+    n_global = accelerator.reduce(n_local.float(), reduction="sum")
+    # DDP averages gradients over ranks; multiplying by world undoes that average.
+    scale = world / n_global.clamp(min=1.0)
+    loss_sum = torch.zeros((), device=n_global.device)
+    for i, batch in enumerate(micro):
+        last = i == len(micro) - 1
+        with nullcontext() if last else accelerator.no_sync(objective):
+            out = objective(**batch)
+            accelerator.backward(out["loss_sum"] * scale)
+        loss_sum += out["loss_sum"].detach()
+    return loss_sum, n_global
+
+
 def _setup_logging(run_dir: Path, is_main: bool) -> None:
     level = logging.INFO if is_main else logging.WARNING
     log.setLevel(level)
@@ -317,17 +341,8 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
 
     while step < tc.max_steps:
         micro = [next(stream) for _ in range(tc.grad_accum_steps)]
-        n_local = sum((b["labels"] != IGNORE_INDEX).sum() for b in micro)
-        n_global = accelerator.reduce(n_local.float(), reduction="sum")
-        # DDP averages gradients over ranks; multiply back so that the step's gradient is
-        # that of (sum of token losses) / (chosen tokens in the whole step).
-        scale = world / n_global.clamp(min=1.0)
-        for i, batch in enumerate(micro):
-            sync = i == len(micro) - 1
-            with nullcontext() if sync else accelerator.no_sync(objective):
-                out = objective(**batch)
-                accelerator.backward(out["loss_sum"] * scale)
-            loss_acc += out["loss_sum"].detach()
+        step_loss, n_global = forward_backward(accelerator, objective, micro)
+        loss_acc += step_loss
         grad_norm = None
         if cfg.optim.max_grad_norm is not None:
             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), cfg.optim.max_grad_norm)
