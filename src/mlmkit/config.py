@@ -168,7 +168,7 @@ class OptimConfig:
     beta2: float = 0.98
     eps: float = 1e-6
     max_grad_norm: float | None = 1.0  # gradient clipping (null: none)
-    warmup_steps: int = 200  # optimizer steps of linear warmup from 0
+    warmup_steps: int = 100  # optimizer steps of linear warmup from 0
     schedule: str = "linear"  # decay after warmup: linear | cosine | constant
     min_lr_ratio: float = 0.0  # lr at the end of decay, as a share of lr
 
@@ -195,13 +195,13 @@ class TrainConfig:
 
     batch_size: int = 32  # sequences per device per micro-batch
     grad_accum_steps: int = 1  # micro-batches per optimizer step
-    max_steps: int = 2000  # optimizer steps
+    max_steps: int = 3000  # optimizer steps
     # Mixed precision: auto (bf16 where the hardware has it, else fp16 on CUDA, else none),
     # no, fp16 (CUDA only), bf16 (CUDA or CPU).
     precision: str = "auto"
     seed: int = 0
     log_every: int = 10  # optimizer steps between log events
-    eval_every: int = 200  # optimizer steps between evaluations (0: only at the end)
+    eval_every: int = 500  # optimizer steps between evaluations (0: only at the end)
     save_every: int = 500  # optimizer steps between checkpoints (0: only at the end)
     keep_last: int = 2  # checkpoints kept (older ones are deleted)
     # Resume: null (start fresh), "auto" (latest checkpoint in this run dir, if any)
