@@ -174,3 +174,23 @@ def test_continued_pretraining_from_an_exported_model(trained_run, tmp_path, cac
         assert (before[name].float() - after[name].float()).abs().max() < 1e-6, name
     # the tokenizer is the source model's, not one trained on the new corpus
     assert (source / "tokenizer.json").read_text() == (run / "final" / "tokenizer.json").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [
+    ["masking=schedule", "masking.on_device=true"],
+    ["masking=span"],
+    ["masking=whole_word", "masking.on_device=true", "train.num_workers=1"],
+])
+def test_masking_strategies_train(tmp_path, cache_dir, overrides):
+    run = tmp_path / "run"
+    run_train(run, cache_dir, "train.max_steps=10", "train.log_every=1", "train.eval_every=0",
+              "train.save_every=0", *overrides)
+    train_events = events(run, "train")
+    assert len(train_events) == 10 and all(e["loss"] > 0 for e in train_events)
+    rates = [e["mlm_probability"] for e in train_events]
+    if "masking=schedule" in overrides:
+        assert rates[0] == pytest.approx(0.30) and rates[-1] == pytest.approx(0.15)
+        assert rates == sorted(rates, reverse=True)
+    else:
+        assert set(rates) == {0.15}

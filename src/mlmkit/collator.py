@@ -1,9 +1,22 @@
-"""BERT's 80-10-10 masking as a vectorised collator.
+"""Masking for masked-language-model pretraining, as a vectorised collator.
 
-Of the real tokens of each sequence (never [CLS], [SEP], [PAD] or any other special
-token), each is chosen for prediction with probability ``mlm_probability``. Of the chosen,
-``mask_replace_prob`` become [MASK], ``random_replace_prob`` become a random non-special
-token, and the rest stay as they are. ``labels`` hold the original id at chosen positions
+Which real tokens (never [CLS], [SEP], [PAD] or any other special token) are chosen for
+prediction depends on the strategy:
+
+- ``bernoulli`` (BERT, Devlin et al., 2019): each token with probability ``mlm_probability``;
+- ``whole_word``: each *word* with that probability, and then all its sub-tokens, so the
+  share of chosen tokens is still ``mlm_probability`` on average. Words come from the
+  vocabulary: WordPiece ``##`` continuations, or the ``Ġ``/``▁`` word-start marks of
+  byte-level BPE and SentencePiece;
+- ``span`` (SpanBERT, Joshi et al., 2020): spans of whole words whose lengths follow a
+  geometric distribution (p=0.2, clipped at 10 words), until round(p x real tokens) of
+  each sequence are chosen;
+- ``fixed`` (cramming, Geiping & Goldstein, 2023): exactly round(p x real tokens) per
+  sequence, so the number of predicted positions per batch is constant.
+
+Of the chosen, ``mask_replace_prob`` become [MASK], ``random_replace_prob`` a random
+non-special token, and the rest stay as they are; the decision is made per token, per
+word (whole_word) or per span (span). ``labels`` hold the original id at chosen positions
 and -100 elsewhere, so the loss is taken only where the model must predict.
 """
 
@@ -12,11 +25,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from mlmkit.errors import ConfigError
 
 IGNORE_INDEX = -100
+STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")
+
+
+def continuation_lookup(tokenizer, size: int) -> torch.Tensor:
+    """Vocab id -> True where the token continues the previous word."""
+    vocab = tokenizer.get_vocab()
+    cont = torch.zeros(size, dtype=torch.bool)
+    tokens = list(vocab)
+    if any(t.startswith("##") for t in tokens):  # WordPiece
+        ids = [i for t, i in vocab.items() if t.startswith("##")]
+    else:
+        mark = next((m for m in ("Ġ", "▁") if any(t.startswith(m) for t in tokens)), None)
+        if mark is None:  # no sub-word marks: every token is a word
+            return cont
+        special = set(tokenizer.all_special_ids)
+        ids = [i for t, i in vocab.items() if not t.startswith(mark) and i not in special]
+    cont[[i for i in ids if i < size]] = True
+    return cont
 
 
 class MLMCollator:
@@ -31,6 +63,10 @@ class MLMCollator:
         seed: seed of the collator's own generator (None: drawn from torch's global RNG).
             In dataloader workers each worker derives its own stream from the seed and the
             worker's seed, so workers never repeat each other's masks.
+        strategy: bernoulli | whole_word | span | fixed (see the module docstring).
+        span_p, span_max_words: the geometric distribution of span lengths, in words.
+        apply_mask: False to only pad (the masking then runs in the training step, on the
+            device, through ``mask``).
     """
 
     def __init__(
@@ -41,9 +77,12 @@ class MLMCollator:
         random_replace_prob: float = 0.1,
         pad_to_multiple_of: int | None = None,
         seed: int | None = None,
+        strategy: str = "bernoulli",
+        span_p: float = 0.2,
+        span_max_words: int = 10,
+        apply_mask: bool = True,
     ) -> None:
-        if not 0.0 < mlm_probability < 1.0:
-            raise ConfigError(f"mlm_probability must be in (0, 1), got {mlm_probability}.")
+        self._check_probability(mlm_probability)
         if not (0.0 <= mask_replace_prob <= 1.0 and 0.0 <= random_replace_prob <= 1.0):
             raise ConfigError("mask_replace_prob and random_replace_prob must be in [0, 1].")
         if mask_replace_prob + random_replace_prob > 1.0 + 1e-9:
@@ -53,6 +92,10 @@ class MLMCollator:
             )
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ConfigError("pad_to_multiple_of must be a positive integer.")
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"masking.strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}.")
+        if not 0.0 < span_p <= 1.0 or span_max_words < 1:
+            raise ConfigError("masking.span_p must be in (0, 1] and masking.span_max_words at least 1.")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
             raise ConfigError("The tokenizer needs a [MASK] and a [PAD] token for masked-LM training.")
 
@@ -62,6 +105,10 @@ class MLMCollator:
         self.random_replace_prob = float(random_replace_prob)
         self.pad_to_multiple_of = pad_to_multiple_of
         self.seed = seed
+        self.strategy = strategy
+        self.span_p = float(span_p)
+        self.span_max_words = int(span_max_words)
+        self.apply_mask = apply_mask
         self.mask_id = int(tokenizer.mask_token_id)
         self.pad_id = int(tokenizer.pad_token_id)
 
@@ -71,6 +118,7 @@ class MLMCollator:
         special_ids.update(getattr(tokenizer, "added_tokens_decoder", {}).keys())
         special[[i for i in special_ids if 0 <= i < vocab_size]] = True
         self.special_lookup = special  # vocab id -> is special
+        self.continuation = continuation_lookup(tokenizer, vocab_size) & ~special
         self.random_ids = torch.nonzero(~special).squeeze(1)  # candidates for random replacement
         if self.random_ids.numel() == 0:
             raise ConfigError("The tokenizer has no non-special tokens to sample replacements from.")
@@ -78,6 +126,17 @@ class MLMCollator:
         self.generator = torch.Generator()
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
         self._worker_key: tuple[int, int] | None = None
+        self._device_tables: dict[torch.device, tuple] = {}
+
+    @staticmethod
+    def _check_probability(p: float) -> None:
+        if not 0.0 < p < 1.0:
+            raise ConfigError(f"mlm_probability must be in (0, 1), got {p}.")
+
+    def set_mlm_probability(self, p: float) -> None:
+        """Change the rate between batches (a mask-rate schedule)."""
+        self._check_probability(p)
+        self.mlm_probability = float(p)
 
     # -- reproducibility --------------------------------------------------------------
     def _sync_worker_generator(self) -> None:
@@ -95,6 +154,17 @@ class MLMCollator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
+
+    def _tables(self, device: torch.device):
+        """Lookups and a generator on ``device`` (for masking inside the training step)."""
+        if device.type == "cpu":
+            return self.special_lookup, self.continuation, self.random_ids, self.generator
+        if device not in self._device_tables:
+            g = torch.Generator(device=device)
+            g.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+            self._device_tables[device] = (self.special_lookup.to(device), self.continuation.to(device),
+                                           self.random_ids.to(device), g)
+        return self._device_tables[device]
 
     # -- collation --------------------------------------------------------------------
     def pad(self, examples: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,33 +187,111 @@ class MLMCollator:
 
     def mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (masked input_ids, labels) for a batch of ids; ``input_ids`` is not modified."""
-        g = self.generator
-        lookup = self.special_lookup
-        ids = input_ids.clamp(0, lookup.numel() - 1)
-        candidates = ~lookup[ids]
+        """Return (masked input_ids, labels); runs on ``input_ids``'s device, leaves it as is."""
+        special, cont, random_ids, g = self._tables(input_ids.device)
+        ids = input_ids.clamp(0, special.numel() - 1)
+        candidates = ~special[ids] & (input_ids != self.pad_id)
         if attention_mask is not None:
             candidates &= attention_mask.bool()
-        candidates &= input_ids != self.pad_id
 
-        chosen = (torch.rand(input_ids.shape, generator=g) < self.mlm_probability) & candidates
+        chosen, group = self._choose(ids, candidates, cont, special, g)
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
 
-        # One uniform draw per position decides [MASK] / random / unchanged.
-        u = torch.rand(input_ids.shape, generator=g)
+        # One uniform draw per group (token, word or span) decides [MASK] / random / unchanged.
+        u = torch.rand(input_ids.numel(), generator=g, device=input_ids.device)[group]
         to_mask = chosen & (u < self.mask_replace_prob)
         to_random = chosen & (u >= self.mask_replace_prob) & (u < self.mask_replace_prob + self.random_replace_prob)
 
         out = input_ids.clone()
         out[to_mask] = self.mask_id
-        n_random = int(to_random.sum())
-        if n_random:
-            picks = torch.randint(self.random_ids.numel(), (n_random,), generator=g)
-            out[to_random] = self.random_ids[picks]
+        picks = torch.randint(random_ids.numel(), input_ids.shape, generator=g, device=input_ids.device)
+        out = torch.where(to_random, random_ids[picks], out)
         return out, labels
+
+    def _word_ids(self, ids: torch.Tensor, cont: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
+        """Batch-unique word index of every position (a word = a start token + continuations).
+
+        A continuation right after a special token (a word cut by packing) starts a word.
+        """
+        starts = ~cont[ids]
+        starts[:, 0] = True
+        starts[:, 1:] |= special[ids[:, :-1]]
+        word = starts.long().cumsum(dim=1) - 1
+        return word + torch.arange(ids.size(0), device=ids.device)[:, None] * ids.size(1)
+
+    def _choose(self, ids, candidates, cont, special, g) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chosen positions, group id of each position for the 80/10/10 decision)."""
+        p = self.mlm_probability
+        positions = torch.arange(ids.numel(), device=ids.device).view_as(ids)
+        if self.strategy == "bernoulli":
+            return (torch.rand(ids.shape, generator=g, device=ids.device) < p) & candidates, positions
+        if self.strategy == "whole_word":
+            word = self._word_ids(ids, cont, special)
+            chosen_word = torch.rand(ids.numel(), generator=g, device=ids.device) < p
+            return chosen_word[word] & candidates, word
+        if self.strategy == "fixed":
+            k = torch.round(candidates.sum(dim=1) * p).long()
+            scores = torch.rand(ids.shape, generator=g, device=ids.device).masked_fill(~candidates, 2.0)
+            rank = torch.empty_like(positions)
+            rank.scatter_(1, scores.argsort(dim=1), torch.arange(ids.size(1), device=ids.device).expand_as(ids))
+            return (rank < k[:, None]) & candidates, positions
+        return self._choose_spans(ids, candidates, cont, special, g)
+
+    def _choose_spans(self, ids, candidates, cont, special, g) -> tuple[torch.Tensor, torch.Tensor]:
+        """SpanBERT: whole-word spans with geometric lengths until each row's budget is met."""
+        device = ids.device
+        word = (self._word_ids(ids, cont, special) - torch.arange(ids.size(0), device=device)[:, None] * ids.size(1))
+        word_np, cand_np = word.cpu().numpy(), candidates.cpu().numpy()
+        rng = np.random.default_rng(int(torch.randint(2**62, (), generator=self.generator)))
+        chosen = np.zeros(ids.shape, dtype=bool)
+        span_of = np.zeros(ids.shape, dtype=np.int64)
+        next_span = 0
+        for row in range(ids.size(0)):
+            w, c = word_np[row], cand_np[row]
+            budget = int(round(c.sum() * self.mlm_probability))
+            if budget == 0:
+                continue
+            # words made only of candidate tokens: (first position, length in tokens)
+            n_words = int(w.max()) + 1
+            tokens_per_word = np.bincount(w, minlength=n_words)
+            cand_per_word = np.bincount(w, weights=c, minlength=n_words)
+            ok = (cand_per_word == tokens_per_word) & (tokens_per_word > 0)
+            word_ok = np.flatnonzero(ok)
+            if word_ok.size == 0:
+                continue
+            taken = np.zeros(n_words, dtype=bool)
+            used = 0
+            for _ in range(4 * budget):  # bounded; ends far sooner in practice
+                length = min(int(rng.geometric(self.span_p)), self.span_max_words)
+                start = int(word_ok[rng.integers(word_ok.size)])
+                span = np.arange(start, min(start + length, n_words))
+                span = span[ok[span] & ~taken[span]]
+                if span.size == 0:
+                    continue
+                sizes = np.cumsum(tokens_per_word[span])
+                span = span[sizes <= budget - used]  # never overshoot the budget
+                if span.size == 0:
+                    if not (ok & ~taken & (tokens_per_word <= budget - used)).any():
+                        break  # no word left fits in the budget
+                    continue
+                taken[span] = True
+                used += int(tokens_per_word[span].sum())
+                in_span = np.isin(w, span)
+                chosen[row] |= in_span
+                span_of[row][in_span] = next_span
+                next_span += 1
+                if used >= budget:
+                    break
+        chosen_t = torch.from_numpy(chosen).to(device) & candidates
+        positions = torch.arange(ids.numel(), device=device).view_as(ids)
+        # positions in one span share the span's group id (offset past any token position)
+        group = torch.where(chosen_t, torch.from_numpy(span_of).to(device), positions)
+        return chosen_t, group
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
         self._sync_worker_generator()
         input_ids, attention_mask = self.pad(examples)
+        if not self.apply_mask:
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
         masked, labels = self.mask(input_ids, attention_mask)
         return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}

@@ -135,18 +135,33 @@ class DataConfig:
 
 @dataclass
 class MaskingConfig:
-    """BERT's 80-10-10 masking (Devlin et al., 2019)."""
+    """Which tokens are predicted, and what the model sees in their place."""
 
+    # bernoulli (BERT) | whole_word | span (SpanBERT) | fixed (exactly p x real tokens per row)
+    strategy: str = "bernoulli"
     mlm_probability: float = 0.15  # share of real tokens chosen for prediction
     mask_replace_prob: float = 0.8  # of the chosen: replaced by [MASK]
     random_replace_prob: float = 0.1  # of the chosen: replaced by a random token (rest unchanged)
-    eval_seed: int = 1234  # seed of the fixed validation masks
+    # Mask-rate schedule: move linearly from mlm_probability (step 0) to this (last step).
+    mlm_probability_end: float | None = None
+    span_p: float = 0.2  # span: geometric distribution of span lengths in words (SpanBERT: 0.2)
+    span_max_words: int = 10  # span: longest span in words (SpanBERT: 10)
+    # Mask inside the training step on the accelerator instead of in the dataloader.
+    on_device: bool = False
+    # Evaluation masks: BERT's 80-10-10 at this rate, fixed by eval_seed, whatever the
+    # training strategy, so runs with different strategies are comparable.
+    eval_mlm_probability: float = 0.15
+    eval_seed: int = 1234
 
     def __post_init__(self) -> None:
-        _check(
-            0.0 < self.mlm_probability < 1.0,
-            f"masking.mlm_probability must be in (0, 1), got {self.mlm_probability}.",
-        )
+        for key in ("mlm_probability", "eval_mlm_probability"):
+            v = getattr(self, key)
+            _check(0.0 < v < 1.0, f"masking.{key} must be in (0, 1), got {v}.")
+        if self.mlm_probability_end is not None:
+            _check(
+                0.0 < self.mlm_probability_end < 1.0,
+                f"masking.mlm_probability_end must be in (0, 1), got {self.mlm_probability_end}.",
+            )
         _check(
             0.0 <= self.mask_replace_prob <= 1.0 and 0.0 <= self.random_replace_prob <= 1.0,
             "masking.mask_replace_prob and masking.random_replace_prob must be in [0, 1].",
@@ -156,6 +171,19 @@ class MaskingConfig:
             "masking.mask_replace_prob + masking.random_replace_prob must not exceed 1 "
             f"(got {self.mask_replace_prob} + {self.random_replace_prob}).",
         )
+        _check(
+            self.strategy in ("bernoulli", "whole_word", "span", "fixed"),
+            f"masking.strategy must be bernoulli, whole_word, span or fixed, got {self.strategy!r}.",
+        )
+        _check(0.0 < self.span_p <= 1.0, f"masking.span_p must be in (0, 1], got {self.span_p}.")
+        _check(self.span_max_words >= 1, "masking.span_max_words must be at least 1.")
+
+    def probability_at(self, step: int, total_steps: int) -> float:
+        """The mask rate at optimizer step ``step`` of ``total_steps``."""
+        if self.mlm_probability_end is None:
+            return self.mlm_probability
+        t = min(1.0, step / max(1, total_steps - 1))
+        return self.mlm_probability + t * (self.mlm_probability_end - self.mlm_probability)
 
 
 @dataclass
@@ -247,6 +275,12 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:
+        _check(
+            self.masking.mlm_probability_end is None or self.masking.on_device
+            or self.train.num_workers == 0,
+            "masking.mlm_probability_end (a mask-rate schedule) needs train.num_workers=0 or "
+            "masking.on_device=true, since worker processes cannot see the current step.",
+        )
         if self.model.init_from is None:
             _check(
                 self.data.max_seq_length <= self.model.max_position_embeddings,

@@ -18,16 +18,12 @@ EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
 def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dict[str, torch.Tensor]]:
     """Mask the validation set once with ``masking.eval_seed``.
 
-    The same masks are used at every evaluation and by every run with the same data and
-    tokenizer, whatever the training seed or strategy, so eval figures are comparable.
+    The same masks (BERT's 80-10-10 at ``masking.eval_mlm_probability``) are used at every
+    evaluation and by every run with the same data and tokenizer, whatever the training
+    seed, strategy or rate, so eval figures are comparable.
     """
-    collator = MLMCollator(
-        tokenizer,
-        mlm_probability=masking.mlm_probability,
-        mask_replace_prob=masking.mask_replace_prob,
-        random_replace_prob=masking.random_replace_prob,
-        seed=masking.eval_seed,
-    )
+    collator = MLMCollator(tokenizer, mlm_probability=masking.eval_mlm_probability,
+                           seed=masking.eval_seed)  # BERT's 80-10-10, whatever the training strategy
     # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
     chunks = []
     for start in range(0, len(dataset), EVAL_MASK_CHUNK):

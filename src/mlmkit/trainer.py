@@ -272,8 +272,11 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps)
 
     m = cfg.masking
-    collator = MLMCollator(tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
-                           seed=tc.seed * 1000 + accelerator.process_index)
+    collator = MLMCollator(
+        tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
+        seed=tc.seed * 1000 + accelerator.process_index, strategy=m.strategy, span_p=m.span_p,
+        span_max_words=m.span_max_words, apply_mask=not m.on_device,
+    )
     # Our own sampler (not accelerate's prepared loader): it shards by rank, and with
     # num_workers=0 nothing is collated ahead of the step, so the collator's RNG state in
     # a checkpoint is exactly where the run stopped.
@@ -340,7 +343,13 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     t_start = t_log
 
     while step < tc.max_steps:
+        mlm_probability = m.probability_at(step, tc.max_steps)
+        collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
         micro = [next(stream) for _ in range(tc.grad_accum_steps)]
+        if m.on_device:  # the dataloader only padded; mask here, on the accelerator
+            for batch in micro:
+                batch["input_ids"], batch["labels"] = collator.mask(batch["input_ids"],
+                                                                    batch.get("attention_mask"))
         step_loss, n_global = forward_backward(accelerator, objective, micro)
         loss_acc += step_loss
         grad_norm = None
@@ -367,6 +376,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                 "step": step,
                 "loss": float(total_loss) / max(masked, 1.0),
                 "lr": lr,
+                "mlm_probability": mlm_probability,
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "tokens_per_s": tokens_since / elapsed,
                 "masked_tokens_per_s": masked / elapsed,

@@ -1,0 +1,168 @@
+"""Masking strategies, checked statistically on real text (tens of thousands of tokens)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlmkit.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.config import MaskingConfig
+from mlmkit.data import builtin_documents, pack_ids
+from mlmkit.errors import ConfigError
+
+STRATEGIES = ["bernoulli", "whole_word", "span", "fixed"]
+
+
+@pytest.fixture(scope="module")
+def rows(tokenizer):
+    """400 packed blocks of 128 real tokens from the built-in corpus (WordPiece ## words)."""
+    docs = builtin_documents()[:600]
+    enc = tokenizer(docs, add_special_tokens=False)["input_ids"]
+    blocks = pack_ids(enc, tokenizer.cls_token_id, tokenizer.sep_token_id, 128)[:400]
+    assert len(blocks) == 400
+    return [{"input_ids": b} for b in blocks]
+
+
+def _words(tokenizer, ids_row):
+    """Word index per position by the ## rule (specials are words of their own)."""
+    toks = tokenizer.convert_ids_to_tokens(ids_row)
+    specials = set(tokenizer.all_special_tokens)
+    word, out, prev = -1, [], None
+    for t in toks:
+        if not t.startswith("##") or prev in specials or t in specials:
+            word += 1
+        out.append(word)
+        prev = t
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_share_split_and_specials(tokenizer, rows, strategy):
+    batch = MLMCollator(tokenizer, seed=0, strategy=strategy)(rows)
+    original = torch.tensor([r["input_ids"] for r in rows])
+    chosen = batch["labels"] != IGNORE_INDEX
+    specials = torch.isin(original, torch.tensor(tokenizer.all_special_ids))
+    n_real = int((~specials).sum())
+    share = int(chosen.sum()) / n_real
+    tol = {"bernoulli": 0.006, "whole_word": 0.012, "span": 0.01, "fixed": 0.002}[strategy]
+    assert abs(share - 0.15) < tol, share
+    assert not chosen[specials].any()
+    assert torch.equal(batch["labels"][chosen], original[chosen])
+    masked = chosen & (batch["input_ids"] == tokenizer.mask_token_id)
+    kept = chosen & (batch["input_ids"] == original)
+    n = int(chosen.sum())
+    # per-word and per-span decisions are coarser, so their split varies more
+    tol_split = 0.02 if strategy in ("bernoulli", "fixed") else 0.05
+    assert abs(masked.sum() / n - 0.8) < tol_split
+    assert abs(kept.sum() / n - 0.1) < tol_split
+    random = chosen & ~masked & ~kept
+    assert not torch.isin(batch["input_ids"][random], torch.tensor(tokenizer.all_special_ids)).any()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_padding_never_chosen(tokenizer, strategy):
+    rows = [{"input_ids": [tokenizer.cls_token_id] + list(range(200, 200 + n)) + [tokenizer.sep_token_id]}
+            for n in (5, 40, 90)]
+    batch = MLMCollator(tokenizer, mlm_probability=0.5, seed=1, strategy=strategy)(rows)
+    pad = batch["attention_mask"] == 0
+    assert pad.any()
+    assert (batch["labels"][pad] == IGNORE_INDEX).all()
+
+
+@pytest.mark.parametrize("strategy", ["whole_word", "span"])
+def test_words_are_chosen_whole_with_one_decision(tokenizer, rows, strategy):
+    batch = MLMCollator(tokenizer, seed=2, strategy=strategy)(rows[:100])
+    split_words = 0
+    multi_token_words = 0
+    for r, labels, inputs in zip(rows[:100], batch["labels"], batch["input_ids"]):
+        ids = r["input_ids"]
+        words = _words(tokenizer, ids)
+        by_word: dict[int, list[int]] = {}
+        for pos, w in enumerate(words):
+            by_word.setdefault(w, []).append(pos)
+        for positions in by_word.values():
+            if len(positions) < 2:
+                continue
+            flags = [bool(labels[p] != IGNORE_INDEX) for p in positions]
+            if any(flags):
+                multi_token_words += 1
+                split_words += not all(flags)
+                kinds = {("mask" if inputs[p] == tokenizer.mask_token_id else "other") for p in positions}
+                assert len(kinds) == 1  # the 80-10-10 decision is made for the whole word
+    assert multi_token_words > 20 and split_words == 0
+
+
+def test_span_lengths_follow_the_clipped_geometric(tokenizer, rows):
+    collator = MLMCollator(tokenizer, seed=3, strategy="span")
+    batch = collator(rows)
+    lengths = []
+    for r, labels in zip(rows, batch["labels"]):
+        words = _words(tokenizer, r["input_ids"])
+        chosen_words = sorted({words[p] for p in range(len(words)) if labels[p] != IGNORE_INDEX})
+        run = 1
+        for a, b in zip(chosen_words, chosen_words[1:]):
+            if b == a + 1:
+                run += 1
+            else:
+                lengths.append(run)
+                run = 1
+        if chosen_words:
+            lengths.append(run)
+    mean = sum(lengths) / len(lengths)
+    # SpanBERT's clipped geometric(0.2) has mean 3.8 words; adjacent spans merge and the
+    # budget trims the last span, so the observed runs are a little longer or shorter
+    assert 2.5 < mean < 5.0, mean
+    assert max(lengths) > 5
+
+
+def test_fixed_count_is_exact_per_row(tokenizer, rows):
+    batch = MLMCollator(tokenizer, mlm_probability=0.15, seed=4, strategy="fixed")(rows[:50])
+    original = torch.tensor([r["input_ids"] for r in rows[:50]])
+    real = (~torch.isin(original, torch.tensor(tokenizer.all_special_ids))).sum(dim=1)
+    per_row = (batch["labels"] != IGNORE_INDEX).sum(dim=1)
+    assert torch.equal(per_row, torch.round(real * 0.15).long())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_deterministic_from_seed(tokenizer, rows, strategy):
+    a = MLMCollator(tokenizer, seed=5, strategy=strategy)(rows[:20])
+    b = MLMCollator(tokenizer, seed=5, strategy=strategy)(rows[:20])
+    c = MLMCollator(tokenizer, seed=6, strategy=strategy)(rows[:20])
+    assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
+    assert not torch.equal(a["labels"], c["labels"])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_masking_in_the_step_matches_the_dataloader_path(tokenizer, rows, strategy):
+    """apply_mask=False + mask() (what on_device does) draws the same masks."""
+    a = MLMCollator(tokenizer, seed=7, strategy=strategy)(rows[:16])
+    pad_only = MLMCollator(tokenizer, seed=7, strategy=strategy, apply_mask=False)
+    padded = pad_only(rows[:16])
+    assert set(padded) == {"input_ids", "attention_mask"}
+    masked, labels = pad_only.mask(padded["input_ids"], padded["attention_mask"])
+    assert torch.equal(masked, a["input_ids"]) and torch.equal(labels, a["labels"])
+
+
+@pytest.mark.parametrize("p", [0.3, 0.4])
+def test_higher_rates(tokenizer, rows, p):
+    batch = MLMCollator(tokenizer, mlm_probability=p, seed=8)(rows)
+    original = torch.tensor([r["input_ids"] for r in rows])
+    real = ~torch.isin(original, torch.tensor(tokenizer.all_special_ids))
+    assert abs(int((batch["labels"] != IGNORE_INDEX).sum()) / int(real.sum()) - p) < 0.01
+
+
+def test_rate_schedule_is_linear():
+    m = MaskingConfig(mlm_probability=0.3, mlm_probability_end=0.15)
+    assert m.probability_at(0, 101) == 0.3
+    assert abs(m.probability_at(50, 101) - 0.225) < 1e-12
+    assert abs(m.probability_at(100, 101) - 0.15) < 1e-12
+    assert MaskingConfig().probability_at(77, 100) == 0.15
+
+
+def test_bad_strategy_settings(tokenizer):
+    with pytest.raises(ConfigError, match="strategy"):
+        MLMCollator(tokenizer, strategy="random-words")
+    with pytest.raises(ConfigError, match="span_p"):
+        MaskingConfig(strategy="span", span_p=0.0)
+    with pytest.raises(ConfigError, match="mlm_probability_end"):
+        MaskingConfig(mlm_probability_end=1.2)
