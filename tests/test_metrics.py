@@ -49,3 +49,14 @@ def test_metrics_log_truncates_only_later_events(tmp_path):
     log.truncate_after(10)
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 5, 10]
+
+
+def test_eval_masks_do_not_depend_on_the_training_strategy(tokenizer):
+    ds = _dataset(tokenizer)
+    base = fixed_eval_batches(ds, tokenizer, MaskingConfig(), batch_size=16)
+    for masking in (MaskingConfig(strategy="span", mlm_probability=0.4),
+                    MaskingConfig(strategy="whole_word", mask_replace_prob=1.0, random_replace_prob=0.0),
+                    MaskingConfig(strategy="fixed", mlm_probability_end=0.3)):
+        other = fixed_eval_batches(ds, tokenizer, masking, batch_size=16)
+        assert all(torch.equal(x["labels"], y["labels"]) and torch.equal(x["input_ids"], y["input_ids"])
+                   for x, y in zip(base, other))

@@ -11,7 +11,6 @@ import torch
 
 from mlmkit.collator import MLMCollator
 
-
 EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
 
 
