@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench-head clean
+.PHONY: venv train test test-fast lint bench-head bench-masking clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,9 @@ test-fast: venv
 
 bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 	$(BIN)/python benchmarks/sparse_head.py $(ARGS)
+
+bench-masking: venv  ## masking strategies vs transformers' collator, batches/s side by side
+	$(BIN)/python benchmarks/masking.py $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from mlmkit.errors import ConfigError
@@ -238,55 +237,55 @@ class MLMCollator:
         return self._choose_spans(ids, candidates, cont, special, g)
 
     def _choose_spans(self, ids, candidates, cont, special, g) -> tuple[torch.Tensor, torch.Tensor]:
-        """SpanBERT: whole-word spans with geometric lengths until each row's budget is met."""
-        device = ids.device
-        word = (self._word_ids(ids, cont, special) - torch.arange(ids.size(0), device=device)[:, None] * ids.size(1))
-        word_np, cand_np = word.cpu().numpy(), candidates.cpu().numpy()
-        rng = np.random.default_rng(int(torch.randint(2**62, (), generator=self.generator)))
-        chosen = np.zeros(ids.shape, dtype=bool)
-        span_of = np.zeros(ids.shape, dtype=np.int64)
-        next_span = 0
-        for row in range(ids.size(0)):
-            w, c = word_np[row], cand_np[row]
-            budget = int(round(c.sum() * self.mlm_probability))
-            if budget == 0:
-                continue
-            # words made only of candidate tokens: (first position, length in tokens)
-            n_words = int(w.max()) + 1
-            tokens_per_word = np.bincount(w, minlength=n_words)
-            cand_per_word = np.bincount(w, weights=c, minlength=n_words)
-            ok = (cand_per_word == tokens_per_word) & (tokens_per_word > 0)
-            word_ok = np.flatnonzero(ok)
-            if word_ok.size == 0:
-                continue
-            taken = np.zeros(n_words, dtype=bool)
-            used = 0
-            for _ in range(4 * budget):  # bounded; ends far sooner in practice
-                length = min(int(rng.geometric(self.span_p)), self.span_max_words)
-                start = int(word_ok[rng.integers(word_ok.size)])
-                span = np.arange(start, min(start + length, n_words))
-                span = span[ok[span] & ~taken[span]]
-                if span.size == 0:
-                    continue
-                sizes = np.cumsum(tokens_per_word[span])
-                span = span[sizes <= budget - used]  # never overshoot the budget
-                if span.size == 0:
-                    if not (ok & ~taken & (tokens_per_word <= budget - used)).any():
-                        break  # no word left fits in the budget
-                    continue
-                taken[span] = True
-                used += int(tokens_per_word[span].sum())
-                in_span = np.isin(w, span)
-                chosen[row] |= in_span
-                span_of[row][in_span] = next_span
-                next_span += 1
-                if used >= budget:
-                    break
-        chosen_t = torch.from_numpy(chosen).to(device) & candidates
-        positions = torch.arange(ids.numel(), device=device).view_as(ids)
-        # positions in one span share the span's group id (offset past any token position)
-        group = torch.where(chosen_t, torch.from_numpy(span_of).to(device), positions)
-        return chosen_t, group
+        """SpanBERT-style spans of whole words, vectorised over the batch.
+
+        Each row's words are cut into consecutive segments: after every word a segment ends
+        with probability ``span_p``, and at the latest after ``span_max_words`` words, so
+        segment lengths follow the geometric distribution clipped at span_max_words (the
+        geometric is memoryless, so restarting after a clip draws a fresh length). Segments
+        are taken in random order while they fit in the row's budget of round(p x real
+        tokens); a second pass lets smaller segments fill what a large one left over.
+        """
+        n_rows, length = ids.shape
+        dev = ids.device
+        n = ids.numel()
+        word = self._word_ids(ids, cont, special).reshape(-1)  # batch-unique word slots < n
+        tokens_per_word = torch.bincount(word, minlength=n)
+        cand_per_word = torch.bincount(word, weights=candidates.reshape(-1).float(), minlength=n)
+        ok = (tokens_per_word > 0) & (cand_per_word == tokens_per_word)  # only candidate tokens
+
+        slot = torch.arange(n, device=dev)
+        row_of_slot = slot // length
+        brk = torch.rand(n, generator=g, device=dev) < self.span_p  # a segment ends after this word
+        start = ~ok | (slot % length == 0)
+        start[1:] |= brk[:-1] | ~ok[:-1]
+        first = torch.cummax(torch.where(start, slot, 0), 0).values  # where each segment began
+        start |= (slot - first) % self.span_max_words == 0
+        seg = torch.cumsum(start, 0) - 1  # segment of each word slot (< n)
+
+        # segments never mix ok and other words, and never cross rows
+        seg_tokens = torch.bincount(seg, weights=tokens_per_word.float(), minlength=n)
+        seg_ok = torch.zeros(n, dtype=torch.bool, device=dev).scatter_(0, seg, ok)
+        seg_row = torch.zeros(n, dtype=torch.long, device=dev).scatter_(0, seg, row_of_slot)
+        valid = seg_ok & (seg_tokens > 0)
+
+        budget = torch.round(candidates.sum(dim=1) * self.mlm_probability)
+        order = torch.argsort(seg_row * 2 + torch.rand(n, generator=g, device=dev) + (~valid) * 1.5)
+        rows_sorted = seg_row[order]
+        sizes_sorted = seg_tokens[order]
+        selected = torch.zeros(n, dtype=torch.bool, device=dev)
+        remaining = budget.clone()
+        for _ in range(2):
+            avail = (valid & ~selected)[order] & (sizes_sorted <= remaining[rows_sorted])
+            s = sizes_sorted * avail
+            per_row = torch.bincount(rows_sorted, weights=s, minlength=n_rows)
+            within = torch.cumsum(s, 0) - (torch.cumsum(per_row, 0) - per_row)[rows_sorted]
+            take = avail & (within <= remaining[rows_sorted])
+            selected[order[take]] = True
+            remaining = remaining - torch.bincount(rows_sorted, weights=s * take, minlength=n_rows)
+
+        chosen = selected[seg][word].view_as(ids) & candidates
+        return chosen, seg[word].view_as(ids)
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
         self._sync_worker_generator()
