@@ -11,8 +11,9 @@ prediction depends on the strategy:
 - ``span`` (SpanBERT, Joshi et al., 2020): spans of whole words whose lengths follow a
   geometric distribution (p=0.2, clipped at 10 words), until round(p x real tokens) of
   each sequence are chosen;
-- ``fixed`` (cramming, Geiping & Goldstein, 2023): exactly round(p x real tokens) per
-  sequence, so the number of predicted positions per batch is constant.
+- ``fixed`` (cramming, Geiping & Goldstein, 2023): exactly round(p x (length - 2)) per
+  sequence, the length counted without padding and the [CLS] ... [SEP] frame, so every
+  packed batch predicts the same number of positions (static shapes).
 
 Of the chosen, ``mask_replace_prob`` become [MASK], ``random_replace_prob`` a random
 non-special token, and the rest stay as they are; the decision is made per token, per
@@ -229,7 +230,10 @@ class MLMCollator:
             chosen_word = torch.rand(ids.numel(), generator=g, device=ids.device) < p
             return chosen_word[word] & candidates, word
         if self.strategy == "fixed":
-            k = torch.round(candidates.sum(dim=1) * p).long()
+            # the row's length without padding and without its [CLS] ... [SEP] frame, so
+            # every packed row (whatever [SEP]s it holds inside) predicts the same count
+            frame = (ids != self.pad_id).sum(dim=1) - 2
+            k = torch.minimum(torch.round(frame.clamp(min=0) * p), candidates.sum(dim=1)).long()
             scores = torch.rand(ids.shape, generator=g, device=ids.device).masked_fill(~candidates, 2.0)
             rank = torch.empty_like(positions)
             rank.scatter_(1, scores.argsort(dim=1), torch.arange(ids.size(1), device=ids.device).expand_as(ids))
