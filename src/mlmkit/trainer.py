@@ -341,6 +341,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     tokens_since = 0
     t_log = time.perf_counter()
     t_start = t_log
+    paused = 0.0  # seconds spent on evaluation and checkpoints since the last log
 
     while step < tc.max_steps:
         mlm_probability = m.probability_at(step, tc.max_steps)
@@ -368,7 +369,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             progress.update(1)
 
         if step % tc.log_every == 0 or step == tc.max_steps:  # the only host syncs of a step
-            elapsed = time.perf_counter() - t_log
+            elapsed = max(time.perf_counter() - t_log - paused, 1e-9)
             total_loss = accelerator.reduce(loss_acc, reduction="sum")
             masked = float(masked_acc)
             event = {
@@ -395,18 +396,20 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             loss_acc.zero_()
             masked_acc.zero_()
             tokens_since = 0
-            t_log = time.perf_counter()
+            t_log, paused = time.perf_counter(), 0.0
 
         if (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps:
+            t0 = time.perf_counter()
             last_eval = evaluate(accelerator, objective, eval_batches)
             metrics.write({"event": "eval", "step": step, **last_eval})
             log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f", step,
                      last_eval["eval_loss"], last_eval["eval_perplexity"], last_eval["eval_accuracy"])
-            t_log = time.perf_counter()  # keep evaluation out of tokens/s
+            paused += time.perf_counter() - t0  # keep evaluation out of tokens/s
 
         if (tc.save_every and step % tc.save_every == 0) or step == tc.max_steps:
+            t0 = time.perf_counter()
             save()
-            t_log = time.perf_counter()
+            paused += time.perf_counter() - t0
 
     if progress is not None:
         progress.close()
