@@ -19,17 +19,36 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from mlmkit.config import to_config
-    from mlmkit.errors import MLMKitError
+    from mlmkit.errors import MLMKitError, Preempted
 
     try:
         config = to_config(cfg)
         from mlmkit.trainer import train
 
         train(config, HydraConfig.get().runtime.output_dir)
+    except Preempted as exc:
+        print(str(exc), file=sys.stderr)
+        sys.exit(Preempted.exit_code)
     except MLMKitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 
+def _check_run_dir_override(argv: list[str]) -> None:
+    """Fail with one sentence, before Hydra does with a traceback, on an unusable run dir."""
+    import os
+
+    for arg in argv:
+        if arg.startswith("hydra.run.dir=") and "${" not in arg:
+            path = arg.split("=", 1)[1]
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as exc:
+                print(f"Error: cannot create the run dir {path!r} ({exc.strerror}); set "
+                      "hydra.run.dir to a writable folder.", file=sys.stderr)
+                sys.exit(2)
+
+
 if __name__ == "__main__":
+    _check_run_dir_override(sys.argv[1:])
     main()

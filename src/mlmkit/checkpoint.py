@@ -66,26 +66,39 @@ def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
 
 def save_checkpoint(accelerator, ckpt_dir: Path, step: int, loop_state: dict[str, Any],
                     keep_last: int) -> Path:
-    """Save on every rank (sharded engines need it); rename and prune on the main process."""
+    """Save on every rank (sharded engines need it); rename and prune on the main process.
+
+    A failed write (a full disk, say) removes the partial folder and raises one sentence;
+    the checkpoints already there are left as they were.
+    """
     final = ckpt_dir / checkpoint_name(step)
     tmp = ckpt_dir / f".tmp-{checkpoint_name(step)}"
-    if accelerator.is_main_process:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        with open(tmp / LOOP_STATE, "w") as f:
-            json.dump(loop_state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in list_checkpoints(ckpt_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+    try:
+        if accelerator.is_main_process:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            with open(tmp / LOOP_STATE, "w") as f:
+                json.dump(loop_state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            for old in list_checkpoints(ckpt_dir)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = list_checkpoints(ckpt_dir)
+        raise CheckpointError(
+            f"Could not write the step-{step} checkpoint to {str(ckpt_dir)!r} ({exc.strerror or exc}); "
+            f"free disk space or lower train.keep_last, then resume with train.resume=auto"
+            + (f" (from {kept[-1].name}, which is intact)." if kept else ".")
+        ) from None
     accelerator.wait_for_everyone()
     return final
 
@@ -93,11 +106,26 @@ def save_checkpoint(accelerator, ckpt_dir: Path, step: int, loop_state: dict[str
 def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
     """Restore accelerate state and return the loop state."""
     try:
-        accelerator.load_state(str(path))
         with open(path / LOOP_STATE) as f:
-            return json.load(f)
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            loop_state = json.load(f)
+        accelerator.load_state(str(path))
+        return loop_state
+    except Exception as exc:  # a truncated file fails in json, safetensors or torch.load
         raise CheckpointError(
-            f"Could not load checkpoint {str(path)!r}: {str(exc).splitlines()[0]}; "
+            f"Could not load checkpoint {str(path)!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
             "point train.resume at another checkpoint or start a new run."
         ) from None
+
+
+def load_latest(accelerator, ckpt_dir: Path, first: Path) -> tuple[Path, dict[str, Any]]:
+    """Load ``first``; if it is damaged, warn and fall back to the next older checkpoint."""
+    candidates = [first] + [p for p in reversed(list_checkpoints(ckpt_dir)) if p != first
+                            and p.name < first.name]
+    for i, path in enumerate(candidates):
+        try:
+            return path, load_checkpoint(accelerator, path)
+        except CheckpointError as exc:
+            if i == len(candidates) - 1:
+                raise
+            log.warning("%s Trying the previous checkpoint.", exc)
+    raise CheckpointError(f"No loadable checkpoint in {str(ckpt_dir)!r}.")

@@ -236,6 +236,8 @@ class TrainConfig:
     # or the path of a checkpoint folder.
     resume: str | None = None
     num_workers: int = 0  # dataloader worker processes (0: load in the training process)
+    # Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops.
+    max_bad_steps: int = 5
     progress: bool = True  # show a progress bar
     export: bool = True  # write <run dir>/final/ at the end
 
@@ -252,6 +254,7 @@ class TrainConfig:
         _check(self.save_every >= 0, "train.save_every must not be negative.")
         _check(self.keep_last >= 1, "train.keep_last must be at least 1.")
         _check(self.num_workers >= 0, "train.num_workers must not be negative.")
+        _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
 
 
 @dataclass

@@ -168,11 +168,14 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
                         )
             # The stats (size, mtime) are in gen_kwargs so that datasets' own cache of this
             # step is invalidated when a file changes.
-            parts.append(datasets.Dataset.from_generator(
-                _txt_generator,
-                gen_kwargs={"files": _file_stats(group), "sample_by": cfg.txt_sample_by},
-                features=datasets.Features({"text": datasets.Value("string")}),
-            ))
+            try:
+                parts.append(datasets.Dataset.from_generator(
+                    _txt_generator,
+                    gen_kwargs={"files": _file_stats(group), "sample_by": cfg.txt_sample_by},
+                    features=datasets.Features({"text": datasets.Value("string")}),
+                ))
+            except ValueError:  # datasets refuses a generator that yields nothing
+                raise DataError(f"{setting}: {', '.join(map(repr, group))} hold no text.") from None
         else:
             parts.append(_load_structured(builder, group, cfg.text_column, setting))
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

@@ -25,3 +25,13 @@ class TokenizerError(MLMKitError):
 
 class CheckpointError(MLMKitError):
     """A checkpoint cannot be found or loaded."""
+
+
+class TrainingDiverged(MLMKitError):
+    """Several optimizer steps in a row had a non-finite loss or gradient."""
+
+
+class Preempted(MLMKitError):
+    """A signal (SIGTERM, SIGINT, SIGUSR1) stopped the run after a checkpoint was saved."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again (train.resume=auto continues the run)

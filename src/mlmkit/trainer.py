@@ -12,6 +12,7 @@ import base64
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -22,11 +23,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mlmkit.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from mlmkit.checkpoint import load_checkpoint, load_latest, resolve_resume, save_checkpoint
 from mlmkit.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.config import Config
 from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets
-from mlmkit.errors import ConfigError, DataError
+from mlmkit.errors import ConfigError, DataError, Preempted, TrainingDiverged
 from mlmkit.export import export_final
 from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches, majority_baseline
 from mlmkit.model import MaskedLM, build_model, count_parameters
@@ -133,6 +134,46 @@ def forward_backward(accelerator, objective, micro: list[dict[str, torch.Tensor]
             accelerator.backward(out["loss_sum"] * scale)
         loss_sum += out["loss_sum"].detach()
     return loss_sum, n_global
+
+
+class StopSignals:
+    """Turns SIGTERM, SIGINT and SIGUSR1 (SLURM's warning) into a request to stop cleanly.
+
+    The loop checks ``requested`` after each optimizer step, saves a checkpoint and exits
+    with ``Preempted.exit_code``. A second SIGINT interrupts at once.
+    """
+
+    SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self) -> StopSignals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                if hasattr(signal, name):
+                    sig = getattr(signal, name)
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def requested(self, accelerator) -> bool:
+        """True on every rank once any rank got a signal (ranks must stop at one step)."""
+        if accelerator.num_processes == 1:
+            return self.received is not None
+        flag = torch.tensor(float(self.received is not None), device=accelerator.device)
+        return bool(accelerator.reduce(flag, reduction="sum") > 0)
 
 
 def _setup_logging(run_dir: Path, is_main: bool) -> None:
@@ -299,7 +340,10 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     step, tokens_seen, stream_state = 0, 0, {"epoch": 0, "offset": 0}
     if resume_from is not None:
-        restored = load_checkpoint(accelerator, resume_from)
+        if tc.resume == "auto":  # a damaged latest checkpoint falls back to the one before
+            resume_from, restored = load_latest(accelerator, ckpt_dir, resume_from)
+        else:
+            restored = load_checkpoint(accelerator, resume_from)
         step, tokens_seen = restored["step"], restored["tokens_seen"]
         stream_state = restored["stream"]
         collator_states = restored.get("collator", [])
@@ -343,73 +387,106 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     t_start = t_log
     paused = 0.0  # seconds spent on evaluation and checkpoints since the last log
 
-    while step < tc.max_steps:
-        mlm_probability = m.probability_at(step, tc.max_steps)
-        collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
-        micro = [next(stream) for _ in range(tc.grad_accum_steps)]
-        if m.on_device:  # the dataloader only padded; mask here, on the accelerator
-            for batch in micro:
-                batch["input_ids"], batch["labels"] = collator.mask(batch["input_ids"],
-                                                                    batch.get("attention_mask"))
-        step_loss, n_global = forward_backward(accelerator, objective, micro)
-        loss_acc += step_loss
-        grad_norm = None
-        if cfg.optim.max_grad_norm is not None:
-            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), cfg.optim.max_grad_norm)
-        lr = scheduler.get_last_lr()[0]  # the rate this step used
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        step_tokens = sum(b["input_ids"].numel() for b in micro) * world
-        tokens_seen += step_tokens
-        tokens_since += step_tokens
-        masked_acc += n_global
-        if progress is not None:
-            progress.update(1)
-
-        if step % tc.log_every == 0 or step == tc.max_steps:  # the only host syncs of a step
-            elapsed = max(time.perf_counter() - t_log - paused, 1e-9)
-            total_loss = accelerator.reduce(loss_acc, reduction="sum")
-            masked = float(masked_acc)
-            event = {
-                "event": "train",
-                "step": step,
-                "loss": float(total_loss) / max(masked, 1.0),
-                "lr": lr,
-                "mlm_probability": mlm_probability,
-                "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                "tokens_per_s": tokens_since / elapsed,
-                "masked_tokens_per_s": masked / elapsed,
-                "tokens_seen": tokens_seen,
-                "epoch": stream.epoch,
-                "elapsed_s": time.perf_counter() - t_start,
-            }
-            if torch.cuda.is_available() and device.type == "cuda":
-                event["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-            metrics.write(event)
+    with StopSignals() as signals:
+        bad_steps = 0  # consecutive steps skipped for a non-finite gradient
+        skipped_total = 0
+        while step < tc.max_steps:
+            mlm_probability = m.probability_at(step, tc.max_steps)
+            collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
+            micro = [next(stream) for _ in range(tc.grad_accum_steps)]
+            if m.on_device:  # the dataloader only padded; mask here, on the accelerator
+                for batch in micro:
+                    batch["input_ids"], batch["labels"] = collator.mask(batch["input_ids"],
+                                                                        batch.get("attention_mask"))
+            step_loss, n_global = forward_backward(accelerator, objective, micro)
+            loss_acc += step_loss
+            max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm is not None else math.inf
+            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), max_norm)
+            lr = scheduler.get_last_lr()[0]  # the rate this step used
+            # A NaN/Inf loss or gradient skips the update. With fp16 the gradient scaler sees
+            # overflows itself (skips the step and lowers its scale), so there only a
+            # non-finite loss counts as a bad step.
+            finite_grad = bool(torch.isfinite(grad_norm))
+            scaler = accelerator.scaler is not None
+            if finite_grad or scaler:
+                optimizer.step()
+            ok = bool(torch.isfinite(accelerator.reduce(step_loss, reduction="sum"))) if scaler else finite_grad
+            if ok:
+                bad_steps = 0
+            else:
+                bad_steps += 1
+                skipped_total += 1
+                log.warning("Step %d: non-finite loss or gradient (norm %s); update skipped "
+                            "(%d in a row)", step + 1, float(grad_norm), bad_steps)
+                if bad_steps >= tc.max_bad_steps:
+                    raise TrainingDiverged(
+                        f"{bad_steps} steps in a row had a non-finite loss or gradient (up to step "
+                        f"{step + 1}); lower optim.lr, set optim.max_grad_norm, or use "
+                        "train.precision=bf16 instead of fp16, then resume from the last checkpoint "
+                        "with train.resume=auto."
+                    )
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            step_tokens = sum(b["input_ids"].numel() for b in micro) * world
+            tokens_seen += step_tokens
+            tokens_since += step_tokens
+            masked_acc += n_global
             if progress is not None:
-                progress.set_postfix(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
-                                     tok_s=f"{event['tokens_per_s']:.0f}")
-            if not math.isfinite(event["loss"]):
-                log.warning("Step %d: loss is %s", step, event["loss"])
-            loss_acc.zero_()
-            masked_acc.zero_()
-            tokens_since = 0
-            t_log, paused = time.perf_counter(), 0.0
+                progress.update(1)
 
-        if (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps:
-            t0 = time.perf_counter()
-            last_eval = evaluate(accelerator, objective, eval_batches)
-            metrics.write({"event": "eval", "step": step, **last_eval})
-            log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f", step,
-                     last_eval["eval_loss"], last_eval["eval_perplexity"], last_eval["eval_accuracy"])
-            paused += time.perf_counter() - t0  # keep evaluation out of tokens/s
+            if step % tc.log_every == 0 or step == tc.max_steps:  # the only host syncs of a step
+                elapsed = max(time.perf_counter() - t_log - paused, 1e-9)
+                total_loss = accelerator.reduce(loss_acc, reduction="sum")
+                masked = float(masked_acc)
+                event = {
+                    "event": "train",
+                    "step": step,
+                    "loss": float(total_loss) / max(masked, 1.0),
+                    "lr": lr,
+                    "mlm_probability": mlm_probability,
+                    "grad_norm": float(grad_norm),
+                    "skipped_steps": skipped_total,
+                    "tokens_per_s": tokens_since / elapsed,
+                    "masked_tokens_per_s": masked / elapsed,
+                    "tokens_seen": tokens_seen,
+                    "epoch": stream.epoch,
+                    "elapsed_s": time.perf_counter() - t_start,
+                }
+                if torch.cuda.is_available() and device.type == "cuda":
+                    event["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+                metrics.write(event)
+                if progress is not None:
+                    progress.set_postfix(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
+                                         tok_s=f"{event['tokens_per_s']:.0f}")
+                if not math.isfinite(event["loss"]):
+                    log.warning("Step %d: loss is %s", step, event["loss"])
+                loss_acc.zero_()
+                masked_acc.zero_()
+                tokens_since = 0
+                t_log, paused = time.perf_counter(), 0.0
 
-        if (tc.save_every and step % tc.save_every == 0) or step == tc.max_steps:
-            t0 = time.perf_counter()
-            save()
-            paused += time.perf_counter() - t0
+            if (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps:
+                t0 = time.perf_counter()
+                last_eval = evaluate(accelerator, objective, eval_batches)
+                metrics.write({"event": "eval", "step": step, **last_eval})
+                log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f", step,
+                         last_eval["eval_loss"], last_eval["eval_perplexity"], last_eval["eval_accuracy"])
+                paused += time.perf_counter() - t0  # keep evaluation out of tokens/s
+
+            stop = signals.requested(accelerator)
+            if (tc.save_every and step % tc.save_every == 0) or step == tc.max_steps or stop:
+                t0 = time.perf_counter()
+                save()
+                paused += time.perf_counter() - t0
+            if stop:
+                if progress is not None:
+                    progress.close()
+                name = signal.Signals(signals.received).name if signals.received else "a signal"
+                raise Preempted(
+                    f"Stopped by {name} at step {step} after saving a checkpoint; continue with "
+                    "train.resume=auto in the same hydra.run.dir."
+                )
 
     if progress is not None:
         progress.close()

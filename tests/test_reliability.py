@@ -1,0 +1,196 @@
+"""Preemption, damaged checkpoints, full disks, numerical guards, bad inputs, SIGKILL."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlmkit.checkpoint import list_checkpoints, save_checkpoint
+from mlmkit.errors import CheckpointError
+from test_train_e2e import ROOT, TINY, events, run_train
+
+
+def _start(run: Path, cache_dir: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"paths.cache_dir={cache_dir}",
+           f"hydra.run.dir={run}", *overrides]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _train_steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if e.get("event") == "train":
+            steps.append(e["step"])
+    return steps
+
+
+def _weights(path: Path):
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def _same_weights(a, b) -> bool:
+    return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
+    run = tmp_path / "run"
+    args = ["train.max_steps=400", "train.log_every=1", "train.save_every=0", "train.eval_every=0",
+            "train.precision=no"]
+    proc = _start(run, cache_dir, *args)
+    deadline = time.time() + 120
+    while len(_train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    assert f"Stopped by {signal.Signals(sig).name}" in err and "Traceback" not in err
+    ckpts = list_checkpoints(run / "checkpoints")
+    assert len(ckpts) == 1
+    stopped_at = int(ckpts[0].name.split("_")[1])
+    assert 3 <= stopped_at < 400
+    # continue to the end: every step logged exactly once
+    run_train(run, cache_dir, *args, "train.resume=auto")
+    assert _train_steps(run) == list(range(1, 401))
+
+
+@pytest.mark.slow
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    args = ["train.max_steps=20", "train.save_every=10", "train.eval_every=0", "train.precision=no"]
+    run_train(run, cache_dir, *args)
+    full = _weights(run / "final")
+    shutil.rmtree(run / "final")
+    weights = run / "checkpoints" / "step_0000020" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a save cut short
+    proc = run_train(run, cache_dir, *args, "train.resume=auto")
+    assert "Trying the previous checkpoint" in proc.stderr
+    assert "Resumed from" in proc.stderr and "step_0000010" in proc.stderr
+    assert _same_weights(_weights(run / "final"), full)
+
+
+class _FullDisk:
+    """An accelerator whose save_state fails as a full disk does, halfway through."""
+
+    is_main_process = True
+
+    def wait_for_everyone(self):
+        pass
+
+    def save_state(self, path, safe_serialization=True):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path):
+    ckpt_dir = tmp_path / "checkpoints"
+    good = ckpt_dir / "step_0000010"
+    good.mkdir(parents=True)
+    (good / "loop_state.json").write_text("{}")
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(_FullDisk(), ckpt_dir, 20, {"step": 20}, keep_last=1)
+    message = str(info.value)
+    assert "No space left on device" in message and "step_0000010" in message
+    assert "train.keep_last" in message
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_0000010"]  # no partial folder
+
+
+@pytest.mark.slow
+def test_diverging_run_stops_with_one_sentence(tmp_path, cache_dir):
+    proc = run_train(tmp_path / "run", cache_dir, "optim.lr=1e20", "optim.warmup_steps=0",
+                     "optim.max_grad_norm=null", "train.max_steps=50", "train.max_bad_steps=3",
+                     check=False)
+    assert proc.returncode == 2
+    assert "3 steps in a row had a non-finite loss or gradient" in proc.stderr
+    assert "update skipped" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_bad_inputs_each_one_sentence(tmp_path, cache_dir):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(bytes(range(256)) * 50)
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "[PAD]": 1, "[CLS]": 2, "[SEP]": 3, "a": 4},
+                                         unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
+                            cls_token="[CLS]", sep_token="[SEP]").save_pretrained(tmp_path / "nomask")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cases = [
+        (["data=files", f"data.train_files=[{tmp_path / 'missing.txt'}]"], "data.train_files"),
+        (["data=files", f"data.train_files=[{empty}]"], "data.train_files"),
+        (["data=files", f"data.train_files=[{binary}]"], "binary"),
+        (["model=bert-huge"], "bert-huge"),
+        (["train.bach_size=3"], "bach_size"),
+        (["data.max_seq_length=1024"], "data.max_seq_length"),
+        ([f"tokenizer.name_or_path={tmp_path / 'nomask'}"], "MASK"),
+        (["masking.mlm_probability=1.5"], "masking.mlm_probability"),
+        (["masking.mask_replace_prob=0.9", "masking.random_replace_prob=0.2"], "must not exceed 1"),
+        (["train.batch_size=0"], "train.batch_size"),
+        (["train.resume=/nonexistent/ckpt"], "train.resume"),
+    ]
+    for overrides, needle in cases:
+        proc = run_train(tmp_path / "err", cache_dir, *overrides, check=False)
+        assert proc.returncode != 0, overrides
+        assert needle in proc.stderr, (overrides, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (overrides, proc.stderr[-2000:])
+    proc = run_train(blocker / "run", cache_dir, check=False)
+    assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, cache_dir):
+    """20 kills during steps and saves; every restart resumes; the end matches a clean run."""
+    args = ["train.max_steps=60", "train.save_every=3", "train.eval_every=20", "train.log_every=3",
+            "train.precision=no", "train.keep_last=2"]
+    clean = tmp_path / "clean"
+    run_train(clean, cache_dir, *args)
+    expected = _weights(clean / "final")
+
+    run = tmp_path / "killed"
+    rng = random.Random(0)
+    kills = 0
+    while kills < 20:
+        proc = _start(run, cache_dir, *args, "train.resume=auto")
+        time.sleep(rng.uniform(2.5, 6.0))  # start-up takes ~2-4 s, so most kills land in training
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            assert proc.returncode == 0, err[-3000:]
+            if (run / "final").is_dir():
+                shutil.rmtree(run / "final")  # finished before the kill: roll back to keep killing
+                shutil.rmtree(list_checkpoints(run / "checkpoints")[-1])
+            continue
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        kills += 1
+    run_train(run, cache_dir, *args, "train.resume=auto")
+    assert _same_weights(_weights(run / "final"), expected)
+    assert [e["step"] for e in events(run, "train")] == [e["step"] for e in events(clean, "train")]
