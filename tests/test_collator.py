@@ -127,3 +127,26 @@ def test_invalid_settings_refused(tokenizer, kwargs):
     with pytest.raises(ConfigError):
         MLMCollator(tokenizer, **kwargs)
 
+
+
+def test_batches_are_the_same_with_or_without_workers(tokenizer):
+    """Each batch is masked from its own seed: worker count and resume position don't matter."""
+    import datasets
+
+    from mlmkit.trainer import EpochBatchSampler, KeyedRows
+
+    rows = [e["input_ids"] for e in _examples(tokenizer, n=64, length=32)]
+    ds = KeyedRows(datasets.Dataset.from_dict({"input_ids": rows}).with_format("torch"))
+
+    def batches(workers, skip=0):
+        sampler = EpochBatchSampler(len(rows), 8, rank=0, world=1, seed=3)
+        sampler.epoch, sampler.skip = 1, skip
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=workers,
+                                             collate_fn=MLMCollator(tokenizer, seed=0))
+        return [b["input_ids"] for b in loader]
+
+    plain, with_workers, resumed = batches(0), batches(2), batches(0, skip=3)
+    assert len(plain) == 8
+    assert all(torch.equal(a, b) for a, b in zip(plain, with_workers))
+    assert all(torch.equal(a, b) for a, b in zip(plain[3:], resumed))
+    assert not torch.equal(plain[0], plain[1])

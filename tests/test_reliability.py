@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_train_e2e import ROOT, TINY, events, run_train
 
 from mlmkit.checkpoint import list_checkpoints, save_checkpoint
 from mlmkit.errors import CheckpointError
-from test_train_e2e import ROOT, TINY, events, run_train
 
 
 def _start(run: Path, cache_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -194,3 +194,24 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, 
     run_train(run, cache_dir, *args, "train.resume=auto")
     assert _same_weights(_weights(run / "final"), expected)
     assert [e["step"] for e in events(run, "train")] == [e["step"] for e in events(clean, "train")]
+
+
+@pytest.mark.slow
+def test_pickled_state_is_loaded_with_weights_only(tmp_path, cache_dir):
+    """A checkpoint whose pickle would run code is refused, and the code never runs."""
+    import pickle
+
+    run = tmp_path / "run"
+    args = ["train.max_steps=4", "train.save_every=2", "train.eval_every=0", "train.precision=no"]
+    run_train(run, cache_dir, *args)
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    ckpt = run / "checkpoints" / "step_0000004"
+    (ckpt / "random_states_0.pkl").write_bytes(pickle.dumps(Exploit()))
+    proc = run_train(run, cache_dir, *args, f"train.resume={ckpt}", check=False)
+    assert proc.returncode == 2 and "Could not load checkpoint" in proc.stderr
+    assert not marker.exists()

@@ -108,6 +108,13 @@ def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
     try:
         with open(path / LOOP_STATE) as f:
             loop_state = json.load(f)
+        # accelerate skips RNG states it cannot read with only a log line, which would
+        # break exact resume silently; read them first (weights_only) so a bad file fails.
+        rng_file = path / f"random_states_{accelerator.process_index}.pkl"
+        if rng_file.exists():
+            from accelerate.utils.other import load as safe_load
+
+            safe_load(rng_file)
         accelerator.load_state(str(path))
         return loop_state
     except Exception as exc:  # a truncated file fails in json, safetensors or torch.load

@@ -292,7 +292,13 @@ class MLMCollator:
         return chosen, seg[word].view_as(ids)
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
-        self._sync_worker_generator()
+        """Pad and mask. An example may carry ``mask_seed``: the batch is then masked from
+        that seed alone, the same in any worker and after a resume."""
+        first = examples[0] if len(examples) else None
+        if isinstance(first, dict) and "mask_seed" in first:
+            self.generator.manual_seed(int(first["mask_seed"]))
+        else:
+            self._sync_worker_generator()
         input_ids, attention_mask = self.pad(examples)
         if not self.apply_mask:
             return {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -55,11 +55,13 @@ class DropFullAttentionMask:
         return batch
 
 
-class EpochBatchSampler(Sampler[list[int]]):
-    """Batches of indices for one rank: a seeded permutation per epoch, sharded by rank.
+class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Batches of (index, mask seed) for one rank: a seeded permutation per epoch, by rank.
 
     Rank r of w takes batches r, r + w, r + 2w, ... of the epoch's permutation, so ranks
     never overlap; ``skip`` batches at the start of the epoch are passed over (resume).
+    Each batch carries its own mask seed, a function of (seed, epoch, batch, rank), so its
+    masks are the same whichever dataloader worker collates it, and after a resume.
     """
 
     def __init__(self, n: int, batch_size: int, rank: int, world: int, seed: int) -> None:
@@ -75,7 +77,26 @@ class EpochBatchSampler(Sampler[list[int]]):
         perm = torch.randperm(self.n, generator=g)
         for b in range(self.skip, len(self)):
             start = (b * self.world + self.rank) * self.batch_size
-            yield perm[start:start + self.batch_size].tolist()
+            mask_seed = (((self.seed * 1_000_003 + self.epoch) * 1_000_003 + b) * 8_191 + self.rank) % 2**63
+            yield [(i, mask_seed) for i in perm[start:start + self.batch_size].tolist()]
+
+
+class KeyedRows(torch.utils.data.Dataset):
+    """Rows of a packed dataset fetched by (index, mask seed); the seed rides along."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, Any]:
+        index, mask_seed = key
+        return {"input_ids": self.dataset[index]["input_ids"], "mask_seed": mask_seed}
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        rows = self.dataset[[k[0] for k in keys]]["input_ids"]  # one fetch for the batch
+        return [{"input_ids": r, "mask_seed": k[1]} for r, k in zip(rows, keys)]
 
 
 class BatchStream:
@@ -318,11 +339,11 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         seed=tc.seed * 1000 + accelerator.process_index, strategy=m.strategy, span_p=m.span_p,
         span_max_words=m.span_max_words, apply_mask=not m.on_device,
     )
-    # Our own sampler (not accelerate's prepared loader): it shards by rank, and with
-    # num_workers=0 nothing is collated ahead of the step, so the collator's RNG state in
-    # a checkpoint is exactly where the run stopped.
+    # Our own sampler (not accelerate's prepared loader, which collates a batch ahead): it
+    # shards by rank and gives every batch its own mask seed, so a resumed run sees the
+    # same batches with the same masks, with or without dataloader workers.
     train_loader = DataLoader(
-        train_set,
+        KeyedRows(train_set),
         batch_sampler=EpochBatchSampler(len(train_set), tc.batch_size, accelerator.process_index,
                                         world, tc.seed),
         collate_fn=DropFullAttentionMask(collator),
@@ -347,7 +368,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         step, tokens_seen = restored["step"], restored["tokens_seen"]
         stream_state = restored["stream"]
         collator_states = restored.get("collator", [])
-        if accelerator.process_index < len(collator_states) and tc.num_workers == 0:
+        if accelerator.process_index < len(collator_states):  # used by masking.on_device
             collator.generator.set_state(_decode_state(collator_states[accelerator.process_index]))
         metrics.truncate_after(step)
         log.info("Resumed from %s at step %d", resume_from, step)
