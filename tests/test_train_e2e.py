@@ -203,3 +203,14 @@ def test_masking_strategies_train(tmp_path, cache_dir, overrides):
         assert rates == sorted(rates, reverse=True)
     else:
         assert set(rates) == {0.15}
+
+
+@pytest.mark.slow
+def test_tokenizer_larger_than_init_from_embeddings_is_refused(trained_run, tmp_path, cache_dir, tokenizer):
+    """A 2,000-token tokenizer cannot drive a model with 1,000 embeddings."""
+    tokenizer.save_pretrained(tmp_path / "big-tokenizer")
+    proc = run_train(tmp_path / "run", cache_dir, f"model.init_from={trained_run / 'final'}",
+                     f"tokenizer.name_or_path={tmp_path / 'big-tokenizer'}", check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "embeddings" in proc.stderr and "tokenizer.name_or_path" in proc.stderr
+    assert "Traceback" not in proc.stderr
