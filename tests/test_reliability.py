@@ -150,6 +150,7 @@ def test_bad_inputs_each_one_sentence(tmp_path, cache_dir):
         (["data=files", f"data.train_files=[{binary}]"], "binary"),
         (["model=bert-huge"], "bert-huge"),
         (["train.bach_size=3"], "bach_size"),
+        (["optim.lrr=0.1"], "lrr"),
         (["data.max_seq_length=1024"], "data.max_seq_length"),
         ([f"tokenizer.name_or_path={tmp_path / 'nomask'}"], "MASK"),
         (["masking.mlm_probability=1.5"], "masking.mlm_probability"),
