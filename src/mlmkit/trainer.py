@@ -367,6 +367,12 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             restored = load_checkpoint(accelerator, resume_from)
         step, tokens_seen = restored["step"], restored["tokens_seen"]
         stream_state = restored["stream"]
+        saved_world = restored.get("world_size", world)
+        if saved_world != world:  # keep the position in the epoch by samples seen
+            stream_state = {**stream_state, "offset": stream_state["offset"] * saved_world // world}
+            log.warning("Resuming with %d process(es) from a checkpoint written by %d: the data "
+                        "position is kept by samples seen, but the run will not match an "
+                        "uninterrupted one exactly.", world, saved_world)
         collator_states = restored.get("collator", [])
         if accelerator.process_index < len(collator_states):  # used by masking.on_device
             collator.generator.set_state(_decode_state(collator_states[accelerator.process_index]))
