@@ -265,6 +265,28 @@ class PathsConfig:
     cache_dir: str = ".cache/mlmkit"
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "none")
+
+
+@dataclass
+class LoggerConfig:
+    """Where train and eval figures go besides metrics.jsonl (always written).
+
+    Trackers run through accelerate's: TensorBoard writes to <run dir>/tensorboard, W&B to
+    <run dir>/wandb, MLflow to a file store in <run dir>/mlruns unless MLFLOW_TRACKING_URI
+    says otherwise. The full config is logged as hyperparameters.
+    """
+
+    name: str = "tensorboard"  # tensorboard | wandb | mlflow | none
+    project: str = "mlmkit"  # W&B project / MLflow experiment / TensorBoard subfolder
+    run_name: str | None = None  # default: the run dir's path below outputs/
+    offline: bool = False  # W&B: write locally only (sync later with `wandb sync`)
+
+    def __post_init__(self) -> None:
+        _check(self.name in TRACKERS,
+               f"logger={self.name!r} is not a tracker; choose one of {', '.join(TRACKERS)}.")
+
+
 @dataclass
 class Config:
     """A whole run."""
@@ -276,6 +298,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self) -> None:
         _check(

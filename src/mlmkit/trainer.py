@@ -34,6 +34,7 @@ from mlmkit.model import MaskedLM, build_model, count_parameters
 from mlmkit.optim import build_optimizer, build_scheduler
 from mlmkit.runtime import apply_speed_settings, resolve_precision
 from mlmkit.tokenizer import get_tokenizer
+from mlmkit.tracking import finish_trackers_on_error, log_event, start_trackers, tracker_setup
 
 log = logging.getLogger("mlmkit")
 
@@ -262,7 +263,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
     """
     from accelerate import Accelerator, PartialState
-    from accelerate.utils import gather_object, set_seed
+    from accelerate.utils import ProjectConfiguration, gather_object, set_seed
 
     tc = cfg.train
     # CPU runs (ACCELERATE_USE_CPU=1, or no CUDA device) use gloo across processes.
@@ -289,10 +290,13 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     # ---- accelerator and speed settings (one place, see runtime.py) ----------------------
     apply_speed_settings()
     precision = resolve_precision(tc.precision, use_cpu=state.device.type == "cpu")
+    log_with, project = tracker_setup(cfg.logger, run_dir)
     accelerator = Accelerator(
         cpu=use_cpu,
         mixed_precision=precision,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step
+        log_with=log_with,
+        project_config=ProjectConfiguration(**project),
     )
     set_seed(tc.seed)
     world = accelerator.num_processes
@@ -359,6 +363,11 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
 
     # ---- resume ---------------------------------------------------------------------------
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+
+    def record(event: dict[str, Any]) -> None:  # metrics.jsonl and the tracker
+        metrics.write(event)
+        log_event(accelerator, event)
+
     step, tokens_seen, stream_state = 0, 0, {"epoch": 0, "offset": 0}
     if resume_from is not None:
         if tc.resume == "auto":  # a damaged latest checkpoint falls back to the one before
@@ -380,7 +389,9 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         log.info("Resumed from %s at step %d", resume_from, step)
     else:
         metrics.truncate_after(-1)  # resume=auto without a checkpoint: the run starts over
-        metrics.write({"event": "baseline", "step": 0, **baseline})
+    start_trackers(accelerator, cfg.logger, run_dir, asdict(cfg))
+    if resume_from is None:
+        record({"event": "baseline", "step": 0, **baseline})
         log.info("Baseline: always predicting %r scores eval accuracy %.4f",
                  baseline["baseline_token"], baseline["baseline_accuracy"])
     stream = BatchStream(train_loader, accelerator.device, stream_state["epoch"], stream_state["offset"])
@@ -414,7 +425,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     t_start = t_log
     paused = 0.0  # seconds spent on evaluation and checkpoints since the last log
 
-    with StopSignals() as signals:
+    with StopSignals() as signals, finish_trackers_on_error(accelerator):
         bad_steps = 0  # consecutive steps skipped for a non-finite gradient
         skipped_total = 0
         while step < tc.max_steps:
@@ -482,7 +493,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                 }
                 if torch.cuda.is_available() and device.type == "cuda":
                     event["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-                metrics.write(event)
+                record(event)
                 if progress is not None:
                     progress.set_postfix(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
                                          tok_s=f"{event['tokens_per_s']:.0f}")
@@ -496,7 +507,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             if (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps:
                 t0 = time.perf_counter()
                 last_eval = evaluate(accelerator, objective, eval_batches)
-                metrics.write({"event": "eval", "step": step, **last_eval})
+                record({"event": "eval", "step": step, **last_eval})
                 log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f", step,
                          last_eval["eval_loss"], last_eval["eval_perplexity"], last_eval["eval_accuracy"])
                 paused += time.perf_counter() - t0  # keep evaluation out of tokens/s
