@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench-head bench-masking clean
+.PHONY: venv train test test-fast lint bench-head bench-masking eval plot finetune sweep-table clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,9 @@ $(STAMP): pyproject.toml
 
 train: venv  ## quick start: tiny BERT on the built-in corpus, a few minutes on a CPU
 	$(BIN)/python train.py $(ARGS)
+
+eval: venv  ## MLM figures of a model: make eval ARGS="checkpoint=outputs/<run>"
+	$(BIN)/python -m mlmkit.evaluate $(ARGS)
 
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest -q $(ARGS)

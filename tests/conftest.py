@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from runs import run_train
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -36,3 +37,11 @@ def tokenizer():
     from mlmkit.tokenizer import train_wordpiece
 
     return train_wordpiece(TokenizerConfig(vocab_size=2000, max_train_chars=2_000_000), builtin_documents())
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, cache_dir) -> Path:
+    run = tmp_path_factory.mktemp("trained") / "run"
+    run_train(run, cache_dir, "train.max_steps=30", "train.eval_every=15", "train.save_every=15",
+              "train.precision=bf16")
+    return run

@@ -12,7 +12,9 @@ from mlmkit.config import Config, register_configs, to_config
 from mlmkit.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "accelerate")
+OTHER_GROUPS = {"accelerate"}  # groups of other configs than the training one
+OTHER_PRIMARY = ("evaluate",)  # conf/<name>.yaml besides config.yaml, each tested below
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
 def _compose(overrides):
@@ -40,8 +42,25 @@ def test_every_group_option_composes_and_validates(group, option):
 def test_every_conf_file_is_covered():
     """A new YAML file anywhere under conf/ must be reachable by the test above."""
     covered = {CONF / "config.yaml"} | {CONF / g / f"{o}.yaml" for g, o in _group_options()}
+    covered |= {CONF / f"{name}.yaml" for name in OTHER_PRIMARY}
     present = {p for p in CONF.rglob("*.yaml") if "accelerate" not in p.parts}
     assert present == covered
+
+
+def test_evaluate_config_composes_and_validates():
+    from mlmkit.config import EvalConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="evaluate", overrides=["checkpoint=x", "data=files",
+                                                        "data.train_files=[a.txt]"])
+    ev = to_config(cfg, EvalConfig)
+    assert ev.checkpoint == "x" and ev.data.train_files == ["a.txt"]
+    assert ev.masking.eval_seed == Config().masking.eval_seed  # the masks training evaluates with
+    with pytest.raises(ConfigError, match="checkpoint="):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            to_config(compose(config_name="evaluate"), EvalConfig)
 
 
 @pytest.mark.parametrize("name,layers,hidden,heads", [

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train_e2e import ROOT, TINY, events, run_train
+from runs import ROOT, TINY, events, run_train
 
 from mlmkit.checkpoint import list_checkpoints, save_checkpoint
 from mlmkit.errors import CheckpointError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_train_e2e import events, run_train
+from runs import events, run_train
 
 from mlmkit.config import LoggerConfig
 from mlmkit.errors import ConfigError

@@ -316,6 +316,31 @@ class Config:
             )
 
 
+@dataclass
+class EvalConfig:
+    """``python -m mlmkit.evaluate``: MLM figures of a checkpoint on a corpus (conf/evaluate.yaml)."""
+
+    # An exported model dir (a run's final/, any BertForMaskedLM dir), a run dir (its final/,
+    # else its latest checkpoint) or a checkpoints/step_* folder of a run.
+    checkpoint: str | None = None
+    data: DataConfig = field(default_factory=DataConfig)
+    # Text files evaluated whole (all their blocks, up to data.max_eval_samples); empty: the
+    # validation split of ``data``, the one a training run with the same data evaluates on.
+    files: list[str] = field(default_factory=list)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)  # eval_mlm_probability, eval_seed
+    batch_size: int = 32
+    precision: str = "auto"  # auto | no | fp16 | bf16
+    output: str | None = None  # also write the figures to this JSON file
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.checkpoint),
+               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(self.batch_size >= 1, "batch_size must be at least 1.")
+        _check(self.precision in ("auto", "no", "fp16", "bf16"),
+               f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
+
+
 def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
     """The start time of the run, the same on every rank of a node.
 
@@ -347,19 +372,20 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="mlmkit_schema", node=Config)
+    cs.store(name="mlmkit_eval_schema", node=EvalConfig)
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 
 
-def to_config(cfg: Any) -> Config:
-    """Turn a composed DictConfig (or a plain dict) into a checked ``Config``."""
+def to_config(cfg: Any, schema_class: type = Config) -> Any:
+    """Turn a composed DictConfig (or a plain dict) into a checked ``Config`` (or ``schema_class``)."""
     from omegaconf import DictConfig, OmegaConf
 
-    if isinstance(cfg, Config):
+    if isinstance(cfg, schema_class):
         return cfg
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
-    schema = OmegaConf.structured(Config)
+    schema = OmegaConf.structured(schema_class)
     try:
         merged = OmegaConf.merge(schema, cfg)
         return OmegaConf.to_object(merged)

@@ -29,6 +29,7 @@ from mlmkit.config import Config
 from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets
 from mlmkit.errors import ConfigError, DataError, Preempted, TrainingDiverged
 from mlmkit.export import export_final
+from mlmkit.loading import save_run_model_spec
 from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches, majority_baseline
 from mlmkit.model import MaskedLM, build_model, count_parameters
 from mlmkit.optim import build_optimizer, build_scheduler
@@ -333,6 +334,8 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length)
     log.info("Model %s: %.2fM parameters (%.2fM without embeddings)", cfg.model.name,
              count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6)
+    if accelerator.is_main_process:  # config and tokenizer, so any checkpoint can be loaded
+        save_run_model_spec(run_dir, model, tokenizer)
     objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction)
     optimizer = build_optimizer(objective, cfg.optim, accelerator.device.type)
     scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps)

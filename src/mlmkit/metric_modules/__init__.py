@@ -1,0 +1,27 @@
+"""``evaluate`` metric modules shipped with mlmkit, so they load without a network.
+
+``evaluate.load("accuracy")`` fetches a script from the Hugging Face Hub; these are local
+scripts for the same API: ``load_metric("accuracy")`` or
+``evaluate.load(str(metric_path("accuracy")))``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+METRICS = ("masked_lm", "accuracy", "matthews_correlation")
+
+
+def metric_path(name: str) -> Path:
+    """The folder of the shipped metric ``name`` (the script inside has the same name)."""
+    if name not in METRICS:
+        raise ValueError(f"Unknown metric {name!r}; mlmkit ships {', '.join(METRICS)}.")
+    return HERE / name
+
+
+def load_metric(name: str, **kwargs):
+    """``evaluate.load`` of a shipped metric (no network needed)."""
+    import evaluate
+
+    return evaluate.load(str(metric_path(name)), **kwargs)

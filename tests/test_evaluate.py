@@ -1,0 +1,92 @@
+"""python -m mlmkit.evaluate and the metric modules shipped for offline use."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from runs import ROOT, events
+
+from mlmkit.metric_modules import load_metric
+
+EVAL_ARGS = ["data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8"]
+
+
+def run_eval(*overrides: str, launcher: list[str] | None = None, check: bool = True):
+    cmd = (launcher or [sys.executable]) + ["-m", "mlmkit.evaluate", *EVAL_ARGS, *overrides]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"evaluate failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def test_metric_modules_load_offline_and_compute(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    acc = load_metric("accuracy")
+    assert acc.compute(predictions=[1, 0, 1, 1], references=[1, 0, 0, 1]) == {"accuracy": 0.75}
+    mcc = load_metric("matthews_correlation")
+    # TP=2 TN=1 FP=1 FN=0: (2*1 - 1*0) / sqrt(3*2*2*1)
+    got = mcc.compute(predictions=[1, 0, 1, 1], references=[1, 0, 0, 1])["matthews_correlation"]
+    assert got == pytest.approx(2 / math.sqrt(12))
+    assert mcc.compute(predictions=[1, 1, 1], references=[1, 0, 1])["matthews_correlation"] == 0.0
+    assert mcc.compute(predictions=[0, 1, 2], references=[0, 1, 2])["matthews_correlation"] == pytest.approx(1.0)
+    assert mcc.compute(predictions=[1, 0], references=[0, 1])["matthews_correlation"] == pytest.approx(-1.0)
+    mlm = load_metric("masked_lm")
+    mlm.add_batch(losses=[1.0, 3.0], predictions=[[7, 4], [5, 6]], references=[4, 5])
+    mlm.add_batch(losses=[2.0], predictions=[[9, 8]], references=[9])
+    out = mlm.compute()
+    assert out["loss"] == pytest.approx(2.0) and out["perplexity"] == pytest.approx(math.exp(2.0))
+    assert out["accuracy"] == pytest.approx(2 / 3) and out["top2_accuracy"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="ships"):
+        load_metric("bleu")
+
+
+@pytest.mark.slow
+def test_evaluate_reproduces_the_runs_eval_events(trained_run, cache_dir, tmp_path):
+    """The final export and a mid-run checkpoint give the figures the run logged at those steps."""
+    by_step = {e["step"]: e for e in events(trained_run, "eval")}
+    for target, step in [(trained_run, 30), (trained_run / "checkpoints" / "step_0000015", 15)]:
+        out = tmp_path / f"eval-{step}.json"
+        proc = run_eval(f"checkpoint={target}", f"paths.cache_dir={cache_dir}", f"output={out}",
+                        "precision=bf16")
+        result = json.loads(out.read_text())
+        logged = by_step[step]
+        assert result["tokens"] == logged["eval_tokens"]
+        assert result["loss"] == pytest.approx(logged["eval_loss"], rel=1e-4)
+        assert result["accuracy"] == pytest.approx(logged["eval_accuracy"], abs=2 / result["tokens"])
+        assert result["top5_accuracy"] == pytest.approx(logged["eval_top5_accuracy"], abs=2 / result["tokens"])
+        assert "perplexity" in proc.stdout and "top5_accuracy" in proc.stdout
+
+
+@pytest.mark.slow
+def test_evaluate_any_files_on_one_and_two_processes(trained_run, cache_dir, tmp_path):
+    text = tmp_path / "other.txt"
+    text.write_text("\n\n".join(f"The function number {i} returns the value of its argument "
+                                f"and raises an error when the argument is missing." for i in range(300)))
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    run_eval(f"checkpoint={trained_run}", f"files=[{text}]", f"paths.cache_dir={cache_dir}",
+             f"output={one}", "precision=no")
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    proc = subprocess.run(
+        launcher + ["-m", "mlmkit.evaluate", *EVAL_ARGS, f"checkpoint={trained_run}", f"files=[{text}]",
+                    f"paths.cache_dir={cache_dir}", f"output={two}", "precision=no"],
+        cwd=ROOT, env={**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert a["blocks"] > 8 and a["tokens"] == b["tokens"]
+    for key in ("loss", "accuracy", "top5_accuracy"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5)
+
+
+def test_evaluate_user_errors_are_one_sentence(tmp_path):
+    proc = run_eval(check=False)
+    assert proc.returncode == 2 and "checkpoint=" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_eval(f"checkpoint={tmp_path}", check=False)
+    assert proc.returncode == 2 and "is not a model dir" in proc.stderr
+    assert "Traceback" not in proc.stderr
