@@ -39,6 +39,12 @@ train: venv  ## quick start: tiny BERT on the built-in corpus, a few minutes on 
 eval: venv  ## MLM figures of a model: make eval ARGS="checkpoint=outputs/<run>"
 	$(BIN)/python -m mlmkit.evaluate $(ARGS)
 
+plot: venv  ## curves of runs: make plot ARGS="outputs/<run> [more runs] [--out file.png]"
+	$(BIN)/python -m mlmkit.plot $(ARGS)
+
+sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/<date>/<time>"
+	$(BIN)/python -m mlmkit.sweep $(ARGS)
+
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest -q $(ARGS)
 

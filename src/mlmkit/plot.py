@@ -1,0 +1,90 @@
+"""Curves of one or several runs from their metrics.jsonl, as one PNG.
+
+    python -m mlmkit.plot outputs/<run>                      # writes outputs/<run>/curves.png
+    python -m mlmkit.plot multirun/<date>/<time>/* --out lr-sweep.png
+
+Four panels against the optimizer step: training loss, validation accuracy (masked
+tokens; the dashed line is the majority-token baseline), learning rate and tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mlmkit.metrics import read_metrics
+
+PANELS = [  # (event, key, title)
+    ("train", "loss", "training loss (masked tokens)"),
+    ("eval", "eval_accuracy", "validation accuracy (masked tokens)"),
+    ("train", "lr", "learning rate"),
+    ("train", "tokens_per_s", "tokens/s"),
+]
+
+
+def run_label(run: Path, runs: list[Path]) -> str:
+    """The shortest trailing part of the path that tells the runs apart."""
+    parts = run.resolve().parts
+    for n in range(1, len(parts) + 1):
+        labels = {"/".join(r.resolve().parts[-n:]) for r in runs}
+        if len(labels) == len(runs):
+            return "/".join(parts[-n:])
+    return str(run)
+
+
+def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
+    """Draw the curves of ``runs`` into the PNG file ``out``; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    runs = [Path(r) for r in runs]
+    loaded = []
+    for run in runs:
+        if not (run / "metrics.jsonl").is_file():
+            raise FileNotFoundError(f"{str(run)!r} has no metrics.jsonl; pass run dirs (outputs/<run>).")
+        loaded.append((run_label(run, runs), read_metrics(run)))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    for ax, (kind, key, title) in zip(axes.flat, PANELS):
+        for i, (label, events) in enumerate(loaded):
+            points = [(e["step"], e[key]) for e in events if e["event"] == kind and key in e]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, label=label, color=f"C{i}", marker="." if len(points) < 30 else None)
+            if key == "eval_accuracy":
+                base = [e["baseline_accuracy"] for e in events if e["event"] == "baseline"]
+                if base:
+                    ax.axhline(base[0], color=f"C{i}", linestyle="--", linewidth=0.8)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if key == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    axes.flat[0].legend(fontsize="small")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlmkit.plot", description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", help="run dirs (each with metrics.jsonl)")
+    parser.add_argument("--out", help="PNG file (default: <run>/curves.png for one run, "
+                                      "comparison.png for several)")
+    args = parser.parse_args(argv)
+    out = args.out or (Path(args.runs[0]) / "curves.png" if len(args.runs) == 1 else "comparison.png")
+    try:
+        path = plot_runs(args.runs, out)
+    except FileNotFoundError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

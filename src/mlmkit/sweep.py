@@ -1,0 +1,116 @@
+"""One table of the final figures of every run of a sweep.
+
+    python train.py -m optim.lr=1e-3,3e-3,1e-2 train.max_steps=500    # a Hydra multirun
+    python -m mlmkit.sweep multirun/<date>/<time>                        # its table
+    python -m mlmkit.sweep outputs/run-a outputs/run-b --csv             # any runs
+
+Each row is one run: the overrides that set it apart from the others (from
+.hydra/overrides.yaml; all of them for a single run), its last
+step, tokens seen and its last evaluation. Rows are sorted by validation accuracy, best
+first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mlmkit.metrics import read_metrics
+
+COLUMNS = ["run", "overrides", "step", "tokens_seen", "eval_loss", "eval_perplexity",
+           "eval_accuracy", "eval_top5_accuracy"]
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run dirs (with metrics.jsonl) among ``paths`` and their subfolders, e.g. a sweep dir."""
+    runs: list[Path] = []
+    for p in map(Path, paths):
+        if (p / "metrics.jsonl").is_file():
+            runs.append(p)
+        elif p.is_dir():
+            runs += sorted((m.parent for m in p.rglob("metrics.jsonl")), key=_natural)
+    return runs
+
+
+def _natural(path: Path) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in path.parts]
+
+
+def _overrides(run: Path) -> list[str]:
+    path = run / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return []
+    from omegaconf import OmegaConf
+
+    skip = ("hydra.", "paths.")
+    return [str(o) for o in OmegaConf.load(path) if not str(o).startswith(skip)]
+
+
+def summarize(run: Path, root: Path | None = None) -> dict[str, Any]:
+    """The table row of one run: its overrides, last step and last evaluation."""
+    events = read_metrics(run)
+    train = [e for e in events if e["event"] == "train"]
+    evals = [e for e in events if e["event"] == "eval"]
+    row: dict[str, Any] = {
+        "run": str(run.relative_to(root)) if root and run != root and run.is_relative_to(root) else str(run),
+        "overrides": " ".join(_overrides(run)),
+        "step": train[-1]["step"] if train else 0,
+        "tokens_seen": train[-1]["tokens_seen"] if train else 0,
+    }
+    for key in COLUMNS[4:]:
+        row[key] = evals[-1].get(key) if evals else None
+    return row
+
+
+def sweep_table(paths: list[str | Path]) -> list[dict[str, Any]]:
+    """Rows for every run under ``paths``, best validation accuracy first."""
+    runs = find_runs(paths)
+    if not runs:
+        raise FileNotFoundError(f"No run (a folder with metrics.jsonl) under {', '.join(map(str, paths))}.")
+    root = Path(paths[0]) if len(paths) == 1 else None
+    rows = [summarize(r, root) for r in runs]
+    if len(runs) > 1:  # show what differs between the runs (the swept settings)
+        common = set.intersection(*(set(_overrides(r)) for r in runs))
+        for row, run in zip(rows, runs):
+            row["overrides"] = " ".join(o for o in _overrides(run) if o not in common)
+    return sorted(rows, key=lambda r: -(r["eval_accuracy"] if r["eval_accuracy"] is not None else -1))
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+    cells = [COLUMNS] + [[cell(r[c]) for c in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlmkit.sweep", description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="+", help="a sweep dir (multirun/<date>/<time>) or run dirs")
+    parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        rows = sweep_table(args.paths)
+    except FileNotFoundError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    if args.csv:
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

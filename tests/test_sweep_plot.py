@@ -1,0 +1,70 @@
+"""Hydra multirun sweeps, the sweep table and the curves plot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from runs import ROOT, TINY, events
+
+from mlmkit.plot import main as plot_main
+from mlmkit.sweep import format_table, sweep_table
+from mlmkit.sweep import main as sweep_main
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, cache_dir):
+    """A two-run learning-rate sweep: python train.py -m optim.lr=1e-4,3e-3."""
+    sweep_dir = tmp_path_factory.mktemp("sweep") / "lr"
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *TINY, f"paths.cache_dir={cache_dir}",
+           f"hydra.sweep.dir={sweep_dir}", "train.max_steps=20", "train.eval_every=10",
+           "logger=none", "optim.lr=1e-4,3e-3"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep_dir
+
+
+@pytest.mark.slow
+def test_sweep_table_lists_every_run_best_first(sweep, capsys):
+    rows = sweep_table([sweep])
+    assert sorted(r["run"] for r in rows) == ["0", "1"]
+    assert {r["overrides"] for r in rows} == {"optim.lr=0.0001", "optim.lr=0.003"}
+    for r in rows:  # each row holds that run's last evaluation
+        last = events(sweep / r["run"], "eval")[-1]
+        assert r["step"] == 20 and r["eval_accuracy"] == last["eval_accuracy"]
+    assert rows[0]["eval_accuracy"] >= rows[1]["eval_accuracy"]
+    assert rows[0]["overrides"] == "optim.lr=0.003"  # a 30x larger rate learns more in 20 steps
+    assert sweep_main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert out == format_table(rows) + "\n" and "optim.lr=0.0001" in out
+    assert sweep_main([str(sweep), "--csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("run,overrides,step")
+
+
+@pytest.mark.slow
+def test_plot_writes_one_png_for_one_or_several_runs(sweep, tmp_path):
+    from PIL import Image
+
+    assert plot_main([str(sweep / "0")]) == 0
+    single = sweep / "0" / "curves.png"
+    out = tmp_path / "cmp.png"
+    assert plot_main([str(sweep / "0"), str(sweep / "1"), "--out", str(out)]) == 0
+    c0, c1 = (31, 119, 180), (255, 127, 14)  # matplotlib's first two line colours
+    for png, colours in ((single, [c0]), (out, [c0, c1])):
+        with Image.open(png) as im:
+            assert im.format == "PNG" and im.size == (1200, 800)
+            pixels = set(im.convert("RGB").getdata())
+        for colour in colours:  # one curve colour per run
+            assert colour in pixels
+        if png == single:
+            assert c1 not in pixels
+
+
+def test_plot_and_sweep_refuse_folders_without_runs(tmp_path, capsys):
+    assert plot_main([str(tmp_path)]) == 2
+    assert sweep_main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("Error:") == 2 and "metrics.jsonl" in err
