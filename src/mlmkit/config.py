@@ -75,7 +75,8 @@ class TokenizerConfig:
     # A local tokenizer dir or a hub name. null: train WordPiece on the training corpus
     # (or use the tokenizer of model.init_from when that is set).
     name_or_path: str | None = None
-    vocab_size: int = 8192  # WordPiece vocabulary size when training (special tokens included)
+    algorithm: str = "wordpiece"  # when training: wordpiece (BERT) | bpe (byte-level) | unigram
+    vocab_size: int = 8192  # vocabulary size when training (special tokens included)
     lowercase: bool = True  # BERT-uncased normalisation (lowercase, strip accents)
     min_frequency: int = 2  # a pair must occur this often to be merged
     # Train on at most this many characters of the corpus (null: all of it).
@@ -84,6 +85,23 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 100, f"tokenizer.vocab_size must be at least 100, got {self.vocab_size}.")
         _check(self.min_frequency >= 1, "tokenizer.min_frequency must be at least 1.")
+        _check(
+            self.algorithm in ("wordpiece", "bpe", "unigram"),
+            f"tokenizer.algorithm must be wordpiece, bpe or unigram, got {self.algorithm!r}.",
+        )
+
+
+@dataclass
+class SourceConfig:
+    """One corpus of a weighted mix (``data.source=mix``)."""
+
+    kind: str = "files"  # files | hub | builtin
+    files: list[str] = field(default_factory=list)  # kind=files: paths or globs
+    name: str | None = None  # kind=hub: dataset name on the Hub (or a local dataset dir)
+    config: str | None = None  # kind=hub: the dataset's config (subset), e.g. "20231101.en"
+    split: str = "train"  # kind=hub: the split to read
+    text_column: str = "text"  # column holding the text
+    weight: float = 1.0  # share of documents drawn from this source (normalised over sources)
 
 
 @dataclass
@@ -91,30 +109,64 @@ class DataConfig:
     """The corpus and how it becomes fixed-length blocks."""
 
     # "builtin": English prose from this Python installation (no download, ~2 MB);
-    # "files": local text files listed in train_files (and validation_files).
+    # "files": local text files listed in train_files (and validation_files);
+    # "hub": a Hugging Face dataset (hub_name, hub_config, hub_split);
+    # "mix": several sources interleaved with weights (sources).
     source: str = "builtin"
     train_files: list[str] = field(default_factory=list)  # paths or globs (.txt .jsonl .json .parquet .csv)
     validation_files: list[str] = field(default_factory=list)  # empty: hold out validation_split
-    text_column: str = "text"  # column holding the text in .jsonl/.json/.parquet/.csv
+    text_column: str = "text"  # column holding the text in .jsonl/.json/.parquet/.csv and hub datasets
     # How .txt files are cut into documents: "paragraph" (blank-line separated),
     # "line" (every line) or "document" (whole file).
     txt_sample_by: str = "paragraph"
-    validation_split: float = 0.05  # share of documents held out when no validation_files
+    hub_name: str | None = None  # source=hub: dataset name, e.g. "Salesforce/wikitext"
+    hub_config: str | None = None  # source=hub: config, e.g. "wikitext-103-raw-v1"
+    hub_split: str = "train"  # source=hub: training split
+    hub_validation_split: str | None = None  # source=hub: validation split (null: hold out)
+    sources: list[SourceConfig] = field(default_factory=list)  # source=mix: the corpora and weights
+    # source=mix: stop when the first source runs out ("first_exhausted", weights kept
+    # exactly) or when all have (the smaller sources repeat: "all_exhausted").
+    mix_stopping: str = "first_exhausted"
+    validation_split: float = 0.05  # share of documents held out when no validation set (map mode)
     max_seq_length: int = 128  # tokens per block, [CLS] and [SEP] included
+    # "concatenate": documents joined with [SEP] into full blocks (no padding);
+    # "line_by_line": one document per sequence (long ones split), padded per batch.
+    packing: str = "concatenate"
+    pad_to_multiple_of: int | None = 8  # line_by_line: pad batch lengths to a multiple of this
     num_proc: int | None = None  # worker processes for tokenizing (null: one per core, at most 8)
     max_eval_samples: int | None = 1000  # cap on validation blocks (null: all)
     cache: bool = True  # keep the tokenized, packed dataset on disk and reuse it
+    # Streaming: tokenize and pack on the fly from an iterable source (no preprocessing, no
+    # cache, RAM bounded by shuffle_buffer); resumes at the position it reached.
+    streaming: bool = False
+    shuffle_buffer: int = 10_000  # streaming: blocks shuffled together (1: no shuffling)
+    # streaming without a validation set: the first this many documents are held out
+    stream_validation_docs: int = 1000
 
     def __post_init__(self) -> None:
         _check(
-            self.source in ("builtin", "files"),
-            f"data.source must be 'builtin' or 'files', got {self.source!r}.",
+            self.source in ("builtin", "files", "hub", "mix"),
+            f"data.source must be 'builtin', 'files', 'hub' or 'mix', got {self.source!r}.",
         )
         if self.source == "files":
             _check(
                 len(self.train_files) > 0,
                 "data=files needs data.train_files=[path, ...] (files or globs).",
             )
+        if self.source == "hub":
+            _check(bool(self.hub_name), "data.source=hub needs data.hub_name (a Hugging Face dataset name).")
+        if self.source == "mix":
+            _check(len(self.sources) > 0, "data.source=mix needs data.sources (a list of corpora with weights).")
+            for i, s in enumerate(self.sources):
+                _check(s.kind in ("files", "hub", "builtin"),
+                       f"data.sources[{i}].kind must be files, hub or builtin, got {s.kind!r}.")
+                _check(s.kind != "files" or len(s.files) > 0, f"data.sources[{i}] (files) needs files=[...].")
+                _check(s.kind != "hub" or bool(s.name), f"data.sources[{i}] (hub) needs name.")
+                _check(s.weight > 0, f"data.sources[{i}].weight must be positive, got {s.weight}.")
+        _check(
+            self.mix_stopping in ("first_exhausted", "all_exhausted"),
+            f"data.mix_stopping must be first_exhausted or all_exhausted, got {self.mix_stopping!r}.",
+        )
         _check(
             self.txt_sample_by in ("paragraph", "line", "document"),
             f"data.txt_sample_by must be 'paragraph', 'line' or 'document', got {self.txt_sample_by!r}.",
@@ -128,9 +180,19 @@ class DataConfig:
             f"data.max_seq_length must be at least 8, got {self.max_seq_length}.",
         )
         _check(
+            self.packing in ("concatenate", "line_by_line"),
+            f"data.packing must be concatenate or line_by_line, got {self.packing!r}.",
+        )
+        _check(
+            self.pad_to_multiple_of is None or self.pad_to_multiple_of >= 1,
+            "data.pad_to_multiple_of must be at least 1 (or null).",
+        )
+        _check(
             self.num_proc is None or self.num_proc >= 1,
             "data.num_proc must be at least 1 (or null for automatic).",
         )
+        _check(self.shuffle_buffer >= 1, "data.shuffle_buffer must be at least 1.")
+        _check(self.stream_validation_docs >= 1, "data.stream_validation_docs must be at least 1.")
 
 
 @dataclass

@@ -31,12 +31,12 @@ from functools import partial
 from pathlib import Path
 
 from mlmkit.config import DataConfig
-from mlmkit.errors import DataError
+from mlmkit.errors import DataError, MLMKitError
 
 log = logging.getLogger(__name__)
 
 SPLIT_SEED = 0  # the held-out validation split does not move with train.seed
-PACK_VERSION = "concat-v1"
+PACK_VERSION = "v2"
 TEXT_EXTENSIONS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json",
                    ".parquet": "parquet", ".csv": "csv"}
 
@@ -105,25 +105,133 @@ def _file_stats(files: list[str]) -> list[tuple[str, int, int]]:
     return [(os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
 
 
-def _split_text(text: str, sample_by: str) -> list[str]:
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if sample_by == "document":
-        parts = [text]
-    elif sample_by == "line":
-        parts = text.split("\n")
-    else:  # paragraph: blank-line separated; wrapped lines inside a paragraph are joined
-        parts = [" ".join(p.split("\n")) for p in text.split("\n\n")]
-    return [p.strip() for p in parts if p.strip()]
+MAX_LINE_BYTES = 1_000_000  # a line longer than this is cut (at a space) into documents
+
+
+def iter_txt(path: str, sample_by: str, start: int = 0, stats: dict | None = None
+             ) -> Iterator[tuple[str, int]]:
+    """The documents of a .txt file with the byte offset after each, read line by line.
+
+    Memory stays bounded whatever the file: a line longer than ``MAX_LINE_BYTES`` (say a
+    50 MB file without a newline) is cut at a space into several documents, and so is a
+    paragraph or a whole-file document grown past that size. Bytes that are not UTF-8 are
+    replaced; ``stats`` counts them (``bad_bytes``) and the cuts (``cut``).
+    """
+    stats = stats if stats is not None else {}
+    parts: list[str] = []
+    size = 0
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        pos = start
+        while True:
+            raw = fh.readline(MAX_LINE_BYTES)
+            if not raw:
+                break
+            cut = not raw.endswith(b"\n") and len(raw) == MAX_LINE_BYTES
+            if cut:  # back off to the last space so no word or UTF-8 character is split
+                space = raw.rfind(b" ")
+                if space > 0:
+                    fh.seek(pos + space + 1)
+                    raw = raw[:space + 1]
+                stats["cut"] = stats.get("cut", 0) + 1
+            pos += len(raw)
+            line = raw.decode("utf-8", errors="replace")
+            if "\ufffd" in line:
+                stats["bad_bytes"] = stats.get("bad_bytes", 0) + line.count("\ufffd")
+            line = line.strip()
+            if sample_by == "line" or cut:
+                if parts and sample_by != "line":  # a cut line closes the paragraph before it
+                    yield " ".join(parts), pos - len(raw)
+                    parts, size = [], 0
+                if line:
+                    yield line, pos
+                continue
+            if not line:
+                if parts and sample_by == "paragraph":
+                    yield " ".join(parts), pos
+                    parts, size = [], 0
+                continue
+            parts.append(line)
+            size += len(line)
+            if size >= MAX_LINE_BYTES:
+                stats["cut"] = stats.get("cut", 0) + 1
+                yield " ".join(parts), pos
+                parts, size = [], 0
+        if parts:
+            yield " ".join(parts), pos
+
+
+def warn_txt_stats(path: str, stats: dict) -> None:
+    """One warning line per problem, with the count."""
+    if stats.get("bad_bytes"):
+        log.warning("%s: %d bytes are not valid UTF-8 and were replaced", path, stats["bad_bytes"])
+    if stats.get("cut"):
+        log.warning("%s: %d lines or documents longer than %d bytes were cut into pieces", path,
+                    stats["cut"], MAX_LINE_BYTES)
+
+
+def check_not_binary(path: str, setting: str) -> None:
+    with open(path, "rb") as fh:
+        if b"\x00" in fh.read(8192):
+            raise DataError(
+                f"{setting}: {path!r} looks like a binary file (it contains NUL bytes); "
+                "list only text files."
+            )
 
 
 def _txt_generator(files: list[tuple[str, int, int]], sample_by: str) -> Iterator[dict]:
     for path, _size, _mtime in files:
-        text = Path(path).read_bytes().decode("utf-8", errors="replace")
-        bad = text.count("\ufffd")
-        if bad:
-            log.warning("%s: %d bytes are not valid UTF-8 and were replaced", path, bad)
-        for part in _split_text(text, sample_by):
-            yield {"text": part}
+        stats: dict = {}
+        for doc, _ in iter_txt(path, sample_by, stats=stats):
+            yield {"text": doc}
+        warn_txt_stats(path, stats)
+
+
+def hub_error(name: str, config: str | None, exc: BaseException | None = None) -> DataError:
+    """The one sentence for a hub dataset that cannot be loaded."""
+    what = f"{name!r}" + (f" (config {config!r})" if config else "")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or \
+        os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes")
+    reason = "the Hub is switched off (HF_HUB_OFFLINE=1) and it is not in the local cache" if offline \
+        else "the Hugging Face Hub cannot be reached or does not have it"
+    detail = ""
+    if exc is not None and not offline:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:160].rstrip(".")
+        detail = f" ({type(exc).__name__}: {first})"
+    return DataError(
+        f"Could not load the dataset {what}: {reason}{detail}; download it on a machine with "
+        "internet and use data=files data.train_files=[...] (or data.hub_name=<local dataset "
+        "dir>), or train on the built-in corpus with data=builtin."
+    )
+
+
+def load_hub(name: str, config: str | None, split: str, text_column: str, streaming: bool,
+             setting: str = "data.hub_name"):
+    """A hub dataset (or a local dataset dir) reduced to one ``text`` column."""
+    import datasets
+
+    try:
+        if any((Path(name) / f).is_file() for f in ("state.json", "dataset_dict.json")):
+            ds = datasets.load_from_disk(name)
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds[split]
+            if streaming:
+                ds = ds.to_iterable_dataset()
+        else:
+            ds = datasets.load_dataset(name, config, split=split, streaming=streaming)
+    except MLMKitError:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # connection, offline mode, missing dataset or config
+        raise hub_error(name, config, exc) from None
+    columns = ds.column_names or list((ds.features or {}).keys())
+    if columns and text_column not in columns:
+        raise DataError(
+            f"{setting}: the dataset {name!r} has no column {text_column!r} (columns: "
+            f"{', '.join(columns)}); set data.text_column."
+        )
+    return ds
 
 
 def _load_structured(builder: str, files: list[str], text_column: str, setting: str):
@@ -142,11 +250,7 @@ def _load_structured(builder: str, files: list[str], text_column: str, setting: 
             f"{setting}: {files[0]!r} has no column {text_column!r} (columns: "
             f"{', '.join(ds.column_names)}); set data.text_column."
         )
-    ds = ds.select_columns([text_column])
-    if text_column != "text":
-        ds = ds.rename_column(text_column, "text")
-    ds = ds.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
-    return ds.cast_column("text", datasets.Value("string"))
+    return _text_only(ds, text_column)
 
 
 def load_files(files: list[str], cfg: DataConfig, setting: str):
@@ -160,12 +264,7 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
     for builder, group in sorted(by_builder.items()):
         if builder == "text":
             for f in group:
-                with open(f, "rb") as fh:
-                    if b"\x00" in fh.read(8192):
-                        raise DataError(
-                            f"{setting}: {f!r} looks like a binary file (it contains NUL "
-                            "bytes); list only text files."
-                        )
+                check_not_binary(f, setting)
             # The stats (size, mtime) are in gen_kwargs so that datasets' own cache of this
             # step is invalidated when a file changes.
             try:
@@ -184,21 +283,61 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
     return ds
 
 
+def _text_only(ds, text_column: str):
+    """Keep the text column (named ``text``), drop empty documents."""
+    import datasets
+
+    ds = ds.select_columns([text_column])
+    if text_column != "text":
+        ds = ds.rename_column(text_column, "text")
+    ds = ds.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+    return ds.cast_column("text", datasets.Value("string"))
+
+
+def load_source(src, cfg: DataConfig, setting: str):
+    """The documents of one source of a mix (map mode)."""
+    import datasets
+
+    if src.kind == "builtin":
+        return datasets.Dataset.from_dict({"text": builtin_documents()})
+    if src.kind == "hub":
+        return _text_only(load_hub(src.name, src.config, src.split, src.text_column, False, setting),
+                          src.text_column)
+    from dataclasses import replace
+
+    return load_files(resolve_files(src.files, setting), replace(cfg, text_column=src.text_column), setting)
+
+
+def mix_probabilities(sources) -> list[float]:
+    total = sum(s.weight for s in sources)
+    return [s.weight / total for s in sources]
+
+
 def load_corpus(cfg: DataConfig):
     """A DatasetDict of documents with ``train`` and ``validation`` splits."""
     import datasets
 
+    validation = None
     if cfg.source == "builtin":
         train = datasets.Dataset.from_dict({"text": builtin_documents()})
-        validation = None
+    elif cfg.source == "hub":
+        train = _text_only(load_hub(cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_column, False),
+                           cfg.text_column)
+        if cfg.hub_validation_split:
+            validation = _text_only(load_hub(cfg.hub_name, cfg.hub_config, cfg.hub_validation_split,
+                                             cfg.text_column, False), cfg.text_column)
+    elif cfg.source == "mix":
+        parts = [load_source(s, cfg, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
+        train = parts[0] if len(parts) == 1 else datasets.interleave_datasets(
+            parts, probabilities=mix_probabilities(cfg.sources), seed=SPLIT_SEED,
+            stopping_strategy=cfg.mix_stopping)
     else:
         train = load_files(resolve_files(cfg.train_files, "data.train_files"), cfg, "data.train_files")
-        validation = None
-        if cfg.validation_files:
-            validation = load_files(
-                resolve_files(cfg.validation_files, "data.validation_files"), cfg,
-                "data.validation_files",
-            )
+    if cfg.validation_files:
+        validation = load_files(
+            resolve_files(cfg.validation_files, "data.validation_files"), cfg,
+            "data.validation_files",
+        )
     if validation is None:
         if len(train) < 2:
             raise DataError(
@@ -210,18 +349,39 @@ def load_corpus(cfg: DataConfig):
     return datasets.DatasetDict({"train": train, "validation": validation})
 
 
+def _source_identity(src, cfg: DataConfig) -> dict:
+    if src.kind == "builtin":
+        return {"builtin": sys.version, "stdlib": sysconfig.get_paths()["stdlib"]}
+    if src.kind == "hub":
+        return {"hub": src.name, "config": src.config, "split": src.split, "text_column": src.text_column,
+                # a local dataset dir changes when it is rewritten
+                "stats": _file_stats(sorted(glob.glob(os.path.join(src.name, "**", "*.arrow"), recursive=True)))
+                if os.path.isdir(src.name) else None}
+    return {"files": _file_stats(resolve_files(src.files, "data.sources")), "text_column": src.text_column,
+            "txt_sample_by": cfg.txt_sample_by}
+
+
 def corpus_fingerprint(cfg: DataConfig) -> str:
-    """A hash of the corpus's identity: the files (with size and mtime) or the Python version."""
+    """A hash of the corpus's identity: files (with size and mtime), hub names, mix weights."""
+    from mlmkit.config import SourceConfig
+
     if cfg.source == "builtin":
-        ident = {"builtin": sys.version, "stdlib": sysconfig.get_paths()["stdlib"]}
+        ident = _source_identity(SourceConfig(kind="builtin"), cfg)
+    elif cfg.source == "hub":
+        ident = {**_source_identity(SourceConfig(kind="hub", name=cfg.hub_name, config=cfg.hub_config,
+                                                 split=cfg.hub_split, text_column=cfg.text_column), cfg),
+                 "validation_split_name": cfg.hub_validation_split}
+    elif cfg.source == "mix":
+        ident = {"mix": [{**_source_identity(s, cfg), "weight": s.weight} for s in cfg.sources],
+                 "stopping": cfg.mix_stopping}
     else:
         ident = {
             "train": _file_stats(resolve_files(cfg.train_files, "data.train_files")),
-            "validation": _file_stats(resolve_files(cfg.validation_files, "data.validation_files"))
-            if cfg.validation_files else None,
             "text_column": cfg.text_column,
             "txt_sample_by": cfg.txt_sample_by,
         }
+    ident["validation"] = _file_stats(resolve_files(cfg.validation_files, "data.validation_files")) \
+        if cfg.validation_files else None
     ident["validation_split"] = cfg.validation_split
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -237,22 +397,54 @@ def pack_ids(docs: list[list[int]], cls_id: int, sep_id: int, max_seq_length: in
     Every block has exactly ``max_seq_length`` ids; the tail that does not fill a block is
     dropped.
     """
+    return pack_concat(docs, cls_id, sep_id, max_seq_length)[0].tolist()
+
+
+def pack_concat(docs, cls_id: int, sep_id: int, max_seq_length: int, carry=()):
+    """(blocks as an int32 array of shape [n, max_seq_length], the ids left over).
+
+    ``carry`` (ids left over from the previous call) starts the stream, so a caller that
+    passes the leftover back in loses no text at batch boundaries (streaming does).
+    """
+    import numpy as np
+
     body = max_seq_length - 2
-    stream: list[int] = []
+    stream: list[int] = list(carry)
     for ids in docs:
         if ids:
             stream.extend(ids)
             stream.append(sep_id)
-    n_blocks = len(stream) // body
-    return [[cls_id, *stream[i * body:(i + 1) * body], sep_id] for i in range(n_blocks)]
+    n = len(stream) // body
+    flat = np.asarray(stream, dtype=np.int32)
+    blocks = np.empty((n, max_seq_length), dtype=np.int32)
+    blocks[:, 0] = cls_id
+    blocks[:, -1] = sep_id
+    blocks[:, 1:-1] = flat[: n * body].reshape(n, body)
+    return blocks, stream[n * body:]
 
 
-def _tokenize_and_pack(batch: dict, tokenizer, max_seq_length: int) -> dict:
-    enc = tokenizer(
-        batch["text"], add_special_tokens=False, return_attention_mask=False,
-        return_token_type_ids=False, verbose=False,
-    )["input_ids"]
-    return {"input_ids": pack_ids(enc, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length)}
+def pack_lines(docs, cls_id: int, sep_id: int, max_seq_length: int) -> list[list[int]]:
+    """One sequence per document, ``[CLS] doc [SEP]``; a longer document becomes several
+    sequences (the last one shorter), never dropped and never merged with another."""
+    body = max_seq_length - 2
+    out = []
+    for ids in docs:
+        for i in range(0, len(ids), body):
+            out.append([cls_id, *ids[i:i + body], sep_id])
+    return out
+
+
+def encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens, offsets or masks (the fast path)."""
+    backend = tokenizer.backend_tokenizer
+    return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _tokenize_and_pack(batch: dict, tokenizer, max_seq_length: int, packing: str = "concatenate") -> dict:
+    ids = encode(tokenizer, batch["text"])
+    if packing == "line_by_line":
+        return {"input_ids": pack_lines(ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length)}
+    return {"input_ids": pack_concat(ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length)[0]}
 
 
 def _auto_num_proc(n_docs: int, requested: int | None) -> int:
@@ -263,8 +455,13 @@ def _auto_num_proc(n_docs: int, requested: int | None) -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = None):
-    """Tokenize and pack every split of ``corpus`` into blocks of ``max_seq_length`` ids."""
+def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = None,
+                packing: str = "concatenate", cache_files: bool = True):
+    """Tokenize and pack every split of ``corpus`` into blocks of ``max_seq_length`` ids.
+
+    One pass per split (tokenize and pack in the same batch), int32 ids, no attention
+    masks or token type ids: everything else is derived from the ids at collation.
+    """
     import datasets
 
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
@@ -274,49 +471,34 @@ def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = N
         if procs > 1:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         packed[split] = ds.map(
-            partial(_tokenize_and_pack, tokenizer=tokenizer, max_seq_length=max_seq_length),
+            partial(_tokenize_and_pack, tokenizer=tokenizer, max_seq_length=max_seq_length,
+                    packing=packing),
             batched=True,
             batch_size=1000,
             num_proc=procs if procs > 1 else None,
             remove_columns=ds.column_names,
             features=features,
+            load_from_cache_file=cache_files,
             desc=f"Tokenizing and packing {split}",
         )
     return datasets.DatasetDict(packed)
 
 
-def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, corpus=None,
-                     fingerprint: str | None = None):
-    """Packed train/validation datasets, from the disk cache when nothing changed."""
-    import datasets
-
+def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str:
+    """The packed dataset's cache key: everything that changes the blocks."""
     from mlmkit.tokenizer import tokenizer_fingerprint
 
     key_src = json.dumps({
         "corpus": fingerprint or corpus_fingerprint(cfg),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "max_seq_length": cfg.max_seq_length,
+        "packing": cfg.packing,
         "pack": PACK_VERSION,
     }, sort_keys=True)
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
-    target = Path(cache_dir) / "data" / key
-    if cfg.cache and (target / "dataset_dict.json").is_file():
-        log.info("Using cached packed dataset %s", target)
-        packed = datasets.load_from_disk(str(target))
-    else:
-        if corpus is None:
-            corpus = load_corpus(cfg)
-        packed = pack_corpus(corpus, tokenizer, cfg.max_seq_length, cfg.num_proc)
-        if cfg.cache:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-            try:
-                packed.save_to_disk(str(tmp))
-                os.replace(tmp, target)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
-            if (target / "dataset_dict.json").is_file():
-                packed = datasets.load_from_disk(str(target))
+    return hashlib.sha256(key_src.encode()).hexdigest()[:16]
+
+
+def check_packed(packed, cfg: DataConfig) -> None:
     for split in ("train", "validation"):
         if len(packed[split]) == 0:
             setting = "data.train_files" if split == "train" else "data.validation_files"
@@ -324,6 +506,40 @@ def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, c
                 f"The {split} split packs into zero blocks of {cfg.max_seq_length} tokens; "
                 f"add text ({setting}) or lower data.max_seq_length."
             )
+
+
+def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, corpus=None,
+                     fingerprint: str | None = None):
+    """Packed train/validation datasets, from the disk cache when nothing changed.
+
+    The cache is written under a temporary name and renamed when complete, and only once
+    both splits hold blocks, so an error or an interrupt never leaves a partial entry.
+    """
+    import datasets
+
+    key = cache_key(cfg, tokenizer, fingerprint)
+    target = Path(cache_dir) / "data" / key
+    if cfg.cache and (target / "dataset_dict.json").is_file():
+        log.info("Using cached packed dataset %s", target)
+        packed = datasets.load_from_disk(str(target))
+    else:
+        if corpus is None:
+            corpus = load_corpus(cfg)
+        packed = pack_corpus(corpus, tokenizer, cfg.max_seq_length, cfg.num_proc, cfg.packing)
+        check_packed(packed, cfg)
+        if cfg.cache:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+            try:
+                packed.save_to_disk(str(tmp))
+                os.replace(tmp, target)
+            except OSError:
+                pass  # a full disk or a concurrent writer: train from memory, cache next time
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if (target / "dataset_dict.json").is_file():
+                packed = datasets.load_from_disk(str(target))
+    check_packed(packed, cfg)
     if cfg.max_eval_samples is not None and len(packed["validation"]) > cfg.max_eval_samples:
         packed["validation"] = packed["validation"].select(range(cfg.max_eval_samples))
     return packed.with_format("torch")
