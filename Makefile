@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench-head bench-masking eval plot finetune sweep-table clean
+.PHONY: venv train test test-fast lint bench-head bench-masking eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,15 @@ bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 
 bench-masking: venv  ## masking strategies vs transformers' collator, batches/s side by side
 	$(BIN)/python benchmarks/masking.py $(ARGS)
+
+bench-data: venv  ## tokenize+pack speed, run_mlm's way vs mlmkit, MB/s side by side
+	$(BIN)/python benchmarks/data_speed.py $(ARGS)
+
+bench-data-memory: venv  ## peak RSS: map mode on 200 MB, streaming on growing corpora
+	$(BIN)/python benchmarks/data_memory.py $(ARGS)
+
+tokenizer: venv  ## train a tokenizer, e.g. make tokenizer ARGS="data=files data.train_files=[a.txt] tokenizer.algorithm=bpe out=tok/"
+	$(BIN)/python -m mlmkit.tokenizer $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

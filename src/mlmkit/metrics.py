@@ -43,6 +43,8 @@ def majority_baseline(train_set, eval_batches: list[dict[str, torch.Tensor]], to
     The bar a model must clear to have learned anything from context.
     """
     ids = train_set[: min(len(train_set), max_blocks)]["input_ids"]
+    if isinstance(ids, list):  # rows of different lengths (line_by_line packing)
+        ids = torch.cat([torch.as_tensor(r).reshape(-1) for r in ids]) if ids else torch.zeros(0)
     ids = torch.as_tensor(ids).reshape(-1).long()
     counts = torch.bincount(ids, minlength=len(tokenizer))
     counts[torch.tensor(tokenizer.all_special_ids, dtype=torch.long)] = 0

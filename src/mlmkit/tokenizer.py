@@ -1,4 +1,14 @@
-"""Tokenizers: load a Hugging Face tokenizer, or train a BERT WordPiece one and cache it."""
+"""Tokenizers: load a Hugging Face tokenizer, or train one (WordPiece, BPE, Unigram) and cache it.
+
+As a command, trains a tokenizer on any data source, streaming through the corpus, and
+writes a Hugging Face tokenizer dir for ``tokenizer.name_or_path``::
+
+    python -m mlmkit.tokenizer data=files 'data.train_files=[corpus/*.txt]' \\
+        tokenizer.algorithm=bpe tokenizer.vocab_size=16000 out=tokenizers/bpe16k
+
+Settings are those of the training config (``conf/``, ``data=...``, ``tokenizer.*``),
+plus ``out=<dir>`` (required).
+"""
 
 from __future__ import annotations
 
@@ -114,6 +124,62 @@ def train_wordpiece(cfg: TokenizerConfig, texts: Iterable[str]):
     return BertTokenizer(vocab=vocab, do_lower_case=cfg.lowercase)
 
 
+def _train_subword(cfg: TokenizerConfig, texts: Iterable[str]):
+    """Byte-level BPE (as RoBERTa) or Unigram (as SentencePiece) with BERT's special tokens."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    norm = [normalizers.NFKC()] + ([normalizers.Lowercase()] if cfg.lowercase else [])
+    if cfg.algorithm == "bpe":
+        backend = Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                      special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        backend = Tokenizer(models.Unigram())
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
+                                          unk_token="[UNK]", show_progress=False)
+    backend.normalizer = normalizers.Sequence(norm)
+    backend.train_from_iterator(_limited(texts, cfg.max_train_chars), trainer=trainer)
+    if backend.get_vocab_size() <= len(SPECIAL_TOKENS):
+        raise TokenizerError(
+            "The training corpus yielded no tokens to build a vocabulary from; "
+            "check data.train_files (or data.text_column)."
+        )
+    cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        pad_token="[PAD]", mask_token="[MASK]", model_input_names=["input_ids", "token_type_ids",
+                                                                     "attention_mask"],
+    )
+
+
+def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]):
+    """Train the tokenizer ``cfg.algorithm`` names on ``texts`` (read once, as a stream)."""
+    if cfg.algorithm == "wordpiece":
+        tokenizer = train_wordpiece(cfg, texts)
+    else:
+        tokenizer = _train_subword(cfg, texts)
+    check_special_tokens(tokenizer, f"{cfg.algorithm} training")
+    return tokenizer
+
+
 def get_tokenizer(
     cfg: TokenizerConfig,
     texts: Callable[[], Iterable[str]],
@@ -138,7 +204,7 @@ def get_tokenizer(
             "lowercase": cfg.lowercase,
             "min_frequency": cfg.min_frequency,
             "max_train_chars": cfg.max_train_chars,
-            "kind": "wordpiece-v1",
+            "kind": "wordpiece-v1" if cfg.algorithm == "wordpiece" else f"{cfg.algorithm}-v1",
         },
         sort_keys=True,
     )
@@ -148,9 +214,8 @@ def get_tokenizer(
         log.info("Using cached tokenizer %s", target)
         return load_tokenizer(str(target), setting="the tokenizer cache")
 
-    log.info("Training a WordPiece tokenizer (vocab %d) on the training corpus", cfg.vocab_size)
-    tokenizer = train_wordpiece(cfg, texts())
-    check_special_tokens(tokenizer, "WordPiece training")
+    log.info("Training a %s tokenizer (vocab %d) on the training corpus", cfg.algorithm, cfg.vocab_size)
+    tokenizer = train_tokenizer(cfg, texts())
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
     try:
@@ -161,3 +226,71 @@ def get_tokenizer(
         if not (target / "tokenizer.json").is_file():
             raise
     return tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mlmkit.tokenizer [data=... tokenizer.*=...] out=DIR``."""
+    import sys
+    import time
+
+    from mlmkit.errors import MLMKitError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return 0
+    out = [a.split("=", 1)[1] for a in args if a.startswith("out=")]
+    overrides = [a for a in args if not a.startswith("out=")]
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        if not out or not out[-1]:
+            raise TokenizerError("Say where to write the tokenizer with out=<dir>.")
+        cfg = _compose(overrides)
+        from mlmkit.streaming import iter_texts
+
+        t0 = time.perf_counter()
+        chars = 0
+
+        def texts():
+            nonlocal chars
+            for text in iter_texts(cfg.data):
+                chars += len(text)
+                yield text
+
+        tokenizer = train_tokenizer(cfg.tokenizer, texts())
+        target = Path(out[-1]).expanduser()
+        target.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(str(target))
+        print(f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
+              f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
+              f"(use it with tokenizer.name_or_path={target}).")
+        return 0
+    except MLMKitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _compose(overrides: list[str]):
+    """The training config with ``overrides`` applied (Hydra's compose, no run dir)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mlmkit.config import register_configs, to_config
+    from mlmkit.errors import ConfigError
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    if not conf.is_dir():
+        raise ConfigError(f"The config dir {conf} is missing; run from an mlmkit checkout.")
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return to_config(compose(config_name="config", overrides=overrides))
+    except ConfigError:
+        raise
+    except Exception as exc:  # a misspelt override or group
+        raise ConfigError(str(exc).splitlines()[0]) from None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -315,20 +315,36 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         for rows in corpus["train"].iter(batch_size=1000):
             yield from rows["text"]
 
-    with accelerator.local_main_process_first():
-        tokenizer = get_tokenizer(cfg.tokenizer, corpus_texts, fingerprint, cache_dir,
-                                  init_from=cfg.model.init_from)
-        packed = prepare_datasets(cfg.data, tokenizer, cache_dir, corpus=corpus, fingerprint=fingerprint)
-    train_set, val_set = packed["train"], packed["validation"]
-    per_step = tc.batch_size * world
-    if len(train_set) < per_step:
-        raise DataError(
-            f"The training set has {len(train_set)} blocks of {cfg.data.max_seq_length} tokens, "
-            f"fewer than one batch ({tc.batch_size} x {world} processes); lower train.batch_size "
-            "or add text."
-        )
-    log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
-             len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
+    if cfg.data.streaming:  # tokenized and packed on the fly (streaming.py)
+        from mlmkit import streaming
+
+        with accelerator.local_main_process_first():
+            tokenizer = get_tokenizer(cfg.tokenizer, lambda: streaming.iter_texts(cfg.data), fingerprint,
+                                      cache_dir, init_from=cfg.model.init_from)
+            train_set, val_set, baseline_set = streaming.setup_streaming(
+                cfg.data, tokenizer, tc.batch_size, accelerator.process_index, world, tc.num_workers, tc.seed)
+        log.info("Data: streamed, %d validation blocks of %d tokens; vocab %d", len(val_set),
+                 cfg.data.max_seq_length, len(tokenizer))
+    else:
+        with accelerator.local_main_process_first():
+            tokenizer = get_tokenizer(cfg.tokenizer, corpus_texts, fingerprint, cache_dir,
+                                      init_from=cfg.model.init_from)
+            packed = prepare_datasets(cfg.data, tokenizer, cache_dir, corpus=corpus, fingerprint=fingerprint)
+        train_set, val_set = packed["train"], packed["validation"]
+        baseline_set = train_set
+        per_step = tc.batch_size * world
+        if len(train_set) < per_step:
+            raise DataError(
+                f"The training set has {len(train_set)} blocks of {cfg.data.max_seq_length} tokens, "
+                f"fewer than one batch ({tc.batch_size} x {world} processes); lower train.batch_size "
+                "or add text."
+            )
+        log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
+                 len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
+    if len(val_set) < tc.batch_size:
+        log.warning("The validation set has %d sequences, fewer than one batch (%d): evaluation "
+                    "figures will be noisy; add validation text or raise data.validation_split.",
+                    len(val_set), tc.batch_size)
 
     # ---- model, objective, optimizer ------------------------------------------------------
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length)
@@ -345,23 +361,29 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
         seed=tc.seed * 1000 + accelerator.process_index, strategy=m.strategy, span_p=m.span_p,
         span_max_words=m.span_max_words, apply_mask=not m.on_device,
+        pad_to_multiple_of=cfg.data.pad_to_multiple_of if cfg.data.packing == "line_by_line" else None,
     )
     # Our own sampler (not accelerate's prepared loader, which collates a batch ahead): it
     # shards by rank and gives every batch its own mask seed, so a resumed run sees the
     # same batches with the same masks, with or without dataloader workers.
-    train_loader = DataLoader(
-        KeyedRows(train_set),
-        batch_sampler=EpochBatchSampler(len(train_set), tc.batch_size, accelerator.process_index,
-                                        world, tc.seed),
-        collate_fn=DropFullAttentionMask(collator),
-        num_workers=tc.num_workers,
-        pin_memory=accelerator.device.type == "cuda",
-        persistent_workers=False,
-        prefetch_factor=4 if tc.num_workers > 0 else None,
-        generator=torch.Generator(),
-    )
+    if cfg.data.streaming:
+        stream = streaming.StreamingBatches(train_set, DropFullAttentionMask(collator), tc.num_workers,
+                                            accelerator.device, accelerator.device.type == "cuda")
+    else:
+        train_loader = DataLoader(
+            KeyedRows(train_set),
+            batch_sampler=EpochBatchSampler(len(train_set), tc.batch_size, accelerator.process_index,
+                                            world, tc.seed),
+            collate_fn=DropFullAttentionMask(collator),
+            num_workers=tc.num_workers,
+            pin_memory=accelerator.device.type == "cuda",
+            persistent_workers=False,
+            prefetch_factor=4 if tc.num_workers > 0 else None,
+            generator=torch.Generator(),
+        )
+        stream = BatchStream(train_loader, accelerator.device)
     eval_batches = fixed_eval_batches(val_set, tokenizer, m, tc.batch_size)
-    baseline = majority_baseline(train_set, eval_batches, tokenizer)
+    baseline = majority_baseline(baseline_set, eval_batches, tokenizer)
     objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
 
     # ---- resume ---------------------------------------------------------------------------
@@ -371,7 +393,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         metrics.write(event)
         log_event(accelerator, event)
 
-    step, tokens_seen, stream_state = 0, 0, {"epoch": 0, "offset": 0}
+    step, tokens_seen = 0, 0
     if resume_from is not None:
         if tc.resume == "auto":  # a damaged latest checkpoint falls back to the one before
             resume_from, restored = load_latest(accelerator, ckpt_dir, resume_from)
@@ -380,11 +402,21 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         step, tokens_seen = restored["step"], restored["tokens_seen"]
         stream_state = restored["stream"]
         saved_world = restored.get("world_size", world)
-        if saved_world != world:  # keep the position in the epoch by samples seen
-            stream_state = {**stream_state, "offset": stream_state["offset"] * saved_world // world}
-            log.warning("Resuming with %d process(es) from a checkpoint written by %d: the data "
-                        "position is kept by samples seen, but the run will not match an "
-                        "uninterrupted one exactly.", world, saved_world)
+        if bool(stream_state.get("streaming")) != cfg.data.streaming:
+            raise ConfigError(f"The checkpoint was written with data.streaming="
+                              f"{str(not cfg.data.streaming).lower()}; resume with the same setting.")
+        if cfg.data.streaming:
+            if saved_world != world:
+                raise ConfigError(f"The checkpoint's stream was read by {saved_world} process(es); "
+                                  f"resume a streaming run with {saved_world} processes.")
+            stream.load_state_dict(stream_state["ranks"][accelerator.process_index])
+        else:
+            if saved_world != world:  # keep the position in the epoch by samples seen
+                stream_state = {**stream_state, "offset": stream_state["offset"] * saved_world // world}
+                log.warning("Resuming with %d process(es) from a checkpoint written by %d: the data "
+                            "position is kept by samples seen, but the run will not match an "
+                            "uninterrupted one exactly.", world, saved_world)
+            stream.epoch, stream.offset = stream_state["epoch"], stream_state["offset"]
         collator_states = restored.get("collator", [])
         if accelerator.process_index < len(collator_states):  # used by masking.on_device
             collator.generator.set_state(_decode_state(collator_states[accelerator.process_index]))
@@ -397,13 +429,13 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         record({"event": "baseline", "step": 0, **baseline})
         log.info("Baseline: always predicting %r scores eval accuracy %.4f",
                  baseline["baseline_token"], baseline["baseline_accuracy"])
-    stream = BatchStream(train_loader, accelerator.device, stream_state["epoch"], stream_state["offset"])
 
     def loop_state() -> dict[str, Any]:
         return {
             "step": step,
             "tokens_seen": tokens_seen,
-            "stream": stream.state_dict(),
+            "stream": {"streaming": True, "ranks": gather_object([stream.state_dict()])}
+            if cfg.data.streaming else stream.state_dict(),
             "collator": gather_object([_encode_state(collator.generator.get_state())]),
             "world_size": world,
         }

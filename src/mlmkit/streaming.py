@@ -1,0 +1,550 @@
+"""Streaming: documents are read, tokenized and packed on the fly (``data.streaming=true``).
+
+For corpora larger than disk or RAM. Nothing is preprocessed or cached; memory is bounded
+by ``data.shuffle_buffer`` blocks per reader.
+
+- **Documents** come from local files (.txt and .jsonl read natively, with byte offsets;
+  .json/.parquet/.csv through ``datasets``' streaming readers), the Hub (``datasets``
+  streaming), the built-in corpus, or a weighted mix of these. The stream repeats in
+  epochs without end.
+- **Shards.** Each process (rank) and each of its dataloader workers is a shard; document
+  ``i`` of the stream belongs to shard ``i % shards``. Every shard reads the stream and
+  tokenizes only its own documents, so no document is seen twice in an epoch.
+- **Blocks.** A shard tokenizes its documents in batches and packs them as map mode
+  does (``concatenate`` carries the unfinished block over, so no text is lost between
+  batches; ``line_by_line`` gives one sequence per document, long ones split).
+- **Shuffling** fills a window of at least ``data.shuffle_buffer`` blocks, permutes it with
+  a seed of (train.seed, shard, window) and hands it out.
+- **Position.** A shard's state is small: where its current window started in the
+  document stream (file and byte offset, or the ``datasets`` iterator state), the
+  unfinished block carried in, and how many blocks of the window were handed out.
+  Each batch carries the state after it, so the main process always knows the position
+  of what it has consumed (not what workers prefetched); a resumed run re-reads at most
+  one window and continues with the very next batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mlmkit.config import DataConfig, SourceConfig
+from mlmkit.data import (
+    SPLIT_SEED,
+    TEXT_EXTENSIONS,
+    builtin_documents,
+    check_not_binary,
+    encode,
+    hub_error,
+    iter_txt,
+    load_hub,
+    mix_probabilities,
+    pack_concat,
+    pack_lines,
+    resolve_files,
+    warn_txt_stats,
+)
+from mlmkit.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+TOKENIZE_DOCS = 256  # documents tokenized together
+
+
+# ----------------------------------------------------------------------------------------
+# Documents, resumable
+# ----------------------------------------------------------------------------------------
+
+
+def _iter_jsonl(path: str, column: str, start: int, stats: dict) -> Iterator[tuple[str, int]]:
+    pos = start
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        for raw in fh:
+            pos += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                text = json.loads(raw).get(column)
+            except (ValueError, AttributeError):
+                stats["bad_rows"] = stats.get("bad_rows", 0) + 1
+                continue
+            if text is None:
+                stats["no_column"] = stats.get("no_column", 0) + 1
+                continue
+            if isinstance(text, str) and text.strip():
+                yield text.strip(), pos
+
+
+class FilesSource:
+    """Documents of a list of local files; position = (file index, offset in the file)."""
+
+    def __init__(self, files: list[str], text_column: str, sample_by: str) -> None:
+        self.files, self.column, self.sample_by = files, text_column, sample_by
+        self.pos: dict[str, Any] = {"file": 0, "offset": 0}
+        self._ds = None
+
+    def position(self) -> dict[str, Any]:
+        if self._ds is not None:
+            return {"file": self.pos["file"], "offset": self._ds.state_dict()}
+        return dict(self.pos)
+
+    def docs(self, pos: dict[str, Any] | None) -> Iterator[str]:
+        pos = pos or {"file": 0, "offset": 0}
+        for i in range(pos["file"], len(self.files)):
+            path = self.files[i]
+            start = pos["offset"] if i == pos["file"] else 0
+            ext = Path(path).suffix.lower()
+            stats: dict = {}
+            self.pos = {"file": i, "offset": start}
+            if TEXT_EXTENSIONS[ext] == "text":
+                for doc, offset in iter_txt(path, self.sample_by, start or 0, stats):
+                    self.pos = {"file": i, "offset": offset}
+                    yield doc
+                warn_txt_stats(path, stats)
+            elif ext == ".jsonl":
+                for doc, offset in _iter_jsonl(path, self.column, start or 0, stats):
+                    self.pos = {"file": i, "offset": offset}
+                    yield doc
+                if stats:
+                    log.warning("%s: %d rows are not JSON objects and %d lack the column %r; "
+                                "they were skipped", path, stats.get("bad_rows", 0),
+                                stats.get("no_column", 0), self.column)
+            else:
+                import datasets
+
+                self._ds = datasets.load_dataset(TEXT_EXTENSIONS[ext], data_files=[path], split="train",
+                                                 streaming=True)
+                if start:
+                    self._ds.load_state_dict(start)
+                try:
+                    for row in self._ds:
+                        text = row.get(self.column)
+                        if isinstance(text, str) and text.strip():
+                            yield text.strip()
+                finally:
+                    self._ds = None
+        self.pos = {"file": len(self.files), "offset": 0}
+
+
+class HubSource:
+    """A streamed hub dataset; position = the ``datasets`` iterator state."""
+
+    def __init__(self, name: str, config: str | None, split: str, text_column: str) -> None:
+        self.name, self.config, self.split, self.column = name, config, split, text_column
+        self._ds = None
+
+    def position(self) -> Any:
+        return self._ds.state_dict() if self._ds is not None else None
+
+    def docs(self, pos: Any) -> Iterator[str]:
+        self._ds = load_hub(self.name, self.config, self.split, self.column, streaming=True)
+        if pos is not None:
+            self._ds.load_state_dict(pos)
+        try:
+            for row in self._ds:
+                text = row.get(self.column)
+                if isinstance(text, str) and text.strip():
+                    yield text.strip()
+        except DataError:
+            raise
+        except Exception as exc:  # the connection dropped mid-stream
+            raise hub_error(self.name, self.config, exc) from None
+
+
+class ListSource:
+    """Documents held in memory (the built-in corpus); position = index."""
+
+    def __init__(self, docs: list[str]) -> None:
+        self.list, self.pos = docs, 0
+
+    def position(self) -> int:
+        return self.pos
+
+    def docs(self, pos: int | None) -> Iterator[str]:
+        self.pos = pos or 0
+        for i in range(pos or 0, len(self.list)):
+            self.pos = i + 1
+            yield self.list[i]
+
+
+def _make_source(src: SourceConfig, cfg: DataConfig, setting: str):
+    if src.kind == "builtin":
+        return ListSource(builtin_documents())
+    if src.kind == "hub":
+        return HubSource(src.name, src.config, src.split, src.text_column)
+    return FilesSource(resolve_files(src.files, setting), src.text_column, cfg.txt_sample_by)
+
+
+def stream_sources(cfg: DataConfig, split: str = "train") -> list[tuple[SourceConfig, str]]:
+    """The sources (with the setting that names them) of the train or validation stream;
+    an empty list for validation means: hold out the first documents of the train stream."""
+    if split == "validation":
+        if cfg.validation_files:
+            return [(SourceConfig(kind="files", files=cfg.validation_files, text_column=cfg.text_column),
+                     "data.validation_files")]
+        if cfg.source == "hub" and cfg.hub_validation_split:
+            return [(SourceConfig(kind="hub", name=cfg.hub_name, config=cfg.hub_config,
+                                  split=cfg.hub_validation_split, text_column=cfg.text_column),
+                     "data.hub_validation_split")]
+        return []
+    if cfg.source == "builtin":
+        return [(SourceConfig(kind="builtin"), "data.source")]
+    if cfg.source == "hub":
+        return [(SourceConfig(kind="hub", name=cfg.hub_name, config=cfg.hub_config, split=cfg.hub_split,
+                              text_column=cfg.text_column), "data.hub_name")]
+    if cfg.source == "mix":
+        return [(s, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
+    return [(SourceConfig(kind="files", files=cfg.train_files, text_column=cfg.text_column),
+             "data.train_files")]
+
+
+class DocStream:
+    """The document stream of a split, endless over epochs, with a JSON-able position.
+
+    Several sources are interleaved: each document is drawn from source k with its weight's
+    share (a seeded generator, the same order every epoch). ``first_exhausted`` ends the
+    epoch when any source runs out; ``all_exhausted`` restarts a finished source until
+    every source has finished once. ``skip_first`` documents of every epoch are left out
+    (they are the held-out validation documents).
+    """
+
+    def __init__(self, cfg: DataConfig, split: str = "train", skip_first: int = 0) -> None:
+        specs = stream_sources(cfg, split) or stream_sources(cfg, "train")
+        self.sources = [_make_source(s, cfg, setting) for s, setting in specs]
+        self.probs = mix_probabilities([s for s, _ in specs])
+        self.stopping = cfg.mix_stopping
+        self.skip_first = skip_first
+        self.state: dict[str, Any] = self._epoch_start(0)
+        self._iters: list[Iterator[str]] = []
+        self._started: list[bool] = []  # has the source yielded since it was (re)opened?
+        self._rng: np.random.Generator | None = None
+
+    def _epoch_start(self, epoch: int) -> dict[str, Any]:
+        return {"epoch": epoch, "index": 0, "sources": [None] * len(self.sources),
+                "finished": [False] * len(self.sources), "rng": None}
+
+    def position(self) -> dict[str, Any]:
+        """The position after the last document taken (call between documents)."""
+        st = dict(self.state)
+        started = self._started or [False] * len(self.sources)
+        st["sources"] = [s.position() if go else p
+                         for s, go, p in zip(self.sources, started, self.state["sources"])]
+        st["rng"] = self._rng.bit_generator.state if self._rng is not None else None
+        return json.loads(json.dumps(st))  # a copy, and proof it can be saved
+
+    def docs(self, state: dict[str, Any] | None = None) -> Iterator[tuple[int, str]]:
+        """(index in the epoch, document), from ``state`` on, without end."""
+        self.state = json.loads(json.dumps(state)) if state else self._epoch_start(0)
+        while True:
+            st = self.state
+            self._iters = [s.docs(p) for s, p in zip(self.sources, st["sources"])]
+            self._started = [False] * len(self.sources)
+            self._rng = np.random.default_rng(SPLIT_SEED) if len(self.sources) > 1 else None
+            if self._rng is not None and st["rng"] is not None:
+                self._rng.bit_generator.state = st["rng"]
+            while True:
+                k = 0 if self._rng is None else int(self._rng.choice(len(self.sources), p=self.probs))
+                try:
+                    doc = next(self._iters[k])
+                except StopIteration:
+                    st["finished"][k] = True
+                    if self._rng is None or self.stopping == "first_exhausted" or all(st["finished"]):
+                        break
+                    self._iters[k] = self.sources[k].docs(None)  # all_exhausted: start it over
+                    self._started[k] = False
+                    st["sources"][k] = None
+                    continue
+                self._started[k] = True
+                i = st["index"]
+                st["index"] += 1
+                if i >= self.skip_first:
+                    yield i, doc
+            self._iters, self._started = [], []
+            if st["index"] <= self.skip_first and st["sources"] == [None] * len(self.sources):
+                raise DataError("The corpus holds no training text beyond the held-out validation "
+                                "documents; add text or lower data.stream_validation_docs.")
+            self.state = self._epoch_start(st["epoch"] + 1)
+
+
+# ----------------------------------------------------------------------------------------
+# Blocks of one shard
+# ----------------------------------------------------------------------------------------
+
+
+class ShardBlocks:
+    """Blocks of shard ``shard`` of ``shards``: tokenized, packed and window-shuffled."""
+
+    def __init__(self, cfg: DataConfig, tokenizer, shard: int, shards: int, seed: int,
+                 skip_first: int = 0, split: str = "train") -> None:
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.shard, self.shards, self.seed = shard, shards, seed
+        self.stream = DocStream(cfg, split, skip_first)
+        self.state: dict[str, Any] = {"docs": None, "carry": [], "window": 0, "emitted": 0, "batches": 0}
+
+    def _pack(self, texts: list[str], carry: list[int]) -> tuple[list, list[int]]:
+        ids = encode(self.tokenizer, texts)
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        if self.cfg.packing == "line_by_line":
+            return pack_lines(ids, cls_id, sep_id, self.cfg.max_seq_length), carry
+        blocks, carry = pack_concat(ids, cls_id, sep_id, self.cfg.max_seq_length, carry)
+        return list(blocks), carry
+
+    def _fill(self, docs: Iterator[tuple[int, str]], carry: list[int]) -> tuple[list, list[int]]:
+        """At least ``shuffle_buffer`` blocks (whole tokenizing batches), and the carry after."""
+        window: list = []
+        texts: list[str] = []
+        epoch_seen = None
+        own_in_epoch, whole = 0, False
+        for i, doc in docs:
+            if self.stream.state["epoch"] != epoch_seen:
+                if whole and own_in_epoch == 0:
+                    raise DataError(
+                        f"The corpus has too few documents for {self.shards} readers (processes x "
+                        "dataloader workers); add text or lower train.num_workers."
+                    )
+                epoch_seen, own_in_epoch = self.stream.state["epoch"], 0
+                whole = i < self.shards  # this epoch is read from (nearly) its start
+            if i % self.shards != self.shard:
+                continue
+            own_in_epoch += 1
+            texts.append(doc)
+            if len(texts) == TOKENIZE_DOCS:
+                blocks, carry = self._pack(texts, carry)
+                window.extend(blocks)
+                texts = []
+                if len(window) >= self.cfg.shuffle_buffer:
+                    return window, carry
+        raise AssertionError("the document stream never ends")
+
+    def blocks(self) -> Iterator[Any]:
+        """Blocks without end, from ``self.state`` on; ``self.state`` follows each block."""
+        st = self.state
+        docs = self.stream.docs(st["docs"])
+        carry = list(st["carry"])
+        while True:
+            window, carry = self._fill(docs, carry)
+            if self.cfg.shuffle_buffer > 1:
+                order = np.random.default_rng([self.seed, self.shard, st["window"]]).permutation(len(window))
+            else:
+                order = range(len(window))
+            for j in range(st["emitted"], len(window)):
+                st["emitted"] = j + 1
+                yield window[order[j]]
+            # the next window starts where this one stopped reading
+            st.update(docs=self.stream.position(), carry=list(map(int, carry)),
+                      window=st["window"] + 1, emitted=0)
+
+    def epoch(self) -> int:
+        return int(self.stream.state["epoch"])
+
+
+def mask_seed(seed: int, shard: int, batch: int) -> int:
+    return (((seed * 1_000_003 + 7) * 1_000_003 + batch) * 8_191 + shard) % 2**63
+
+
+class StreamingBlocks(torch.utils.data.IterableDataset):
+    """Endless batches of one rank; each dataloader worker is a shard of its own.
+
+    A worker plays the role ``(worker id + rotation) % workers``: after a resume the
+    dataloader asks worker 0 first, while the next batch was due from role
+    ``consumed % workers``, so the roles rotate to keep the order.
+    """
+
+    def __init__(self, cfg: DataConfig, tokenizer, batch_size: int, rank: int, world: int,
+                 workers: int, seed: int, skip_first: int) -> None:
+        self.cfg, self.tokenizer, self.batch_size = cfg, tokenizer, batch_size
+        self.rank, self.world, self.workers, self.seed = rank, world, max(1, workers), seed
+        self.skip_first = skip_first
+        self.states: list[dict | None] = [None] * self.workers
+        self.rotation = 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        role = ((info.id if info else 0) + self.rotation) % self.workers
+        shard = self.rank * self.workers + role
+        reader = ShardBlocks(self.cfg, self.tokenizer, shard, self.world * self.workers, self.seed,
+                             self.skip_first)
+        if self.states[role] is not None:
+            reader.state = json.loads(json.dumps(self.states[role]))
+        blocks = reader.blocks()
+        while True:
+            rows = [next(blocks) for _ in range(self.batch_size)]
+            reader.state["batches"] += 1
+            yield {"rows": rows, "mask_seed": mask_seed(self.seed, shard, reader.state["batches"]),
+                   "role": role, "state": json.loads(json.dumps(reader.state)), "epoch": reader.epoch()}
+
+
+class StreamCollate:
+    """Collate a streamed batch (in the worker), keeping its position beside the tensors."""
+
+    def __init__(self, collate) -> None:
+        self.collate = collate
+
+    def __call__(self, item: dict) -> dict:
+        batch = self.collate([{"input_ids": torch.as_tensor(r, dtype=torch.long), "mask_seed": item["mask_seed"]}
+                              for r in item["rows"]])
+        batch["_position"] = (item["role"], item["state"], item["epoch"])
+        return batch
+
+
+class StreamingBatches:
+    """The training stream of one rank for the trainer: ``next()`` and ``state_dict()``."""
+
+    def __init__(self, dataset: StreamingBlocks, collate, num_workers: int, device: torch.device,
+                 pin_memory: bool = False) -> None:
+        self.dataset, self.collate, self.num_workers = dataset, StreamCollate(collate), num_workers
+        self.device, self.pin_memory = device, pin_memory
+        self.consumed = 0
+        self.epoch = 0
+        self._it = None
+
+    def _start(self) -> None:
+        from torch.utils.data import DataLoader
+
+        self.dataset.rotation = self.consumed % self.dataset.workers
+        if self.num_workers > 0:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        loader = DataLoader(self.dataset, batch_size=None, collate_fn=self.collate,
+                            num_workers=self.num_workers, pin_memory=self.pin_memory,
+                            prefetch_factor=2 if self.num_workers > 0 else None)
+        self._it = iter(loader)
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._it is None:
+            self._start()
+        batch = next(self._it)
+        role, state, epoch = batch.pop("_position")
+        self.dataset.states[role] = state
+        self.consumed += 1
+        self.epoch = epoch
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's position (the trainer gathers the ranks')."""
+        return {"streaming": True, "consumed": self.consumed, "workers": self.dataset.workers,
+                "epoch": self.epoch, "shards": self.dataset.states}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state.get("streaming"):
+            raise ConfigError("The checkpoint was written by a map-mode run; resume it with "
+                              "data.streaming=false, or start a new run.")
+        if state["workers"] != self.dataset.workers:
+            raise ConfigError(
+                f"The checkpoint's stream was read by {state['workers']} dataloader worker(s) per "
+                f"process; resume with train.num_workers={state['workers'] if state['workers'] > 1 else 0}."
+            )
+        self.consumed, self.epoch = state["consumed"], state.get("epoch", 0)
+        self.dataset.states = list(state["shards"])
+        self._it = None
+
+
+# ----------------------------------------------------------------------------------------
+# Set-up: checks, validation blocks, texts for tokenizer training
+# ----------------------------------------------------------------------------------------
+
+
+def check_sources(cfg: DataConfig) -> None:
+    """Fail early, in the main process, with one sentence: no files, binary files, a
+    missing column, an unreachable hub dataset, a corpus without any text."""
+    for split in ("train", "validation"):
+        for src, setting in stream_sources(cfg, split):
+            if src.kind == "files":
+                for f in resolve_files(src.files, setting):
+                    if TEXT_EXTENSIONS[Path(f).suffix.lower()] == "text":
+                        check_not_binary(f, setting)
+                    elif Path(f).suffix.lower() != ".jsonl":
+                        continue
+                    else:
+                        with open(f, "rb") as fh:
+                            first = next((line for line in fh if line.strip()), None)
+                        try:
+                            row = json.loads(first) if first else {}
+                        except ValueError:
+                            raise DataError(f"{setting}: {f!r} is not JSON lines.") from None
+                        if first and src.text_column not in row:
+                            raise DataError(
+                                f"{setting}: {f!r} has no column {src.text_column!r} (columns: "
+                                f"{', '.join(row)}); set data.text_column."
+                            )
+            source = _make_source(src, cfg, setting)
+            try:
+                next(iter(source.docs(None)))
+            except StopIteration:
+                if len(stream_sources(cfg, split)) == 1:
+                    raise DataError(f"{setting}: the {split} corpus holds no text.") from None
+                log.warning("%s holds no text", setting)
+
+
+def validation_rows(cfg: DataConfig, tokenizer) -> list:
+    """The validation blocks (at most ``max_eval_samples``), packed like the training ones."""
+    held_out = not stream_sources(cfg, "validation")
+    stream = DocStream(cfg, "validation")
+    limit = cfg.max_eval_samples or 10**9
+    rows: list = []
+    carry: list[int] = []
+    texts: list[str] = []
+    reader = ShardBlocks(cfg, tokenizer, 0, 1, 0)
+    for i, doc in stream.docs():
+        if stream.state["epoch"] > 0 or (held_out and i >= cfg.stream_validation_docs):
+            break
+        texts.append(doc)
+        if len(texts) == TOKENIZE_DOCS:
+            blocks, carry = reader._pack(texts, carry)
+            rows.extend(blocks)
+            texts = []
+            if len(rows) >= limit:
+                break
+    if texts:
+        blocks, carry = reader._pack(texts, carry)
+        rows.extend(blocks)
+    rows = [np.asarray(r, dtype=np.int32) for r in rows[:limit]]
+    if not rows:
+        raise DataError(
+            f"The validation documents pack into zero blocks of {cfg.max_seq_length} tokens; add "
+            "text (data.validation_files), raise data.stream_validation_docs or lower "
+            "data.max_seq_length."
+        )
+    return rows
+
+
+def first_blocks(cfg: DataConfig, tokenizer, n: int, skip_first: int) -> list:
+    """The first ``n`` training blocks in stream order (for the majority-token baseline)."""
+    from dataclasses import replace
+
+    reader = ShardBlocks(replace(cfg, shuffle_buffer=1), tokenizer, 0, 1, 0, skip_first)
+    it = reader.blocks()
+    return [np.asarray(next(it), dtype=np.int32) for _ in range(n)]
+
+
+def iter_texts(cfg: DataConfig) -> Iterator[str]:
+    """Every training document once, streamed (tokenizer training)."""
+    stream = DocStream(cfg, "train")
+    for _, doc in stream.docs():
+        if stream.state["epoch"] > 0:
+            return
+        yield doc
+
+
+def as_dataset(rows: list):
+    import datasets
+
+    return datasets.Dataset.from_dict({"input_ids": [r.tolist() for r in rows]}).with_format("torch")
+
+
+def setup_streaming(cfg: DataConfig, tokenizer, batch_size: int, rank: int, world: int,
+                    num_workers: int, seed: int):
+    """(the training ``StreamingBlocks``, validation dataset, baseline dataset)."""
+    check_sources(cfg)
+    skip = 0 if stream_sources(cfg, "validation") else cfg.stream_validation_docs
+    val = as_dataset(validation_rows(cfg, tokenizer))
+    baseline = as_dataset(first_blocks(cfg, tokenizer, min(2000, max(batch_size, 256)), skip))
+    dataset = StreamingBlocks(cfg, tokenizer, batch_size, rank, world, num_workers, seed, skip)
+    return dataset, val, baseline
