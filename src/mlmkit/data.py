@@ -192,8 +192,13 @@ def hub_error(name: str, config: str | None, exc: BaseException | None = None) -
     what = f"{name!r}" + (f" (config {config!r})" if config else "")
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or \
         os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes")
-    reason = "the Hub is switched off (HF_HUB_OFFLINE=1) and it is not in the local cache" if offline \
-        else "the Hugging Face Hub cannot be reached or does not have it"
+    if offline:
+        reason = "the Hub is switched off (HF_HUB_OFFLINE=1) and it is not in the local cache"
+    elif not hub_reachable():
+        reason = "the Hugging Face Hub cannot be reached from this machine and it is not in the local cache"
+        exc = None
+    else:
+        reason = "the Hugging Face Hub does not have it or refused it"
     detail = ""
     if exc is not None and not offline:
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:160].rstrip(".")
@@ -203,6 +208,48 @@ def hub_error(name: str, config: str | None, exc: BaseException | None = None) -
         "internet and use data=files data.train_files=[...] (or data.hub_name=<local dataset "
         "dir>), or train on the built-in corpus with data=builtin."
     )
+
+
+_REACHABLE: dict[str, bool] = {}
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub's host answers a TCP connection within ``timeout`` (asked once)."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if endpoint not in _REACHABLE:
+        url = urlparse(endpoint)
+        try:
+            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                     timeout=timeout).close()
+            _REACHABLE[endpoint] = True
+        except OSError:
+            _REACHABLE[endpoint] = False
+    return _REACHABLE[endpoint]
+
+
+def _offline_mode(on: bool):
+    """Switch datasets and huggingface_hub to offline mode (cached data only) inside a block."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def block():
+        if not on:
+            yield
+            return
+        import datasets.config
+        import huggingface_hub.constants as hc
+
+        saved = datasets.config.HF_HUB_OFFLINE, hc.HF_HUB_OFFLINE
+        datasets.config.HF_HUB_OFFLINE = hc.HF_HUB_OFFLINE = True
+        try:
+            yield
+        finally:
+            datasets.config.HF_HUB_OFFLINE, hc.HF_HUB_OFFLINE = saved
+
+    return block()
 
 
 def load_hub(name: str, config: str | None, split: str, text_column: str, streaming: bool,
@@ -218,7 +265,10 @@ def load_hub(name: str, config: str | None, split: str, text_column: str, stream
             if streaming:
                 ds = ds.to_iterable_dataset()
         else:
-            ds = datasets.load_dataset(name, config, split=split, streaming=streaming)
+            # An unreachable Hub is known in a second instead of after minutes of retries;
+            # a dataset already in the local cache still loads.
+            with _offline_mode(not hub_reachable()):
+                ds = datasets.load_dataset(name, config, split=split, streaming=streaming)
     except MLMKitError:
         raise
     except KeyboardInterrupt:
