@@ -558,6 +558,16 @@ def check_packed(packed, cfg: DataConfig) -> None:
             )
 
 
+def warn_small_validation(n_rows: int, batch_size: int) -> bool:
+    """Warn (with the count) when the validation set is smaller than one batch."""
+    if n_rows < batch_size:
+        log.warning("The validation set has %d sequences, fewer than one batch (%d): evaluation "
+                    "figures will be noisy; add validation text (data.validation_files or "
+                    "data.validation_split).", n_rows, batch_size)
+        return True
+    return False
+
+
 def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, corpus=None,
                      fingerprint: str | None = None):
     """Packed train/validation datasets, from the disk cache when nothing changed.

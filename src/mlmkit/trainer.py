@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Sampler
 from mlmkit.checkpoint import load_checkpoint, load_latest, resolve_resume, save_checkpoint
 from mlmkit.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.config import Config
-from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets
+from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets, warn_small_validation
 from mlmkit.errors import ConfigError, DataError, Preempted, TrainingDiverged
 from mlmkit.export import export_final
 from mlmkit.loading import save_run_model_spec
@@ -341,10 +341,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             )
         log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
                  len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
-    if len(val_set) < tc.batch_size:
-        log.warning("The validation set has %d sequences, fewer than one batch (%d): evaluation "
-                    "figures will be noisy; add validation text or raise data.validation_split.",
-                    len(val_set), tc.batch_size)
+    warn_small_validation(len(val_set), tc.batch_size)
 
     # ---- model, objective, optimizer ------------------------------------------------------
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length)

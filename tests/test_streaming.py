@@ -1,0 +1,178 @@
+"""Streaming: on-the-fly packing, sharding by rank and worker, exact resume in the stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import shared_file
+
+import mlmkit.streaming as streaming
+from mlmkit.collator import MLMCollator
+from mlmkit.config import DataConfig, SourceConfig
+from mlmkit.errors import ConfigError, DataError
+
+
+@pytest.fixture(autouse=True)
+def small_tokenizing_batches(monkeypatch):
+    # small tokenizing batches, so that small files cross many shuffle windows and epochs
+    monkeypatch.setattr(streaming, "TOKENIZE_DOCS", 8)
+
+
+def _unique_lines(tmp_path, n: int, name: str = "lines.txt"):
+    path = tmp_path / name
+    path.write_text("\n".join(f"line {i} says {'word ' * (i % 7)}end" for i in range(n)) + "\n")
+    return path
+
+
+def _rows(batch) -> list[tuple[int, ...]]:
+    ids, mask = batch["input_ids"], batch.get("attention_mask")
+    out = []
+    for i in range(ids.size(0)):
+        n = int(mask[i].sum()) if mask is not None else ids.size(1)
+        out.append(tuple(ids[i, :n].tolist()))
+    return out
+
+
+def _batches(cfg, tokenizer, workers: int, rank: int = 0, world: int = 1, state=None, n: int = 10,
+             batch_size: int = 4):
+    dataset = streaming.StreamingBlocks(cfg, tokenizer, batch_size, rank, world, workers, seed=3,
+                                        skip_first=0)
+    collate = MLMCollator(tokenizer, 0.15, pad_to_multiple_of=cfg.pad_to_multiple_of
+                          if cfg.packing == "line_by_line" else None)
+    stream = streaming.StreamingBatches(dataset, collate, workers, torch.device("cpu"))
+    if state is not None:
+        stream.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint stores it
+    return stream, [next(stream) for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("packing", ["concatenate", "line_by_line"])
+def test_resume_in_stream_gives_the_batches_of_an_uninterrupted_run(tokenizer, workers, packing):
+    path = shared_file("corpora/tinyshakespeare/input.txt")
+    cfg = DataConfig(source="files", train_files=[str(path)], streaming=True, shuffle_buffer=8,
+                     max_seq_length=32, packing=packing)
+    # uninterrupted: 9 + 12 batches
+    _, whole = _batches(cfg, tokenizer, workers, n=21)
+    # interrupted after 9 batches: the state a checkpoint would hold, then a new reader
+    first, head = _batches(cfg, tokenizer, workers, n=9)
+    state = first.state_dict()
+    assert state["consumed"] == 9
+    assert max(s["window"] for s in state["shards"]) >= 1  # resumes inside a later window
+    _, tail = _batches(cfg, tokenizer, workers, state=state, n=12)
+    for a, b in zip(whole, head + tail, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"])  # same rows, same masks
+        assert torch.equal(a["labels"], b["labels"])
+    if packing == "line_by_line":  # padded per batch, to a multiple of 8
+        assert any("attention_mask" in b and not b["attention_mask"].all() for b in whole)
+        assert all(b["input_ids"].size(1) % 8 == 0 for b in whole)
+
+
+def test_resume_needs_the_same_worker_count(tokenizer):
+    path = shared_file("corpora/tinyshakespeare/input.txt")
+    cfg = DataConfig(source="files", train_files=[str(path)], streaming=True, shuffle_buffer=8)
+    first, _ = _batches(cfg, tokenizer, 0, n=2)
+    with pytest.raises(ConfigError, match="train.num_workers=0"):
+        _batches(cfg, tokenizer, 2, state=first.state_dict(), n=1)
+
+
+def test_shards_by_rank_and_worker_cover_an_epoch_without_overlap(tmp_path, tokenizer):
+    path = _unique_lines(tmp_path, 203)
+    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
+                     shuffle_buffer=1, max_seq_length=64, packing="line_by_line")
+    # one reader of the whole stream: one row per line, in order
+    it = streaming.ShardBlocks(cfg, tokenizer, 0, 1, seed=0).blocks()
+    everything = [tuple(next(it)) for _ in range(203)]
+    assert len(set(everything)) == 203
+    # 4 shards: shard s owns lines s, s+4, ...; together exactly the epoch, no line twice
+    per_shard = []
+    for shard in range(4):
+        it = streaming.ShardBlocks(cfg, tokenizer, shard, 4, seed=0).blocks()
+        per_shard.append([tuple(next(it)) for _ in range(len(range(shard, 203, 4)))])
+        assert per_shard[-1] == everything[shard::4]
+    assert sorted(sum(per_shard, [])) == sorted(everything)
+
+    # through real dataloader workers, shuffled: 2 ranks x 2 workers never share a row
+    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
+                     shuffle_buffer=16, max_seq_length=64, packing="line_by_line")
+    seen: list[tuple] = []
+    for rank in range(2):
+        _, batches = _batches(cfg, tokenizer, 2, rank=rank, world=2, n=6, batch_size=4)
+        for b in batches:
+            original = b["labels"].where(b["labels"] != -100, b["input_ids"])
+            seen.extend(_rows({"input_ids": original, "attention_mask": b["attention_mask"]}))
+    assert len(seen) == 48 and len(set(seen)) == 48
+    assert set(seen) <= set(everything)
+
+
+def test_concatenate_stream_loses_no_text_between_tokenizing_batches(tmp_path, tokenizer):
+    path = _unique_lines(tmp_path, 100)
+    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
+                     shuffle_buffer=1, max_seq_length=16)
+    reader = streaming.ShardBlocks(cfg, tokenizer, 0, 1, seed=0)
+    it = reader.blocks()
+    blocks = [next(it) for _ in range(40)]
+    body = [t for b in blocks for t in b[1:-1]]
+    docs = streaming.encode(tokenizer, [f"line {i} says {'word ' * (i % 7)}end" for i in range(100)])
+    stream = [t for d in docs for t in (*d, tokenizer.sep_token_id)]
+    assert body == stream[:len(body)]  # the unfinished block carries over, nothing dropped
+    assert all(len(b) == 16 and b[0] == tokenizer.cls_token_id for b in blocks)
+
+
+def test_weighted_mix_of_sources_interleaves_by_weight(tmp_path, tokenizer):
+    a = tmp_path / "a.txt"
+    a.write_text("\n".join(f"alpha {i}" for i in range(3000)))
+    b = tmp_path / "b.jsonl"
+    b.write_text("\n".join(json.dumps({"body": f"beta {i}"}) for i in range(3000)))
+    cfg = DataConfig(source="mix", txt_sample_by="line", streaming=True, sources=[
+        SourceConfig(kind="files", files=[str(a)], weight=3.0),
+        SourceConfig(kind="files", files=[str(b)], text_column="body", weight=1.0)])
+    docs = []
+    stream = streaming.DocStream(cfg)
+    for _, doc in stream.docs():
+        docs.append(doc)
+        if len(docs) == 2000:
+            break
+    share = sum(d.startswith("alpha") for d in docs) / len(docs)
+    assert 0.72 < share < 0.78
+    # each source keeps its own order
+    alphas = [int(d.split()[1]) for d in docs if d.startswith("alpha")]
+    assert alphas == list(range(len(alphas)))
+    # the position resumes the mix exactly
+    pos = stream.position()
+    nxt = [d for _, d in zip(range(50), (doc for _, doc in stream.docs(pos)))]
+    again = streaming.DocStream(cfg)
+    assert [d for _, d in zip(range(50), (doc for _, doc in again.docs(pos)))] == nxt
+
+
+def test_held_out_validation_documents_are_not_trained_on(tmp_path, tokenizer):
+    path = _unique_lines(tmp_path, 300)
+    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
+                     packing="line_by_line", stream_validation_docs=40, shuffle_buffer=8)
+    train, val, baseline = streaming.setup_streaming(cfg, tokenizer, 4, 0, 1, 0, 0)
+    val_rows = {tuple(r.tolist()) for r in val["input_ids"]}
+    assert len(val_rows) == 40
+    reader = streaming.ShardBlocks(cfg, tokenizer, 0, 1, 0, skip_first=40)
+    it = reader.blocks()
+    train_rows = {tuple(next(it)) for _ in range(250)}
+    assert not (val_rows & train_rows) and len(train_rows) == 250
+    assert len(baseline) >= 4
+
+
+def test_stream_bad_inputs_are_one_sentence(tmp_path, tokenizer):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n   \n")
+    with pytest.raises(DataError, match="holds no text"):
+        streaming.check_sources(DataConfig(source="files", train_files=[str(empty)], streaming=True))
+    nocol = tmp_path / "x.jsonl"
+    nocol.write_text('{"body": "a b"}\n')
+    with pytest.raises(DataError, match="data.text_column"):
+        streaming.check_sources(DataConfig(source="files", train_files=[str(nocol)], streaming=True))
+    binary = tmp_path / "b.txt"
+    binary.write_bytes(b"\x00\x01" * 100)
+    with pytest.raises(DataError, match="binary"):
+        streaming.check_sources(DataConfig(source="files", train_files=[str(binary)], streaming=True))
+    with pytest.raises(DataError, match="no file matches"):
+        streaming.check_sources(DataConfig(source="files", train_files=[str(tmp_path / "*.parquet")],
+                                           streaming=True))
