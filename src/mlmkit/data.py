@@ -1,14 +1,16 @@
-"""Raw text to packed blocks of token ids.
+"""Raw text to packed blocks of token ids (map mode; streaming is ``streaming.py``).
 
 Two steps, each usable on its own:
 
 1. ``load_corpus(cfg)``: a ``datasets.DatasetDict`` with ``train`` and ``validation``
-   splits of documents (one ``text`` column), from the built-in corpus or local files.
+   splits of documents (one ``text`` column), from the built-in corpus, local files, a
+   Hugging Face dataset, or several of these interleaved with weights.
 2. ``pack_corpus(corpus, tokenizer, max_seq_length)``: tokenize with the fast tokenizer
-   (``datasets.map``, batched, in parallel) and pack the token stream into blocks of
-   exactly ``max_seq_length`` ids: ``[CLS] doc1 [SEP] doc2 [SEP] ... [SEP]``. Documents
-   longer than a block run on into the next one, so no text is dropped except the tail
-   of each map batch that does not fill a block. Blocks need no padding.
+   (``datasets.map``, batched, in parallel) and pack in the same pass. ``concatenate``:
+   blocks of exactly ``max_seq_length`` ids, ``[CLS] doc1 [SEP] doc2 [SEP] ... [SEP]``;
+   documents longer than a block run on into the next one, so no text is dropped except
+   the tail of each map batch that does not fill a block. ``line_by_line``: one
+   ``[CLS] doc [SEP]`` per document, longer ones split into several, padded at collation.
 
 ``prepare_datasets`` does both and caches the packed result on disk, keyed by
 everything that changes it.
