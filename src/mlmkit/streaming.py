@@ -83,6 +83,21 @@ def _iter_jsonl(path: str, column: str, start: int, stats: dict) -> Iterator[tup
                 yield text.strip(), pos
 
 
+def _rows(ds) -> Iterator[dict]:
+    """The rows of a ``datasets.IterableDataset`` in order, in any process.
+
+    Inside a dataloader worker, iterating the dataset directly would keep only that
+    worker's share of its files; mlmkit shards documents itself, so it takes the same
+    path as in the main process (the one ``state_dict()`` tracks).
+    """
+    prepare = getattr(ds, "_prepare_ex_iterable_for_iteration", None)
+    if prepare is None:
+        yield from ds
+        return
+    for _key, row in prepare():
+        yield row
+
+
 class FilesSource:
     """Documents of a list of local files; position = (file index, offset in the file)."""
 
@@ -125,7 +140,7 @@ class FilesSource:
                 if start:
                     self._ds.load_state_dict(start)
                 try:
-                    for row in self._ds:
+                    for row in _rows(self._ds):
                         text = row.get(self.column)
                         if isinstance(text, str) and text.strip():
                             yield text.strip()
@@ -149,7 +164,7 @@ class HubSource:
         if pos is not None:
             self._ds.load_state_dict(pos)
         try:
-            for row in self._ds:
+            for row in _rows(self._ds):
                 text = row.get(self.column)
                 if isinstance(text, str) and text.strip():
                     yield text.strip()
