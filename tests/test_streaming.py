@@ -202,3 +202,36 @@ def test_parquet_and_csv_streams_in_workers_lose_nothing_and_resume(tmp_path, to
         _, tail = _batches(cfg, tokenizer, 2, state=first.state_dict(), n=4, batch_size=4)
         for a, b in zip(batches[k:k + 4], tail, strict=True):
             assert torch.equal(a["input_ids"], b["input_ids"])
+
+
+def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
+    """A dataset dir stands in for the Hub: 4 Arrow files, 2 ranks x 2 workers, each reader
+    opens only its own file; together one epoch, nothing twice; resume inside a file."""
+    import datasets
+
+    rows = [f"entry {i} of the hub set" for i in range(160)]
+    datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(tmp_path / "hubset"), num_shards=4)
+    cfg = DataConfig(source="hub", hub_name=str(tmp_path / "hubset"), streaming=True, shuffle_buffer=1,
+                     max_seq_length=32, packing="line_by_line")
+    reader = streaming.ShardBlocks(cfg, tokenizer, 1, 4, seed=0)
+    it = reader.blocks()
+    next(it)
+    assert reader.stream.presharded  # 4 files for 4 readers: split by files
+    expected = {tuple([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id])
+                for ids in streaming.encode(tokenizer, rows)}
+    seen = []
+    for rank in range(2):
+        _, batches = _batches(cfg, tokenizer, 2, rank=rank, world=2, n=20, batch_size=4)
+        for b in batches:
+            original = b["labels"].where(b["labels"] != -100, b["input_ids"])
+            seen.extend(_rows({"input_ids": original, "attention_mask": b["attention_mask"]}))
+    assert len(seen) == 160 and set(seen) == expected
+    first, _ = _batches(cfg, tokenizer, 2, rank=1, world=2, n=7, batch_size=4)
+    _, tail = _batches(cfg, tokenizer, 2, rank=1, world=2, state=first.state_dict(), n=5, batch_size=4)
+    _, whole = _batches(cfg, tokenizer, 2, rank=1, world=2, n=12, batch_size=4)
+    for a, b in zip(whole[7:], tail, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+    # 3 readers do not divide 4 files: round robin over documents instead
+    reader = streaming.ShardBlocks(cfg, tokenizer, 0, 3, seed=0)
+    next(reader.blocks())
+    assert not reader.stream.presharded

@@ -264,8 +264,8 @@ def load_hub(name: str, config: str | None, split: str, text_column: str, stream
             ds = datasets.load_from_disk(name)
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds[split]
-            if streaming:
-                ds = ds.to_iterable_dataset()
+            if streaming:  # one stream shard per Arrow file, as the Hub's datasets have
+                ds = ds.to_iterable_dataset(num_shards=max(1, len(ds.cache_files)))
         else:
             # An unreachable Hub is known in a second instead of after minutes of retries;
             # a dataset already in the local cache still loads.

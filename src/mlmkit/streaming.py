@@ -9,7 +9,9 @@ by ``data.shuffle_buffer`` blocks per reader.
   epochs without end.
 - **Shards.** Each process (rank) and each of its dataloader workers is a shard; document
   ``i`` of the stream belongs to shard ``i % shards``. Every shard reads the stream and
-  tokenizes only its own documents, so no document is seen twice in an epoch.
+  tokenizes only its own documents, so no document is seen twice in an epoch. A single
+  hub stream whose file count is a multiple of the shard count is split by files
+  instead, so each shard downloads only its own files.
 - **Blocks.** A shard tokenizes its documents in batches and packs them as map mode
   does (``concatenate`` carries the unfinished block over, so no text is lost between
   batches; ``line_by_line`` gives one sequence per document, long ones split).
@@ -155,12 +157,18 @@ class HubSource:
     def __init__(self, name: str, config: str | None, split: str, text_column: str) -> None:
         self.name, self.config, self.split, self.column = name, config, split, text_column
         self._ds = None
+        self.shard: tuple[int, int] | None = None  # (this reader, readers): read only its files
+        self.presharded = False
 
     def position(self) -> Any:
         return self._ds.state_dict() if self._ds is not None else None
 
     def docs(self, pos: Any) -> Iterator[str]:
         self._ds = load_hub(self.name, self.config, self.split, self.column, streaming=True)
+        if self.shard is not None and self.shard[1] > 1 and self._ds.num_shards % self.shard[1] == 0:
+            # as many files per reader: each reader downloads only its own files
+            self._ds = self._ds.shard(num_shards=self.shard[1], index=self.shard[0], contiguous=True)
+            self.presharded = True
         if pos is not None:
             self._ds.load_state_dict(pos)
         try:
@@ -231,9 +239,13 @@ class DocStream:
     (they are the held-out validation documents).
     """
 
-    def __init__(self, cfg: DataConfig, split: str = "train", skip_first: int = 0) -> None:
+    def __init__(self, cfg: DataConfig, split: str = "train", skip_first: int = 0,
+                 shard: tuple[int, int] | None = None) -> None:
         specs = stream_sources(cfg, split) or stream_sources(cfg, "train")
         self.sources = [_make_source(s, cfg, setting) for s, setting in specs]
+        if shard is not None and len(self.sources) == 1 and isinstance(self.sources[0], HubSource):
+            self.sources[0].shard = shard  # a single hub stream is split by files when it can be
+        self.reader = shard[0] if shard else 0
         self.probs = mix_probabilities([s for s, _ in specs])
         self.stopping = cfg.mix_stopping
         self.skip_first = skip_first
@@ -245,6 +257,15 @@ class DocStream:
     def _epoch_start(self, epoch: int) -> dict[str, Any]:
         return {"epoch": epoch, "index": 0, "sources": [None] * len(self.sources),
                 "finished": [False] * len(self.sources), "rng": None}
+
+    @property
+    def presharded(self) -> bool:
+        """True when the source itself gives this reader only its own documents."""
+        return any(getattr(s, "presharded", False) for s in self.sources)
+
+    def _skip(self) -> int:
+        # split by files, the held-out first documents are all in the first reader's files
+        return 0 if self.presharded and self.reader != 0 else self.skip_first
 
     def position(self) -> dict[str, Any]:
         """The position after the last document taken (call between documents)."""
@@ -280,10 +301,10 @@ class DocStream:
                 self._started[k] = True
                 i = st["index"]
                 st["index"] += 1
-                if i >= self.skip_first:
+                if i >= self._skip():
                     yield i, doc
             self._iters, self._started = [], []
-            if st["index"] <= self.skip_first and st["sources"] == [None] * len(self.sources):
+            if st["index"] <= self._skip() and st["sources"] == [None] * len(self.sources):
                 raise DataError("The corpus holds no training text beyond the held-out validation "
                                 "documents; add text or lower data.stream_validation_docs.")
             self.state = self._epoch_start(st["epoch"] + 1)
@@ -301,7 +322,7 @@ class ShardBlocks:
                  skip_first: int = 0, split: str = "train") -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.shard, self.shards, self.seed = shard, shards, seed
-        self.stream = DocStream(cfg, split, skip_first)
+        self.stream = DocStream(cfg, split, skip_first, (shard, shards))
         self.state: dict[str, Any] = {"docs": None, "carry": [], "window": 0, "emitted": 0, "batches": 0}
 
     def _pack(self, texts: list[str], carry: list[int]) -> tuple[list, list[int]]:
@@ -327,7 +348,7 @@ class ShardBlocks:
                     )
                 epoch_seen, own_in_epoch = self.stream.state["epoch"], 0
                 whole = i < self.shards  # this epoch is read from (nearly) its start
-            if i % self.shards != self.shard:
+            if not self.stream.presharded and i % self.shards != self.shard:
                 continue
             own_in_epoch += 1
             texts.append(doc)
