@@ -126,22 +126,22 @@ def test_line_by_line_splits_long_documents_and_never_drops():
 
 
 def test_long_line_and_bad_bytes_are_cut_and_counted(tmp_path, caplog):
-    words = ("lorem ipsum dolor sit amet " * (3 * MAX_LINE_BYTES // 27 + 1)).encode()
+    words = ("lorem ipsum dolor sit amet " * (50 * MAX_LINE_BYTES // 27)).encode()
     path = tmp_path / "one_line.txt"
-    path.write_bytes(b"caf\xe9 au lait\n\n" + words)  # a 3 MB line without a newline, Latin-1 byte
+    path.write_bytes(b"caf\xe9 au lait\n\n" + words)  # a 50 MB line without a newline, Latin-1 byte
     stats: dict = {}
     docs = [d for d, _ in iter_txt(str(path), "paragraph", stats=stats)]
     assert docs[0] == "caf\ufffd au lait"
-    assert len(docs) == 5 and all(len(d.encode()) <= MAX_LINE_BYTES for d in docs)
+    assert len(docs) == 52 and all(len(d.encode()) <= MAX_LINE_BYTES for d in docs)
     assert " ".join(docs[1:]) == words.decode().strip()  # cut at spaces: no word lost or split
-    assert stats == {"bad_bytes": 1, "cut": 3}
+    assert stats == {"bad_bytes": 1, "cut": 50}
     with caplog.at_level(logging.WARNING, logger="mlmkit"):
         corpus = load_corpus(DataConfig(source="files", train_files=[str(path)],
                                         validation_files=[str(path)]))
-    assert len(corpus["train"]) == 5
+    assert len(corpus["train"]) == 52
     lines = [r.getMessage() for r in caplog.records]
     assert any("1 bytes are not valid UTF-8" in m for m in lines)
-    assert any("3 lines or documents longer than" in m for m in lines)
+    assert any("50 lines or documents longer than" in m for m in lines)
 
 
 def test_other_bad_inputs_are_one_sentence(tmp_path, caplog):
