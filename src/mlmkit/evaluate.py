@@ -64,7 +64,7 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
     if cfg.files:
         docs = load_files(resolve_files(cfg.files, "files"), cfg.data, "files")
         blocks = pack_corpus(datasets.DatasetDict({"validation": docs}), tokenizer,
-                             cfg.data.max_seq_length, cfg.data.num_proc)["validation"]
+                             cfg.data.max_seq_length, cfg.data.num_proc, cfg.data.packing)["validation"]
         if cfg.data.max_eval_samples is not None and len(blocks) > cfg.data.max_eval_samples:
             blocks = blocks.select(range(cfg.data.max_eval_samples))
         blocks = blocks.with_format("torch")
