@@ -189,12 +189,15 @@ def _txt_generator(files: list[tuple[str, int, int]], sample_by: str) -> Iterato
         warn_txt_stats(path, stats)
 
 
+def _offline_env() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
 def hub_error(name: str, config: str | None, exc: BaseException | None = None) -> DataError:
     """The one sentence for a hub dataset that cannot be loaded."""
     what = f"{name!r}" + (f" (config {config!r})" if config else "")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or \
-        os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes")
-    if offline:
+    if _offline_env():
         reason = "the Hub is switched off (HF_HUB_OFFLINE=1) and it is not in the local cache"
     elif not hub_reachable():
         reason = "the Hugging Face Hub cannot be reached from this machine and it is not in the local cache"
@@ -202,7 +205,7 @@ def hub_error(name: str, config: str | None, exc: BaseException | None = None) -
     else:
         reason = "the Hugging Face Hub does not have it or refused it"
     detail = ""
-    if exc is not None and not offline:
+    if exc is not None and not _offline_env():
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:160].rstrip(".")
         detail = f" ({type(exc).__name__}: {first})"
     return DataError(
@@ -269,7 +272,7 @@ def load_hub(name: str, config: str | None, split: str, text_column: str, stream
         else:
             # An unreachable Hub is known in a second instead of after minutes of retries;
             # a dataset already in the local cache still loads.
-            with _offline_mode(not hub_reachable()):
+            with _offline_mode(not _offline_env() and not hub_reachable()):
                 ds = datasets.load_dataset(name, config, split=split, streaming=streaming)
     except MLMKitError:
         raise
