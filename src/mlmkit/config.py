@@ -341,6 +341,69 @@ class EvalConfig:
                f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
 
 
+@dataclass
+class TaskConfig:
+    """A sentence(-pair) classification task in GLUE's TSV format, or on the Hub."""
+
+    name: str = "sst2"
+    data_dir: str | None = None  # folder with train_file and eval_file; null: the Hub dataset
+    train_file: str = "train.tsv"
+    eval_file: str = "dev.tsv"
+    header: bool = True  # first line names the columns; else column_names does
+    column_names: list[str] = field(default_factory=list)
+    text_columns: list[str] = field(default_factory=lambda: ["sentence"])  # one, or two for pairs
+    label_column: str = "label"
+    labels: list[str] = field(default_factory=lambda: ["0", "1"])  # label values, in class-id order
+    metrics: list[str] = field(default_factory=lambda: ["accuracy"])  # the first one is the headline
+    hub_path: str = "nyu-mll/glue"  # used when data_dir is null
+    hub_name: str | None = "sst2"
+    hub_eval_split: str = "validation"
+
+    def __post_init__(self) -> None:
+        _check(1 <= len(self.text_columns) <= 2,
+               "task.text_columns must name one column (single sentences) or two (pairs).")
+        _check(len(self.labels) >= 2, "task.labels must list at least two label values.")
+        _check(self.header or len(self.column_names) > 0,
+               "task.header=false needs task.column_names=[...] naming the TSV columns.")
+        from mlmkit.metric_modules import METRICS
+
+        for m in self.metrics:
+            _check(m in METRICS and m != "masked_lm",
+                   f"task.metrics: {m!r} is not a classification metric shipped with mlmkit "
+                   "(accuracy, matthews_correlation).")
+
+
+@dataclass
+class FinetuneConfig:
+    """``python -m mlmkit.finetune``: sequence classification from a checkpoint (conf/finetune.yaml)."""
+
+    checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
+    init: str = "pretrained"  # pretrained | random (same architecture, for comparison)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    max_seq_length: int = 128  # longer inputs are truncated
+    batch_size: int = 32
+    epochs: float = 3.0  # passes over the training set (fractions allowed)
+    max_train_samples: int | None = None  # use the first N training examples
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1  # share of the steps with linear warmup, then linear decay
+    classifier_dropout: float = 0.1  # dropout before the classification layer
+    precision: str = "auto"  # auto | no | fp16 | bf16
+    seed: int = 0
+    save_model: bool = False  # also write the fine-tuned model to <run dir>/model
+
+    def __post_init__(self) -> None:
+        _check(bool(self.checkpoint),
+               "Say which model to fine-tune: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(self.init in ("pretrained", "random"),
+               f"init must be pretrained or random, got {self.init!r}.")
+        _check(self.batch_size >= 1 and self.epochs > 0 and self.lr > 0,
+               "batch_size, epochs and lr must be positive.")
+        _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
+        _check(self.precision in ("auto", "no", "fp16", "bf16"),
+               f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
+
+
 def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
     """The start time of the run, the same on every rank of a node.
 
@@ -373,6 +436,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="mlmkit_schema", node=Config)
     cs.store(name="mlmkit_eval_schema", node=EvalConfig)
+    cs.store(name="mlmkit_finetune_schema", node=FinetuneConfig)
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 
