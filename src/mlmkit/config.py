@@ -11,6 +11,7 @@ without Hydra: ``build_model(cfg.model, vocab_size)``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,29 @@ from mlmkit.errors import ConfigError
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str | int | float | None, setting: str = "train.max_time") -> float | None:
+    """Seconds in ``"24h"``, ``"1h30m"``, ``"90m"``, ``"45s"``, ``"2d"`` or a plain number."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
+        if re.fullmatch(r"\d+(?:\.\d+)?", text):
+            seconds = float(text)
+        elif parts and "".join(n + u for n, u in parts) == text:
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+        else:
+            raise ConfigError(f"{setting}={value!r} is not a duration; write e.g. 24h, 1h30m, 90m or 3600.")
+    if seconds <= 0:
+        raise ConfigError(f"{setting} must be positive, got {value!r}.")
+    return seconds
 
 
 @dataclass
@@ -180,9 +204,13 @@ class MaskingConfig:
 
     def probability_at(self, step: int, total_steps: int) -> float:
         """The mask rate at optimizer step ``step`` of ``total_steps``."""
+        return self.rate_at(min(1.0, step / max(1, total_steps - 1)))
+
+    def rate_at(self, fraction: float) -> float:
+        """The mask rate when ``fraction`` of the training budget is used."""
         if self.mlm_probability_end is None:
             return self.mlm_probability
-        t = min(1.0, step / max(1, total_steps - 1))
+        t = min(1.0, max(0.0, fraction))
         return self.mlm_probability + t * (self.mlm_probability_end - self.mlm_probability)
 
 
@@ -197,6 +225,9 @@ class OptimConfig:
     eps: float = 1e-6
     max_grad_norm: float | None = 1.0  # gradient clipping (null: none)
     warmup_steps: int = 100  # optimizer steps of linear warmup from 0
+    # Warmup as a share of the budget instead (e.g. 0.05 with train.max_time): the schedule
+    # then follows the used share of the budget, not the step count.
+    warmup_fraction: float | None = None
     schedule: str = "linear"  # decay after warmup: linear | cosine | constant
     min_lr_ratio: float = 0.0  # lr at the end of decay, as a share of lr
 
@@ -210,6 +241,8 @@ class OptimConfig:
             "optim.max_grad_norm must be positive (or null to disable clipping).",
         )
         _check(self.warmup_steps >= 0, "optim.warmup_steps must not be negative.")
+        _check(self.warmup_fraction is None or 0.0 <= self.warmup_fraction < 1.0,
+               "optim.warmup_fraction must be in [0, 1) (or null to use optim.warmup_steps).")
         _check(
             self.schedule in ("linear", "cosine", "constant"),
             f"optim.schedule must be linear, cosine or constant, got {self.schedule!r}.",
@@ -223,7 +256,13 @@ class TrainConfig:
 
     batch_size: int = 32  # sequences per device per micro-batch
     grad_accum_steps: int = 1  # micro-batches per optimizer step
-    max_steps: int = 3000  # optimizer steps
+    # Sequences per optimizer step over all processes. When set, grad_accum_steps is derived:
+    # global_batch_size / (batch_size x processes), which must be a whole number.
+    global_batch_size: int | None = None
+    # Budgets: the run stops at the first one reached, with a checkpoint and the export.
+    max_steps: int | None = 3000  # optimizer steps
+    max_tokens: int | None = None  # tokens seen (all processes, padding included)
+    max_time: str | None = None  # training wall-clock time, e.g. 24h, 1h30m, 90m, 3600
     # Mixed precision: auto (bf16 where the hardware has it, else fp16 on CUDA, else none),
     # no, fp16 (CUDA only), bf16 (CUDA or CPU).
     precision: str = "auto"
@@ -244,7 +283,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, f"train.batch_size must be at least 1, got {self.batch_size}.")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be at least 1.")
-        _check(self.max_steps >= 1, f"train.max_steps must be at least 1, got {self.max_steps}.")
         _check(
             self.precision in ("auto", "no", "fp16", "bf16"),
             f"train.precision must be auto, no, fp16 or bf16, got {self.precision!r}.",
@@ -253,6 +291,14 @@ class TrainConfig:
         _check(self.eval_every >= 0, "train.eval_every must not be negative.")
         _check(self.save_every >= 0, "train.save_every must not be negative.")
         _check(self.keep_last >= 1, "train.keep_last must be at least 1.")
+        _check(self.max_steps is not None or self.max_tokens is not None or self.max_time is not None,
+               "Set a budget: train.max_steps, train.max_tokens or train.max_time.")
+        _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps must be at least 1.")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be at least 1.")
+        parse_duration(self.max_time)
+        _check(self.global_batch_size is None or self.global_batch_size >= self.batch_size,
+               f"train.global_batch_size ({self.global_batch_size}) must be at least "
+               f"train.batch_size ({self.batch_size}), the batch of one device.")
         _check(self.num_workers >= 0, "train.num_workers must not be negative.")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
 
