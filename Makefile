@@ -39,6 +39,9 @@ train: venv  ## quick start: tiny BERT on the built-in corpus, a few minutes on 
 eval: venv  ## MLM figures of a model: make eval ARGS="checkpoint=outputs/<run>"
 	$(BIN)/python -m mlmkit.evaluate $(ARGS)
 
+finetune: venv  ## GLUE fine-tuning: make finetune ARGS="checkpoint=outputs/<run> task=sst2 task.data_dir=../shared/data/glue/SST-2"
+	$(BIN)/python -m mlmkit.finetune $(ARGS)
+
 plot: venv  ## curves of runs: make plot ARGS="outputs/<run> [more runs] [--out file.png]"
 	$(BIN)/python -m mlmkit.plot $(ARGS)
 

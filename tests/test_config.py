@@ -12,8 +12,8 @@ from mlmkit.config import Config, register_configs, to_config
 from mlmkit.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-OTHER_GROUPS = {"accelerate"}  # groups of other configs than the training one
-OTHER_PRIMARY = ("evaluate",)  # conf/<name>.yaml besides config.yaml, each tested below
+OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
+OTHER_PRIMARY = ("evaluate", "finetune")  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
@@ -43,7 +43,8 @@ def test_every_conf_file_is_covered():
     """A new YAML file anywhere under conf/ must be reachable by the test above."""
     covered = {CONF / "config.yaml"} | {CONF / g / f"{o}.yaml" for g, o in _group_options()}
     covered |= {CONF / f"{name}.yaml" for name in OTHER_PRIMARY}
-    present = {p for p in CONF.rglob("*.yaml") if "accelerate" not in p.parts}
+    covered |= {CONF / "task" / f"{t}.yaml" for t in ("sst2", "cola", "rte")}  # finetune test below
+    present = {p for p in CONF.rglob("*.yaml") if "accelerate" not in p.parts}  # tested elsewhere
     assert present == covered
 
 
@@ -135,3 +136,16 @@ def test_presets_carry_a_learning_rate_that_falls_with_size():
     assert lrs == sorted(lrs, reverse=True) and lrs[0] > lrs[-1]
     assert to_config(_compose(["model=bert-base", "optim.lr=1e-4"])).optim.lr == 1e-4
     assert to_config(_compose(["optim.lr=2e-3", "model=bert-base"])).optim.lr == 2e-3
+
+
+@pytest.mark.parametrize("task", ["sst2", "cola", "rte"])
+def test_finetune_config_composes_for_every_task(task):
+    from mlmkit.config import FinetuneConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="finetune", overrides=["checkpoint=x", f"task={task}"])
+    ft = to_config(cfg, FinetuneConfig)
+    assert ft.task.name == task and ft.task.hub_name == task
+    assert ("matthews_correlation" in ft.task.metrics) == (task == "cola")

@@ -29,7 +29,14 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
         assert (final / name).is_file(), name
     card = (final / "README.md").read_text()
-    assert "fill-mask" in card and "eval_accuracy" in card
+    last_train, last_eval = train_events[-1], eval_events[-1]
+    for fact in ("layers 1, hidden 32, heads 2, FFN 64, vocabulary 1000",  # architecture
+                 "M parameters", "Data: builtin", "blocks of 64 tokens",  # size, data
+                 f"{last_train['step']} optimizer steps, {last_train['tokens_seen']} tokens seen",
+                 f"| eval_accuracy | {last_eval['eval_accuracy']:.4f} |",  # final eval metrics
+                 '"hidden_size": 32', '"max_steps": 30',  # the full config
+                 'pipeline("fill-mask"', "python -m mlmkit.fill_mask"):  # usage
+        assert fact in card, fact
 
     # The export is a plain Hugging Face dir: fill-mask with nothing from mlmkit imported.
     code = (

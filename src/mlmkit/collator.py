@@ -292,15 +292,22 @@ class MLMCollator:
         return chosen, seg[word].view_as(ids)
 
     def __call__(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """Pad and mask. An example may carry ``mask_seed``: the batch is then masked from
-        that seed alone, the same in any worker and after a resume."""
+        """Pad and mask. Examples may carry ``mask_seed``: each row is then masked from its
+        own seed alone, so its masks are the same in any worker, after a resume, and however
+        the rows are split into batches and processes."""
         first = examples[0] if len(examples) else None
-        if isinstance(first, dict) and "mask_seed" in first:
-            self.generator.manual_seed(int(first["mask_seed"]))
-        else:
+        row_seeds = isinstance(first, dict) and "mask_seed" in first
+        if not row_seeds:
             self._sync_worker_generator()
         input_ids, attention_mask = self.pad(examples)
         if not self.apply_mask:
             return {"input_ids": input_ids, "attention_mask": attention_mask}
-        masked, labels = self.mask(input_ids, attention_mask)
+        if row_seeds:
+            rows = []
+            for i, example in enumerate(examples):
+                self.generator.manual_seed(int(example["mask_seed"]))
+                rows.append(self.mask(input_ids[i:i + 1], attention_mask[i:i + 1]))
+            masked, labels = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+        else:
+            masked, labels = self.mask(input_ids, attention_mask)
         return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}

@@ -11,6 +11,7 @@ without Hydra: ``build_model(cfg.model, vocab_size)``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,29 @@ from mlmkit.errors import ConfigError
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str | int | float | None, setting: str = "train.max_time") -> float | None:
+    """Seconds in ``"24h"``, ``"1h30m"``, ``"90m"``, ``"45s"``, ``"2d"`` or a plain number."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
+        if re.fullmatch(r"\d+(?:\.\d+)?", text):
+            seconds = float(text)
+        elif parts and "".join(n + u for n, u in parts) == text:
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+        else:
+            raise ConfigError(f"{setting}={value!r} is not a duration; write e.g. 24h, 1h30m, 90m or 3600.")
+    if seconds <= 0:
+        raise ConfigError(f"{setting} must be positive, got {value!r}.")
+    return seconds
 
 
 @dataclass
@@ -242,9 +266,13 @@ class MaskingConfig:
 
     def probability_at(self, step: int, total_steps: int) -> float:
         """The mask rate at optimizer step ``step`` of ``total_steps``."""
+        return self.rate_at(min(1.0, step / max(1, total_steps - 1)))
+
+    def rate_at(self, fraction: float) -> float:
+        """The mask rate when ``fraction`` of the training budget is used."""
         if self.mlm_probability_end is None:
             return self.mlm_probability
-        t = min(1.0, step / max(1, total_steps - 1))
+        t = min(1.0, max(0.0, fraction))
         return self.mlm_probability + t * (self.mlm_probability_end - self.mlm_probability)
 
 
@@ -259,6 +287,9 @@ class OptimConfig:
     eps: float = 1e-6
     max_grad_norm: float | None = 1.0  # gradient clipping (null: none)
     warmup_steps: int = 100  # optimizer steps of linear warmup from 0
+    # Warmup as a share of the budget instead (e.g. 0.05 with train.max_time): the schedule
+    # then follows the used share of the budget, not the step count.
+    warmup_fraction: float | None = None
     schedule: str = "linear"  # decay after warmup: linear | cosine | constant
     min_lr_ratio: float = 0.0  # lr at the end of decay, as a share of lr
 
@@ -272,6 +303,8 @@ class OptimConfig:
             "optim.max_grad_norm must be positive (or null to disable clipping).",
         )
         _check(self.warmup_steps >= 0, "optim.warmup_steps must not be negative.")
+        _check(self.warmup_fraction is None or 0.0 <= self.warmup_fraction < 1.0,
+               "optim.warmup_fraction must be in [0, 1) (or null to use optim.warmup_steps).")
         _check(
             self.schedule in ("linear", "cosine", "constant"),
             f"optim.schedule must be linear, cosine or constant, got {self.schedule!r}.",
@@ -285,7 +318,13 @@ class TrainConfig:
 
     batch_size: int = 32  # sequences per device per micro-batch
     grad_accum_steps: int = 1  # micro-batches per optimizer step
-    max_steps: int = 3000  # optimizer steps
+    # Sequences per optimizer step over all processes. When set, grad_accum_steps is derived:
+    # global_batch_size / (batch_size x processes), which must be a whole number.
+    global_batch_size: int | None = None
+    # Budgets: the run stops at the first one reached, with a checkpoint and the export.
+    max_steps: int | None = 3000  # optimizer steps
+    max_tokens: int | None = None  # tokens seen (all processes, padding included)
+    max_time: str | None = None  # training wall-clock time, e.g. 24h, 1h30m, 90m, 3600
     # Mixed precision: auto (bf16 where the hardware has it, else fp16 on CUDA, else none),
     # no, fp16 (CUDA only), bf16 (CUDA or CPU).
     precision: str = "auto"
@@ -306,7 +345,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, f"train.batch_size must be at least 1, got {self.batch_size}.")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be at least 1.")
-        _check(self.max_steps >= 1, f"train.max_steps must be at least 1, got {self.max_steps}.")
         _check(
             self.precision in ("auto", "no", "fp16", "bf16"),
             f"train.precision must be auto, no, fp16 or bf16, got {self.precision!r}.",
@@ -315,6 +353,14 @@ class TrainConfig:
         _check(self.eval_every >= 0, "train.eval_every must not be negative.")
         _check(self.save_every >= 0, "train.save_every must not be negative.")
         _check(self.keep_last >= 1, "train.keep_last must be at least 1.")
+        _check(self.max_steps is not None or self.max_tokens is not None or self.max_time is not None,
+               "Set a budget: train.max_steps, train.max_tokens or train.max_time.")
+        _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps must be at least 1.")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be at least 1.")
+        parse_duration(self.max_time)
+        _check(self.global_batch_size is None or self.global_batch_size >= self.batch_size,
+               f"train.global_batch_size ({self.global_batch_size}) must be at least "
+               f"train.batch_size ({self.batch_size}), the batch of one device.")
         _check(self.num_workers >= 0, "train.num_workers must not be negative.")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
 
@@ -403,6 +449,69 @@ class EvalConfig:
                f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
 
 
+@dataclass
+class TaskConfig:
+    """A sentence(-pair) classification task in GLUE's TSV format, or on the Hub."""
+
+    name: str = "sst2"
+    data_dir: str | None = None  # folder with train_file and eval_file; null: the Hub dataset
+    train_file: str = "train.tsv"
+    eval_file: str = "dev.tsv"
+    header: bool = True  # first line names the columns; else column_names does
+    column_names: list[str] = field(default_factory=list)
+    text_columns: list[str] = field(default_factory=lambda: ["sentence"])  # one, or two for pairs
+    label_column: str = "label"
+    labels: list[str] = field(default_factory=lambda: ["0", "1"])  # label values, in class-id order
+    metrics: list[str] = field(default_factory=lambda: ["accuracy"])  # the first one is the headline
+    hub_path: str = "nyu-mll/glue"  # used when data_dir is null
+    hub_name: str | None = "sst2"
+    hub_eval_split: str = "validation"
+
+    def __post_init__(self) -> None:
+        _check(1 <= len(self.text_columns) <= 2,
+               "task.text_columns must name one column (single sentences) or two (pairs).")
+        _check(len(self.labels) >= 2, "task.labels must list at least two label values.")
+        _check(self.header or len(self.column_names) > 0,
+               "task.header=false needs task.column_names=[...] naming the TSV columns.")
+        from mlmkit.metric_modules import METRICS
+
+        for m in self.metrics:
+            _check(m in METRICS and m != "masked_lm",
+                   f"task.metrics: {m!r} is not a classification metric shipped with mlmkit "
+                   "(accuracy, matthews_correlation).")
+
+
+@dataclass
+class FinetuneConfig:
+    """``python -m mlmkit.finetune``: sequence classification from a checkpoint (conf/finetune.yaml)."""
+
+    checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
+    init: str = "pretrained"  # pretrained | random (same architecture, for comparison)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    max_seq_length: int = 128  # longer inputs are truncated
+    batch_size: int = 32
+    epochs: float = 3.0  # passes over the training set (fractions allowed)
+    max_train_samples: int | None = None  # use the first N training examples
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1  # share of the steps with linear warmup, then linear decay
+    classifier_dropout: float = 0.1  # dropout before the classification layer
+    precision: str = "auto"  # auto | no | fp16 | bf16
+    seed: int = 0
+    save_model: bool = False  # also write the fine-tuned model to <run dir>/model
+
+    def __post_init__(self) -> None:
+        _check(bool(self.checkpoint),
+               "Say which model to fine-tune: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(self.init in ("pretrained", "random"),
+               f"init must be pretrained or random, got {self.init!r}.")
+        _check(self.batch_size >= 1 and self.epochs > 0 and self.lr > 0,
+               "batch_size, epochs and lr must be positive.")
+        _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
+        _check(self.precision in ("auto", "no", "fp16", "bf16"),
+               f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
+
+
 def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
     """The start time of the run, the same on every rank of a node.
 
@@ -435,6 +544,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="mlmkit_schema", node=Config)
     cs.store(name="mlmkit_eval_schema", node=EvalConfig)
+    cs.store(name="mlmkit_finetune_schema", node=FinetuneConfig)
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 

@@ -32,9 +32,7 @@ tags: [bert, fill-mask, mlmkit]
 
 A BERT encoder pretrained with masked language modeling by mlmkit.
 
-- Architecture: BertForMaskedLM, {c.num_hidden_layers} layers, hidden {c.hidden_size},
-  {c.num_attention_heads} heads, FFN {c.intermediate_size}, vocabulary {c.vocab_size},
-  {count_parameters(model) / 1e6:.2f}M parameters.
+- Architecture: BertForMaskedLM (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {c.vocab_size}), {count_parameters(model) / 1e6:.2f}M parameters.
 - Data: {source}, blocks of {data.get("max_seq_length")} tokens.
 - Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
 
@@ -52,6 +50,8 @@ from transformers import pipeline
 fill = pipeline("fill-mask", model="path/to/this/dir")
 fill("The {mask} of the function is returned.")
 ```
+
+or from the command line: `python -m mlmkit.fill_mask path/to/this/dir "The {mask} of the function is returned."`
 
 ## Full config
 

@@ -62,5 +62,9 @@ def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(step, cfg, total_steps))
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | None,
+                    factor=None):
+    """LambdaLR over ``lr_lambda``, or over ``factor(step)`` (a budget's schedule) when given."""
+    if factor is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(step, cfg, total_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -425,8 +425,10 @@ class StreamCollate:
         self.collate = collate
 
     def __call__(self, item: dict) -> dict:
-        batch = self.collate([{"input_ids": torch.as_tensor(r, dtype=torch.long), "mask_seed": item["mask_seed"]}
-                              for r in item["rows"]])
+        # every row its own mask seed (the collator masks each row from its seed)
+        batch = self.collate([{"input_ids": torch.as_tensor(r, dtype=torch.long),
+                               "mask_seed": (item["mask_seed"] + j) % 2**63}
+                              for j, r in enumerate(item["rows"])])
         batch["_position"] = (item["role"], item["state"], item["epoch"])
         return batch
 

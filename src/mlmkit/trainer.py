@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from mlmkit.budget import Budget, parse_duration
 from mlmkit.checkpoint import load_checkpoint, load_latest, resolve_resume, save_checkpoint
 from mlmkit.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.config import Config
@@ -62,8 +63,10 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
 
     Rank r of w takes batches r, r + w, r + 2w, ... of the epoch's permutation, so ranks
     never overlap; ``skip`` batches at the start of the epoch are passed over (resume).
-    Each batch carries its own mask seed, a function of (seed, epoch, batch, rank), so its
-    masks are the same whichever dataloader worker collates it, and after a resume.
+    Each row carries its own mask seed, a function of (seed, epoch, position in the
+    epoch's order), so its masks are the same whichever dataloader worker collates it,
+    after a resume, and for any split of a global batch: 2 processes x batch b draw the
+    masks of 1 process x batch 2b.
     """
 
     def __init__(self, n: int, batch_size: int, rank: int, world: int, seed: int) -> None:
@@ -77,10 +80,11 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         perm = torch.randperm(self.n, generator=g)
+        base = (self.seed * 1_000_003 + self.epoch) * 1_000_003
         for b in range(self.skip, len(self)):
             start = (b * self.world + self.rank) * self.batch_size
-            mask_seed = (((self.seed * 1_000_003 + self.epoch) * 1_000_003 + b) * 8_191 + self.rank) % 2**63
-            yield [(i, mask_seed) for i in perm[start:start + self.batch_size].tolist()]
+            rows = perm[start:start + self.batch_size].tolist()
+            yield [(i, (base + start + j) % 2**63) for j, i in enumerate(rows)]
 
 
 class KeyedRows(torch.utils.data.Dataset):
@@ -197,6 +201,37 @@ class StopSignals:
             return self.received is not None
         flag = torch.tensor(float(self.received is not None), device=accelerator.device)
         return bool(accelerator.reduce(flag, reduction="sum") > 0)
+
+
+def grad_accum_steps(tc, world: int) -> int:
+    """Micro-batches per optimizer step: ``train.grad_accum_steps``, or derived from
+    ``train.global_batch_size`` = batch_size x processes x accumulation steps."""
+    if tc.global_batch_size is None:
+        return tc.grad_accum_steps
+    per_pass = tc.batch_size * world
+    if tc.global_batch_size % per_pass:
+        raise ConfigError(
+            f"train.global_batch_size ({tc.global_batch_size}) is not a multiple of "
+            f"train.batch_size x processes ({tc.batch_size} x {world} = {per_pass}); change "
+            "train.global_batch_size or train.batch_size."
+        )
+    derived = tc.global_batch_size // per_pass
+    if tc.grad_accum_steps not in (1, derived):
+        raise ConfigError(
+            f"train.grad_accum_steps={tc.grad_accum_steps} disagrees with train.global_batch_size="
+            f"{tc.global_batch_size} ({tc.batch_size} per device x {world} processes needs "
+            f"{derived}); set only one of them."
+        )
+    return derived
+
+
+def _shared_clock(accelerator, seconds: float) -> float:
+    """The main process's ``seconds``, on every rank."""
+    if accelerator.num_processes == 1:
+        return seconds
+    t = torch.tensor([seconds if accelerator.is_main_process else 0.0], dtype=torch.float64,
+                     device=accelerator.device)
+    return float(accelerator.reduce(t, reduction="sum"))
 
 
 def _setup_logging(run_dir: Path, is_main: bool) -> None:
@@ -341,6 +376,9 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             )
         log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
                  len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
+    accum = grad_accum_steps(tc, world)
+    log.info("Batch: %d sequences per optimizer step = %d per device x %d process(es) x %d "
+             "accumulation step(s)", tc.batch_size * world * accum, tc.batch_size, world, accum)
     warn_small_validation(len(val_set), tc.batch_size)
 
     # ---- model, objective, optimizer ------------------------------------------------------
@@ -351,7 +389,8 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         save_run_model_spec(run_dir, model, tokenizer)
     objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction)
     optimizer = build_optimizer(objective, cfg.optim, accelerator.device.type)
-    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps)
+    budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=budget.lr_factor)
 
     m = cfg.masking
     collator = MLMCollator(
@@ -397,6 +436,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         else:
             restored = load_checkpoint(accelerator, resume_from)
         step, tokens_seen = restored["step"], restored["tokens_seen"]
+        budget.load_state_dict(restored.get("budget", {"tokens": tokens_seen}))
         stream_state = restored["stream"]
         saved_world = restored.get("world_size", world)
         if bool(stream_state.get("streaming")) != cfg.data.streaming:
@@ -435,6 +475,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             if cfg.data.streaming else stream.state_dict(),
             "collator": gather_object([_encode_state(collator.generator.get_state())]),
             "world_size": world,
+            "budget": budget.state_dict(),
         }
 
     def save() -> None:
@@ -447,6 +488,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
         progress = tqdm(total=tc.max_steps, initial=step, desc="train", dynamic_ncols=True)
+    time_base = budget.elapsed(step)  # training time before this process started (resume)
     objective.train()
     last_eval: dict[str, Any] = {}
     device = accelerator.device
@@ -460,10 +502,11 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     with StopSignals() as signals, finish_trackers_on_error(accelerator):
         bad_steps = 0  # consecutive steps skipped for a non-finite gradient
         skipped_total = 0
-        while step < tc.max_steps:
-            mlm_probability = m.probability_at(step, tc.max_steps)
+        while not budget.done(step):
+            mlm_probability = (m.probability_at(step, tc.max_steps) if budget.step_only
+                               else m.rate_at(budget.progress(step)))
             collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
-            micro = [next(stream) for _ in range(tc.grad_accum_steps)]
+            micro = [next(stream) for _ in range(accum)]
             if m.on_device:  # the dataloader only padded; mask here, on the accelerator
                 for batch in micro:
                     batch["input_ids"], batch["labels"] = collator.mask(batch["input_ids"],
@@ -495,17 +538,21 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                         "train.precision=bf16 instead of fp16, then resume from the last checkpoint "
                         "with train.resume=auto."
                     )
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
             step_tokens = sum(b["input_ids"].numel() for b in micro) * world
             tokens_seen += step_tokens
+            budget.finish_step(step_tokens)
+            scheduler.step()  # the rate of the next step, from the budget used so far
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if budget.max_time and step % tc.log_every == 0:  # share the main process's clock
+                budget.sync(step, _shared_clock(accelerator, time_base + time.perf_counter() - t_start))
+            last = budget.done(step)
             tokens_since += step_tokens
             masked_acc += n_global
             if progress is not None:
                 progress.update(1)
 
-            if step % tc.log_every == 0 or step == tc.max_steps:  # the only host syncs of a step
+            if step % tc.log_every == 0 or last:  # the only host syncs of a step
                 elapsed = max(time.perf_counter() - t_log - paused, 1e-9)
                 total_loss = accelerator.reduce(loss_acc, reduction="sum")
                 masked = float(masked_acc)
@@ -521,7 +568,8 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                     "masked_tokens_per_s": masked / elapsed,
                     "tokens_seen": tokens_seen,
                     "epoch": stream.epoch,
-                    "elapsed_s": time.perf_counter() - t_start,
+                    "elapsed_s": time_base + time.perf_counter() - t_start,
+                    "global_batch_size": tc.batch_size * world * accum,
                 }
                 if torch.cuda.is_available() and device.type == "cuda":
                     event["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -536,7 +584,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                 tokens_since = 0
                 t_log, paused = time.perf_counter(), 0.0
 
-            if (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps:
+            if (tc.eval_every and step % tc.eval_every == 0) or last:
                 t0 = time.perf_counter()
                 last_eval = evaluate(accelerator, objective, eval_batches)
                 record({"event": "eval", "step": step, **last_eval})
@@ -545,7 +593,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                 paused += time.perf_counter() - t0  # keep evaluation out of tokens/s
 
             stop = signals.requested(accelerator)
-            if (tc.save_every and step % tc.save_every == 0) or step == tc.max_steps or stop:
+            if (tc.save_every and step % tc.save_every == 0) or last or stop:
                 t0 = time.perf_counter()
                 save()
                 paused += time.perf_counter() - t0

@@ -1,0 +1,263 @@
+"""Fine-tune a pretrained encoder for sentence(-pair) classification and report dev metrics.
+
+    python -m mlmkit.finetune checkpoint=outputs/<run> task=sst2 task.data_dir=../shared/data/glue/SST-2
+    python -m mlmkit.finetune checkpoint=outputs/<run> task=cola task.data_dir=../shared/data/glue/CoLA
+    python -m mlmkit.finetune checkpoint=outputs/<run> task=rte task.data_dir=../shared/data/glue/RTE
+    python -m mlmkit.finetune ... init=random          # same architecture from scratch
+
+``BertForSequenceClassification`` takes the checkpoint's encoder; the pooler and the
+classifier start from a seeded random init, the same one for ``init=random``, so the two
+differ only by pretraining. Data: GLUE-format TSV files (``task.data_dir``), or the Hub's
+``glue`` dataset when ``task.data_dir`` is null and the Hub can be reached. The dev-set
+figures (accuracy; Matthews correlation for CoLA) come from the ``evaluate`` metric modules
+shipped in mlmkit and are written to ``<run dir>/results.json`` and metrics.jsonl.
+Settings: conf/finetune.yaml and conf/task/.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlmkit.config import FinetuneConfig, TaskConfig
+from mlmkit.errors import DataError
+
+log = logging.getLogger("mlmkit")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+def read_tsv(path: Path, task: TaskConfig) -> list[dict[str, Any]]:
+    """Examples ``{"text": [...], "label": class id}`` of one GLUE-format TSV file."""
+    if not path.is_file():
+        raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
+                        f"{task.train_file} and {task.eval_file}.")
+    csv.field_size_limit(1 << 24)
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    names = list(task.column_names)
+    if task.header:
+        names, rows = [c.strip() for c in rows[0]], rows[1:]
+    wanted = [*task.text_columns, task.label_column]
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise DataError(f"{str(path)!r} has no column {missing[0]!r} (columns: {', '.join(names)}); "
+                        "set task.text_columns / task.label_column, or task.column_names for "
+                        "files without a header.")
+    index = {c: names.index(c) for c in wanted}
+    label_ids = {v: i for i, v in enumerate(task.labels)}
+    examples, bad = [], 0
+    for row in rows:
+        if len(row) < len(names) or row[index[task.label_column]].strip() not in label_ids:
+            bad += 1
+            continue
+        examples.append({"text": [row[index[c]].strip() for c in task.text_columns],
+                         "label": label_ids[row[index[task.label_column]].strip()]})
+    if bad:
+        log.warning("%s: skipped %d line(s) with missing columns or a label outside task.labels "
+                    "(%s)", path, bad, ", ".join(task.labels))
+    if not examples:
+        raise DataError(f"{str(path)!r} holds no usable example; check task.labels and the columns.")
+    return examples
+
+
+def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, eval) examples from ``task.data_dir`` or the Hub."""
+    if task.data_dir:
+        root = Path(task.data_dir).expanduser()
+        return read_tsv(root / task.train_file, task), read_tsv(root / task.eval_file, task)
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(task.hub_path, task.hub_name)
+    except Exception as exc:
+        raise DataError(
+            f"Could not load {task.hub_path} ({task.hub_name}) from the Hugging Face Hub "
+            f"({str(exc).splitlines()[0][:120]}); set task.data_dir to a folder of GLUE TSV files."
+        ) from None
+
+    def rows(split):
+        return [{"text": [r[c] for c in task.text_columns], "label": int(r[task.label_column])}
+                for r in ds[split] if int(r[task.label_column]) >= 0]
+
+    return rows("train"), rows(task.hub_eval_split)
+
+
+class Collate:
+    """Tokenize a batch of examples, padded to its longest (a multiple of 8)."""
+
+    def __init__(self, tokenizer, max_seq_length: int) -> None:
+        self.tokenizer, self.max_seq_length = tokenizer, max_seq_length
+
+    def __call__(self, examples):
+        columns = list(zip(*(e["text"] for e in examples)))
+        enc = self.tokenizer(*columns, truncation=True, max_length=self.max_seq_length,
+                             padding=True, pad_to_multiple_of=8, return_tensors="pt")
+        enc["labels"] = torch.tensor([e["label"] for e in examples])
+        return dict(enc)
+
+
+# ---- model ----------------------------------------------------------------------------------
+
+def build_classifier(cfg: FinetuneConfig):
+    """``(BertForSequenceClassification, tokenizer, source path)`` for ``cfg``."""
+    from transformers import BertForSequenceClassification
+
+    from mlmkit.loading import load_model_and_tokenizer
+
+    mlm, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
+    config = mlm.config.__class__.from_dict(mlm.config.to_dict())
+    config.num_labels = len(cfg.task.labels)
+    config.classifier_dropout = cfg.classifier_dropout
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(cfg.seed)  # pooler and classifier init: the same for both inits
+    model = BertForSequenceClassification(config)
+    if cfg.init == "pretrained":
+        missing, unexpected = model.bert.load_state_dict(mlm.bert.state_dict(), strict=False)
+        assert not unexpected and all(k.startswith("pooler.") for k in missing), (missing, unexpected)
+    if cfg.max_seq_length > config.max_position_embeddings:
+        from mlmkit.errors import ConfigError
+
+        raise ConfigError(f"max_seq_length ({cfg.max_seq_length}) is longer than the model's "
+                          f"{config.max_position_embeddings} positions; lower max_seq_length.")
+    return model, tokenizer, resolved
+
+
+# ---- loop -----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def predict(accelerator, model, loader) -> tuple[list[int], list[int]]:
+    model.eval()
+    preds, refs = [], []
+    for batch in loader:
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        p, r = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
+        preds += p.tolist()
+        refs += r.tolist()
+    model.train()
+    return preds, refs
+
+
+def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, float]:
+    from mlmkit.metric_modules import load_metric
+
+    out: dict[str, float] = {}
+    for name in task.metrics:
+        out.update(load_metric(name).compute(predictions=preds, references=refs))
+    return out
+
+
+def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
+    """Fine-tune and evaluate after every epoch; returns the final dev figures."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+
+    from mlmkit.config import OptimConfig
+    from mlmkit.metrics import MetricsLog
+    from mlmkit.optim import build_optimizer, build_scheduler
+    from mlmkit.runtime import resolve_precision
+
+    run_dir = Path(run_dir)
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not (
+        torch.cuda.is_available() or torch.backends.mps.is_available())
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu))
+    set_seed(cfg.seed)
+    model, tokenizer, source = build_classifier(cfg)
+    train_set, eval_set = load_task(cfg.task)
+    if cfg.max_train_samples:
+        train_set = train_set[:cfg.max_train_samples]
+    collate = Collate(tokenizer, cfg.max_seq_length)
+    train_loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate,
+                              generator=torch.Generator().manual_seed(cfg.seed), drop_last=False)
+    eval_loader = DataLoader(eval_set, batch_size=cfg.batch_size * 2, collate_fn=collate)
+    steps_per_epoch = math.ceil(len(train_set) / (cfg.batch_size * accelerator.num_processes))
+    total = max(1, round(cfg.epochs * steps_per_epoch))
+    optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, beta2=0.999, eps=1e-8,
+                        warmup_steps=int(cfg.warmup_ratio * total), schedule="linear")
+    optimizer = build_optimizer(model, optim, accelerator.device.type)
+    scheduler = build_scheduler(optimizer, optim, total)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+    metrics.truncate_after(-1)
+    log.info("Fine-tuning %s (%s) on %s: %d train / %d dev examples, %d steps", source, cfg.init,
+             cfg.task.name, len(train_set), len(eval_set), total)
+
+    step, epoch, t0 = 0, 0, time.perf_counter()
+    results: dict[str, Any] = {}
+    model.train()
+    while step < total:
+        loss_sum, n = 0.0, 0
+        for batch in train_loader:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            loss_sum, n = loss_sum + float(loss), n + 1
+            if step >= total:
+                break
+        epoch += 1
+        figures = score(cfg.task, *predict(accelerator, model, eval_loader))
+        results = {"event": "eval", "step": step, "epoch": epoch, "train_loss": loss_sum / max(n, 1),
+                   **{f"eval_{k}": v for k, v in figures.items()}}
+        metrics.write(results)
+        log.info("epoch %d | step %d | train loss %.4f | %s", epoch, step, results["train_loss"],
+                 " | ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+    summary = {"task": cfg.task.name, "checkpoint": str(source), "init": cfg.init, "steps": step,
+               "train_examples": len(train_set), "eval_examples": len(eval_set),
+               "seconds": round(time.perf_counter() - t0, 1),
+               **{k: v for k, v in results.items() if k.startswith("eval_")}}
+    if accelerator.is_main_process:
+        (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if cfg.save_model:
+            accelerator.unwrap_model(model).save_pretrained(str(run_dir / "model"))
+            tokenizer.save_pretrained(str(run_dir / "model"))
+    accelerator.end_training()
+    return summary
+
+
+def _main() -> None:
+    import hydra
+    from omegaconf import DictConfig
+
+    from mlmkit.config import register_configs
+
+    register_configs()
+
+    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="finetune")
+    def main(cfg: DictConfig) -> None:
+        from accelerate import PartialState
+        from hydra.core.hydra_config import HydraConfig
+
+        from mlmkit.config import to_config
+        from mlmkit.errors import MLMKitError
+
+        logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+        try:
+            summary = finetune(to_config(cfg, FinetuneConfig), HydraConfig.get().runtime.output_dir)
+        except MLMKitError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        if PartialState().is_main_process:
+            headline = cfg.task.metrics[0]
+            print(f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
+                  f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s)")
+
+    main()
+
+
+if __name__ == "__main__":
+    _main()

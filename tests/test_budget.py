@@ -1,0 +1,93 @@
+"""Budgets (steps, tokens, time), the schedule against them, and the global batch."""
+
+from __future__ import annotations
+
+import pytest
+from runs import events, run_train
+
+from mlmkit.budget import Budget, parse_duration
+from mlmkit.config import OptimConfig, TrainConfig
+from mlmkit.errors import ConfigError
+from mlmkit.optim import lr_lambda
+from mlmkit.trainer import grad_accum_steps
+
+
+@pytest.mark.parametrize("text,seconds", [("24h", 86400), ("1h30m", 5400), ("90m", 5400), ("45s", 45),
+                                          ("2d", 172800), ("3600", 3600), (120, 120), ("0.5h", 1800)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "10x", "-5", "1h-30m", "0"])
+def test_bad_duration_names_the_setting(bad):
+    with pytest.raises(ConfigError, match="train.max_time"):
+        TrainConfig(max_time=bad)
+
+
+def test_step_budget_keeps_the_step_schedule():
+    cfg = OptimConfig(warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    budget = Budget(cfg, max_steps=100)
+    assert [budget.lr_factor(s) for s in range(100)] == [lr_lambda(s, cfg, 100) for s in range(100)]
+
+
+def test_token_budget_warms_up_and_decays_to_its_end():
+    budget = Budget(OptimConfig(warmup_fraction=0.1, schedule="linear"), max_steps=None, max_tokens=100_000)
+    factors = []
+    step = 0
+    while not budget.done(step):
+        factors.append(budget.lr_factor(step))
+        budget.finish_step(1000)
+        step += 1
+    assert step == 100  # stopped at the token budget
+    peak = factors.index(max(factors))
+    assert peak == 9 and factors[peak] == pytest.approx(1.0)  # 10% warmup
+    assert all(a < b for a, b in zip(factors[:peak], factors[1:peak + 1]))  # rising
+    assert all(a > b for a, b in zip(factors[peak:-1], factors[peak + 1:]))  # decaying
+    assert factors[-1] == pytest.approx(0.0, abs=1e-9)  # reaches the end of the decay
+
+
+def test_time_budget_follows_the_shared_clock():
+    budget = Budget(OptimConfig(warmup_steps=0, schedule="linear"), max_steps=None, max_time=100.0)
+    budget.sync(10, 20.0)  # 2 s per step, as the main process measured
+    assert budget.elapsed(15) == pytest.approx(30.0)
+    assert budget.progress(15) == pytest.approx(0.3)
+    assert budget.lr_factor(15) == pytest.approx(1 - 32 / 100)  # the next step ends at 32 s
+    assert not budget.done(49) and budget.done(50)
+    restored = Budget(OptimConfig(warmup_steps=0), max_steps=None, max_time=100.0)
+    restored.load_state_dict(budget.state_dict())
+    assert restored.elapsed(15) == budget.elapsed(15)
+
+
+def test_global_batch_derives_accumulation():
+    assert grad_accum_steps(TrainConfig(batch_size=8, global_batch_size=64), world=2) == 4
+    assert grad_accum_steps(TrainConfig(batch_size=8, grad_accum_steps=3), world=2) == 3
+    with pytest.raises(ConfigError, match=r"not a multiple of train.batch_size x processes \(8 x 3 = 24\)"):
+        grad_accum_steps(TrainConfig(batch_size=8, global_batch_size=64), world=3)
+    with pytest.raises(ConfigError, match="set only one of them"):
+        grad_accum_steps(TrainConfig(batch_size=8, global_batch_size=64, grad_accum_steps=2), world=2)
+    with pytest.raises(ConfigError, match="Set a budget"):
+        TrainConfig(max_steps=None)
+
+
+@pytest.mark.slow
+def test_token_and_time_budgets_stop_with_checkpoint_and_export(tmp_path, cache_dir):
+    run = tmp_path / "tokens"  # 8 x 64 tokens per micro-batch, 2 micro-batches per step
+    run_train(run, cache_dir, "train.max_steps=null", "train.max_tokens=10000",
+              "train.global_batch_size=16", "optim.warmup_fraction=0.2", "train.log_every=1",
+              "logger=none")
+    train = events(run, "train")
+    assert [e["step"] for e in train] == list(range(1, 11))  # 10 x 1024 tokens >= 10000
+    assert train[-1]["tokens_seen"] == 10240 and train[-1]["global_batch_size"] == 16
+    lrs = [e["lr"] for e in train]
+    assert lrs.index(max(lrs)) == 1 and lrs[-1] < 0.2 * max(lrs)  # warmup 20%, then decay
+    assert (run / "checkpoints" / "step_0000010").is_dir() and (run / "final" / "config.json").is_file()
+    assert "16 sequences per optimizer step = 8 per device x 1 process(es) x 2" in (run / "train.log").read_text()
+
+    run = tmp_path / "time"
+    run_train(run, cache_dir, "train.max_steps=100000", "train.max_time=4s", "train.log_every=2",
+              "logger=none", "optim.warmup_steps=2")
+    train = events(run, "train")
+    assert 2 < train[-1]["step"] < 100000 and train[-1]["elapsed_s"] >= 3.0
+    assert train[-1]["lr"] < 0.5 * max(e["lr"] for e in train)  # decayed against the clock
+    assert events(run, "eval")[-1]["step"] == train[-1]["step"]
+    assert (run / "final" / "config.json").is_file()

@@ -1,0 +1,99 @@
+"""python -m mlmkit.finetune: GLUE-format data, the classifier, and the end-to-end command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import shared_file
+from runs import ROOT
+
+from mlmkit.config import TaskConfig
+from mlmkit.errors import DataError
+from mlmkit.finetune import load_task, read_tsv
+
+
+def _task(name: str) -> TaskConfig:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig),
+                                               OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml")))
+
+
+@pytest.mark.parametrize("name,folder,n_text", [("sst2", "SST-2", 1), ("cola", "CoLA", 1), ("rte", "RTE", 2)])
+def test_glue_tsv_files_are_read_as_the_task_says(name, folder, n_text):
+    task = _task(name)
+    task.data_dir = str(shared_file(f"glue/{folder}/dev.tsv").parent)
+    train, dev = load_task(task)
+    lines = sum(1 for _ in open(shared_file(f"glue/{folder}/dev.tsv"), encoding="utf-8"))
+    assert len(dev) == lines - int(task.header)  # every line is an example
+    assert len(train) > len(dev) / 10
+    for ex in dev[:50]:
+        assert len(ex["text"]) == n_text and all(isinstance(t, str) and t for t in ex["text"])
+        assert ex["label"] in (0, 1)
+    assert {ex["label"] for ex in dev} == {0, 1}
+
+
+def test_rte_labels_map_to_class_ids(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("index\tsentence1\tsentence2\tlabel\n0\tA cat.\tAn animal.\tentailment\n"
+                    "1\tA cat.\tA dog.\tnot_entailment\n2\tbroken line\n")
+    task = _task("rte")
+    examples = read_tsv(path, task)
+    assert [e["label"] for e in examples] == [0, 1]  # the broken line is skipped with a warning
+    assert examples[0]["text"] == ["A cat.", "An animal."]
+
+
+def test_bad_task_data_is_one_sentence(tmp_path):
+    task = _task("sst2")
+    task.data_dir = str(tmp_path)
+    with pytest.raises(DataError, match="task.data_dir"):
+        load_task(task)
+    (tmp_path / "train.tsv").write_text("text\tlabel\nfine\t1\n")
+    with pytest.raises(DataError, match=r"no column 'sentence'.*task.text_columns"):
+        read_tsv(tmp_path / "train.tsv", task)
+    task.data_dir = None  # the Hub, which tests never reach
+    with pytest.raises(DataError, match=r"nyu-mll/glue \(sst2\).*task.data_dir"):
+        load_task(task)
+
+
+def run_finetune(*overrides: str, check: bool = True):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "mlmkit.finetune", *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"finetune failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,folder,metric", [("cola", "CoLA", "matthews_correlation"),
+                                                ("rte", "RTE", "accuracy")])
+def test_finetune_command_reports_the_task_metric(trained_run, tmp_path, name, folder, metric):
+    data_dir = shared_file(f"glue/{folder}/dev.tsv").parent
+    out = tmp_path / name
+    proc = run_finetune(f"checkpoint={trained_run}", f"task={name}", f"task.data_dir={data_dir}",
+                        "max_train_samples=64", "epochs=1", "max_seq_length=64", "batch_size=16",
+                        f"hydra.run.dir={out}", "save_model=true")
+    result = json.loads((out / "results.json").read_text())
+    dev_lines = sum(1 for _ in open(data_dir / "dev.tsv", encoding="utf-8")) - int(name == "rte")
+    assert result["task"] == name and result["eval_examples"] == dev_lines
+    assert result["steps"] == 4 and result["train_examples"] == 64
+    assert -1.0 <= result[f"eval_{metric}"] <= 1.0
+    assert f"{name} dev {metric}: {result[f'eval_{metric}']:.4f}" in proc.stdout
+    if name == "cola":
+        assert "eval_accuracy" in result  # CoLA reports both
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model")
+    assert model.config.num_labels == 2
+
+
+def test_finetune_user_errors_are_one_sentence(tmp_path):
+    proc = run_finetune(f"hydra.run.dir={tmp_path / 'a'}", check=False)
+    assert proc.returncode == 2 and "checkpoint=" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_finetune(f"checkpoint={tmp_path}", f"hydra.run.dir={tmp_path / 'b'}", check=False)
+    assert proc.returncode == 2 and "not a model dir" in proc.stderr and "Traceback" not in proc.stderr
