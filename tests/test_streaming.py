@@ -64,6 +64,8 @@ def test_resume_in_stream_gives_the_batches_of_an_uninterrupted_run(tokenizer, w
     for a, b in zip(whole, head + tail, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"])  # same rows, same masks
         assert torch.equal(a["labels"], b["labels"])
+    # each row is masked from its own seed: the rows of a batch are not masked alike
+    assert all(len({tuple((b["labels"][i] != -100).tolist()) for i in range(4)}) > 1 for b in whole)
     if packing == "line_by_line":  # padded per batch, to a multiple of 8
         assert any("attention_mask" in b and not b["attention_mask"].all() for b in whole)
         assert all(b["input_ids"].size(1) % 8 == 0 for b in whole)
