@@ -89,15 +89,12 @@ def _rows(ds) -> Iterator[dict]:
     """The rows of a ``datasets.IterableDataset`` in order, in any process.
 
     Inside a dataloader worker, iterating the dataset directly would keep only that
-    worker's share of its files; mlmkit shards documents itself, so it takes the same
-    path as in the main process (the one ``state_dict()`` tracks).
+    worker's share of its files; mlmkit shards documents itself, so it reads through
+    ``iter`` (batches of one row), which reads everything in every process and is the
+    path ``state_dict()`` tracks.
     """
-    prepare = getattr(ds, "_prepare_ex_iterable_for_iteration", None)
-    if prepare is None:
-        yield from ds
-        return
-    for _key, row in prepare():
-        yield row
+    for batch in ds.iter(batch_size=1):
+        yield {k: v[0] for k, v in batch.items()}
 
 
 class FilesSource:
