@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench-head bench-masking eval plot finetune sweep-table clean
+.PHONY: venv train test test-fast lint bench-head bench-masking bench-processes eval plot finetune sweep-table clean
 
 venv: $(STAMP)
 
@@ -59,6 +59,9 @@ bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 
 bench-masking: venv  ## masking strategies vs transformers' collator, batches/s side by side
 	$(BIN)/python benchmarks/masking.py $(ARGS)
+
+bench-processes: venv  ## tokens/s of 1 against 2 processes, scaling efficiency
+	$(BIN)/python benchmarks/process_scaling.py $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
