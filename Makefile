@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench-head bench-masking eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv train test test-fast lint bench-head bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -68,6 +68,9 @@ bench-data-memory: venv  ## peak RSS: map mode on 200 MB, streaming on growing c
 
 tokenizer: venv  ## train a tokenizer, e.g. make tokenizer ARGS="data=files data.train_files=[a.txt] tokenizer.algorithm=bpe out=tok/"
 	$(BIN)/python -m mlmkit.tokenizer $(ARGS)
+
+bench-processes: venv  ## tokens/s of 1 against 2 processes, scaling efficiency
+	$(BIN)/python benchmarks/process_scaling.py $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

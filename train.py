@@ -28,10 +28,26 @@ def main(cfg: DictConfig) -> None:
         train(config, HydraConfig.get().runtime.output_dir)
     except Preempted as exc:
         print(str(exc), file=sys.stderr)
+        _hand_back_signal(exc.signum)
         sys.exit(Preempted.exit_code)
     except MLMKitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+def _hand_back_signal(signum: int | None) -> None:
+    """After the checkpoint, pass a SIGUSR1 on to the handler that was there before training.
+
+    Under Hydra's submitit launcher that is submitit's, which requeues the SLURM job; the
+    requeued job runs the same overrides, and train.resume=auto continues from the checkpoint.
+    """
+    import signal
+
+    if signum is None or signum != getattr(signal, "SIGUSR1", None):
+        return
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
 
 
 def _check_run_dir_override(argv: list[str]) -> None:

@@ -216,3 +216,37 @@ def test_pickled_state_is_loaded_with_weights_only(tmp_path, cache_dir):
     proc = run_train(run, cache_dir, *args, f"train.resume={ckpt}", check=False)
     assert proc.returncode == 2 and "Could not load checkpoint" in proc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_sigusr1_goes_on_to_the_launchers_handler_after_the_checkpoint(tmp_path, cache_dir):
+    """Under Hydra's submitit launcher, submitit's SIGUSR1 handler requeues the SLURM job: it
+    must still run, after mlmkit has saved its checkpoint."""
+    run, marker = tmp_path / "run", tmp_path / "requeued"
+    wrapper = tmp_path / "launcher.py"
+    wrapper.write_text(
+        "import pathlib, runpy, signal, sys\n"
+        "marker, run = sys.argv[1], sys.argv[2]\n"
+        "def requeue(signum, frame):\n"
+        "    ckpts = sorted(pathlib.Path(run, 'checkpoints').glob('step_*'))\n"
+        "    pathlib.Path(marker).write_text(ckpts[-1].name if ckpts else 'none')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGUSR1, requeue)\n"
+        "sys.argv = [sys.argv[3]] + sys.argv[4:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    cmd = [sys.executable, str(wrapper), str(marker), str(run), str(ROOT / "train.py"), *TINY,
+           f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", "train.max_steps=400",
+           "train.log_every=1", "train.save_every=0", "train.eval_every=0", "logger=none"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(_train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]  # the launcher's handler ended the process
+    assert "Stopped by SIGUSR1" in err
+    ckpts = list_checkpoints(run / "checkpoints")
+    assert len(ckpts) == 1 and marker.read_text() == ckpts[0].name  # saved before the hand-back

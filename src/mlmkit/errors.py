@@ -35,3 +35,7 @@ class Preempted(MLMKitError):
     """A signal (SIGTERM, SIGINT, SIGUSR1) stopped the run after a checkpoint was saved."""
 
     exit_code = 75  # EX_TEMPFAIL: try again (train.resume=auto continues the run)
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = signum  # the signal that stopped the run

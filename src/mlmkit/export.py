@@ -62,14 +62,17 @@ or from the command line: `python -m mlmkit.fill_mask path/to/this/dir "The {mas
 
 
 def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, Any],
-                 summary: dict[str, Any]) -> Path:
-    """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md) atomically."""
+                 summary: dict[str, Any], state_dict: dict[str, Any] | None = None) -> Path:
+    """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md) atomically.
+
+    ``state_dict``: the full weights when the model itself is sharded (FSDP, DeepSpeed ZeRO-3).
+    """
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tokenizer.model_max_length = model.config.max_position_embeddings
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    model.save_pretrained(str(tmp), safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(str(tmp))
     (tmp / "README.md").write_text(model_card(model, tokenizer, config, summary))
     if path.exists():

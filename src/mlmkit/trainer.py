@@ -377,6 +377,12 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
                  len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
     accum = grad_accum_steps(tc, world)
+    if accum > 1 and accelerator.distributed_type.value == "DEEPSPEED":
+        raise ConfigError(
+            f"With DeepSpeed, accumulate in DeepSpeed's own config (gradient_accumulation_steps) and "
+            f"keep train.grad_accum_steps=1 (this run derives {accum}); lower "
+            "train.global_batch_size or raise train.batch_size."
+        )
     log.info("Batch: %d sequences per optimizer step = %d per device x %d process(es) x %d "
              "accumulation step(s)", tc.batch_size * world * accum, tc.batch_size, world, accum)
     warn_small_validation(len(val_set), tc.batch_size)
@@ -515,6 +521,8 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             loss_acc += step_loss
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm is not None else math.inf
             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), max_norm)
+            # DeepSpeed clips inside its engine and may report no norm
+            grad_norm = torch.as_tensor(grad_norm if grad_norm is not None else 0.0)
             lr = scheduler.get_last_lr()[0]  # the rate this step used
             # A NaN/Inf loss or gradient skips the update. With fp16 the gradient scaler sees
             # overflows itself (skips the step and lowers its scale), so there only a
@@ -603,7 +611,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                 name = signal.Signals(signals.received).name if signals.received else "a signal"
                 raise Preempted(
                     f"Stopped by {name} at step {step} after saving a checkpoint; continue with "
-                    "train.resume=auto in the same hydra.run.dir."
+                    "train.resume=auto in the same hydra.run.dir.", signum=signals.received,
                 )
 
     if progress is not None:
@@ -613,12 +621,16 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     if not last_eval:  # resumed at max_steps: evaluate the restored weights
         last_eval = evaluate(accelerator, objective, eval_batches)
-    if tc.export and accelerator.is_main_process:
-        final = export_final(
-            accelerator.unwrap_model(objective).model, tokenizer, run_dir / "final",
-            config=asdict(cfg), summary={"step": step, "tokens_seen": tokens_seen, **last_eval, **baseline},
-        )
-        log.info("Exported %s", final)
+    if tc.export:
+        # every rank takes part: FSDP and DeepSpeed ZeRO-3 gather the full weights here
+        state = accelerator.get_state_dict(objective)
+        if accelerator.is_main_process:
+            final = export_final(
+                accelerator.unwrap_model(objective).model, tokenizer, run_dir / "final",
+                config=asdict(cfg), summary={"step": step, "tokens_seen": tokens_seen, **last_eval, **baseline},
+                state_dict={k.removeprefix("model."): v for k, v in state.items()},
+            )
+            log.info("Exported %s", final)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return last_eval
