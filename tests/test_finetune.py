@@ -98,37 +98,3 @@ def test_finetune_user_errors_are_one_sentence(tmp_path):
     proc = run_finetune(f"checkpoint={tmp_path}", f"hydra.run.dir={tmp_path / 'b'}", check=False)
     assert proc.returncode == 2 and "not a model dir" in proc.stderr and "Traceback" not in proc.stderr
 
-
-# Pretraining that gets past the unigram stage (predicting frequent tokens whatever the
-# context) on SST-2's own unlabelled sentences: bert-tiny, blocks of 64, 2,000 steps.
-SST2_PRETRAIN = ["tokenizer.vocab_size=4000", "data=files", "data.txt_sample_by=line",
-                 "data.max_seq_length=64", "data.max_eval_samples=128", "train.batch_size=32",
-                 "train.max_steps=2000", "train.eval_every=1000", "train.save_every=1000",
-                 "train.progress=false", "train.log_every=100", "logger=none"]
-SST2_FINETUNE = ["task=sst2", "max_train_samples=2000", "epochs=2", "lr=1e-3", "max_seq_length=64"]
-
-
-@pytest.mark.slow
-def test_pretraining_beats_random_init_on_sst2_dev(tmp_path, cache_dir):
-    """The same fine-tuning (2,000 labelled sentences, 2 epochs) from an mlmkit checkpoint
-    pretrained on SST-2's unlabelled training sentences, and from random weights."""
-    train_tsv = shared_file("glue/SST-2/train.tsv")
-    text = tmp_path / "sst2_sentences.txt"  # unlabelled: the sentence column only
-    lines = train_tsv.read_text(encoding="utf-8").splitlines()[1:]
-    text.write_text("\n".join(line.split("\t")[0] for line in lines) + "\n")
-    run = tmp_path / "pretrain"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *SST2_PRETRAIN,
-                           f"data.train_files=[{text}]", f"paths.cache_dir={cache_dir}",
-                           f"hydra.run.dir={run}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    scores = {}
-    for init in ("pretrained", "random"):
-        out = tmp_path / init
-        run_finetune(f"checkpoint={run}", *SST2_FINETUNE, f"task.data_dir={train_tsv.parent}",
-                     f"init={init}", f"hydra.run.dir={out}")
-        result = json.loads((out / "results.json").read_text())
-        assert result["eval_examples"] == len(open(train_tsv.parent / "dev.tsv").readlines()) - 1
-        scores[init] = result["eval_accuracy"]
-    assert scores["pretrained"] > scores["random"] + 0.02, scores
