@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench-head bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv train test test-fast lint bench bench-gpu bench-scaling bench-head bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,15 @@ test: venv  ## the test suite (CPU, a few minutes)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+bench: venv  ## Trainer (fp32, bf16) vs mlmkit: tokens/s, ratios, MFU, side by side
+	$(BIN)/python benchmarks/trainer_vs_mlmkit.py $(ARGS)
+
+bench-gpu: venv  ## bert-base seq 128 bf16, mlmkit vs Trainer on a CUDA GPU (ARGS=--tiny on a CPU)
+	$(BIN)/python benchmarks/gpu.py $(ARGS)
+
+bench-scaling: venv  ## tokens/s as sequence length and model size grow (a Markdown table)
+	$(BIN)/python benchmarks/scaling.py $(ARGS)
 
 bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 	$(BIN)/python benchmarks/sparse_head.py $(ARGS)

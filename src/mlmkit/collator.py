@@ -59,7 +59,8 @@ class MLMCollator:
         mlm_probability: share of real tokens chosen for prediction.
         mask_replace_prob: share of the chosen replaced by [MASK].
         random_replace_prob: share of the chosen replaced by a random non-special token.
-        pad_to_multiple_of: pad the batch length up to a multiple of this.
+        pad_to_multiple_of: pad the batch length up to a multiple of this when the batch
+            needs padding at all (rows of equal length stay as they are, without a mask).
         seed: seed of the collator's own generator (None: drawn from torch's global RNG).
             In dataloader workers each worker derives its own stream from the seed and the
             worker's seed, so workers never repeat each other's masks.
@@ -173,7 +174,7 @@ class MLMCollator:
                 for e in examples]
         lengths = torch.tensor([len(s) for s in seqs])
         max_len = int(lengths.max())
-        if self.pad_to_multiple_of:
+        if self.pad_to_multiple_of and int(lengths.min()) < max_len:  # only batches that pad
             m = self.pad_to_multiple_of
             max_len = (max_len + m - 1) // m * m
         if all(len(s) == max_len for s in seqs):

@@ -67,8 +67,14 @@ class ModelConfig:
     # Continued pretraining: a Hugging Face model dir (or hub name) to start from.
     # Its config, weights and tokenizer are used; the size fields above are ignored.
     init_from: str | None = None
-    # Attention kernel: "sdpa" (torch scaled_dot_product_attention, fused kernels) or "eager".
-    attn_implementation: str = "sdpa"
+    # Attention kernel: "auto" (flash_attention_2 on CUDA in bf16/fp16 when flash-attn is
+    # installed, so padding costs no attention; else sdpa), "sdpa" (torch
+    # scaled_dot_product_attention, fused kernels), "flash_attention_2" or "eager".
+    attn_implementation: str = "auto"
+    # Round the vocabulary dimension of the embedding/output matrices up to a multiple of
+    # this (fast matmul shapes); the tokenizer is unchanged and the extra ids are never used.
+    # 1: no rounding. Not applied to model.init_from checkpoints.
+    pad_vocab_multiple: int = 64
     # Compute the vocabulary projection only at the chosen (masked) positions.
     # Same loss and gradients as the full head; several times faster.
     sparse_prediction: bool = True
@@ -87,9 +93,11 @@ class ModelConfig:
             v = getattr(self, key)
             _check(0.0 <= v < 1.0, f"model.{key} must be in [0, 1), got {v}.")
         _check(
-            self.attn_implementation in ("sdpa", "eager"),
-            f"model.attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}.",
+            self.attn_implementation in ("auto", "sdpa", "flash_attention_2", "eager"),
+            "model.attn_implementation must be auto, sdpa, flash_attention_2 or eager, got "
+            f"{self.attn_implementation!r}.",
         )
+        _check(self.pad_vocab_multiple >= 1, "model.pad_vocab_multiple must be at least 1.")
 
 
 @dataclass
@@ -337,6 +345,9 @@ class TrainConfig:
     # or the path of a checkpoint folder.
     resume: str | None = None
     num_workers: int = 0  # dataloader worker processes (0: load in the training process)
+    # torch.compile the encoder (speed only; the first steps pay the compile time). Shapes
+    # stay static with packed data; masking=fixed keeps the head's row count fixed as well.
+    compile: bool = False
     # Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops.
     max_bad_steps: int = 5
     progress: bool = True  # show a progress bar

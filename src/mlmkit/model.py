@@ -18,13 +18,24 @@ log = logging.getLogger(__name__)
 POSITION_BUCKET = 64  # the sparse head's row count is padded to a multiple of this
 
 
+def padded_vocab_size(tokenizer, multiple: int = 1) -> int:
+    """The tokenizer's id range rounded up to a multiple of ``multiple``.
+
+    Matrix kernels run fastest when the vocabulary dimension of the embedding and output
+    matrices is a multiple of 64; the extra rows are never an input and never a target,
+    and the tokenizer itself is unchanged.
+    """
+    vocab = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+    return -(-vocab // multiple) * multiple
+
+
 def bert_config(cfg: ModelConfig, tokenizer):
-    """A ``BertConfig`` for a preset, with the tokenizer's vocabulary and special ids."""
+    """A ``BertConfig`` for a preset, with the tokenizer's vocabulary (padded to a multiple of
+    ``cfg.pad_vocab_multiple``) and special ids."""
     from transformers import BertConfig
 
-    vocab_size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
     return BertConfig(
-        vocab_size=vocab_size,
+        vocab_size=padded_vocab_size(tokenizer, cfg.pad_vocab_multiple),
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_hidden_layers,
         num_attention_heads=cfg.num_attention_heads,
@@ -41,15 +52,43 @@ def bert_config(cfg: ModelConfig, tokenizer):
     )
 
 
-def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None):
+def flash_attn_available() -> bool:
+    """True where the flash-attn package is installed and a CUDA GPU is present."""
+    import importlib.util
+
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: str = "no") -> str:
+    """The transformers attention implementation for ``model.attn_implementation``.
+
+    ``auto``: ``flash_attention_2`` on CUDA in bf16/fp16 with flash-attn installed (padded
+    batches then run through flash-attn's variable-length kernel, padding costs no
+    attention), else ``sdpa``.
+    """
+    if name != "auto":
+        if name == "flash_attention_2" and not flash_attn_available():
+            raise ConfigError("model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
+                              "flash-attn package; use model.attn_implementation=auto or sdpa.")
+        return name
+    if device_type == "cuda" and precision in ("bf16", "fp16") and flash_attn_available():
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
+                attn_implementation: str | None = None):
     """``BertForMaskedLM`` from a size preset, or from ``cfg.init_from`` (continued pretraining).
 
-    Attention runs through torch SDPA (``attn_implementation="sdpa"``), bidirectional.
+    Attention runs through torch SDPA (``attn_implementation="sdpa"``), bidirectional, or
+    flash-attn where ``attn_implementation`` (default: ``cfg.attn_implementation``, with
+    ``auto`` read as ``sdpa``) says so.
     """
     from transformers import BertForMaskedLM
 
+    attn = resolve_attn_implementation(attn_implementation or cfg.attn_implementation)
     if cfg.init_from:
-        model = load_pretrained(cfg.init_from, cfg.attn_implementation)
+        model = load_pretrained(cfg.init_from, attn)
         emb = model.get_input_embeddings().num_embeddings
         vocab = max(tokenizer.get_vocab().values()) + 1
         if vocab > emb:
@@ -67,7 +106,7 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None):
             layer.attention.self.dropout.p = cfg.attention_probs_dropout_prob
     else:
         model = BertForMaskedLM(bert_config(cfg, tokenizer))
-        model.set_attn_implementation(cfg.attn_implementation)
+        model.set_attn_implementation(attn)
     limit = model.config.max_position_embeddings
     if max_seq_length is not None and max_seq_length > limit:
         raise ConfigError(
@@ -123,19 +162,15 @@ class MaskedLM(nn.Module):
         self.sparse_prediction = sparse_prediction
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                targets: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """``positions``/``targets``: ``prediction_positions(labels)``, computed ahead (in the
+        dataloader, on the CPU) so the step needs no host-device synchronisation; without
+        them they are computed here (``nonzero`` waits for the device)."""
         if self.sparse_prediction:
             hidden = self.model.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            flat_labels = labels.reshape(-1)
-            positions = torch.nonzero(flat_labels != IGNORE_INDEX).squeeze(1)
-            targets = flat_labels.index_select(0, positions)
-            # Round the row count up to a multiple of POSITION_BUCKET with ignored rows, so
-            # the head sees a handful of shapes instead of a new one every step (kernel
-            # caches stay bounded; CPU memory otherwise grows with every new shape).
-            extra = -positions.numel() % POSITION_BUCKET
-            if extra:
-                positions = torch.cat([positions, positions.new_zeros(extra)])
-                targets = torch.cat([targets, targets.new_full((extra,), IGNORE_INDEX)])
+            if positions is None or targets is None:
+                positions, targets = prediction_positions(labels)
             hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
             logits = self.model.cls(hidden)
         else:
@@ -147,6 +182,23 @@ class MaskedLM(nn.Module):
         correct = ((logits.argmax(-1) == targets) & valid).sum()
         return {"loss_sum": loss_sum, "n_tokens": valid.sum(), "n_correct": correct, "logits": logits,
                 "targets": targets}
+
+
+def prediction_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices of the chosen positions of ``labels`` and their targets.
+
+    The row count is rounded up to a multiple of POSITION_BUCKET with ignored rows (index
+    0, target IGNORE_INDEX), so the head sees a handful of shapes instead of a new one every
+    step (kernel caches stay bounded; CPU memory otherwise grows with every new shape).
+    """
+    flat_labels = labels.reshape(-1)
+    positions = torch.nonzero(flat_labels != IGNORE_INDEX).squeeze(1)
+    targets = flat_labels.index_select(0, positions)
+    extra = -positions.numel() % POSITION_BUCKET
+    if extra:
+        positions = torch.cat([positions, positions.new_zeros(extra)])
+        targets = torch.cat([targets, targets.new_full((extra,), IGNORE_INDEX)])
+    return positions, targets
 
 
 def count_parameters(model: nn.Module, embeddings: bool = True) -> int:

@@ -1,12 +1,27 @@
 """Speed settings that change nothing but speed, applied in one place.
 
-- mixed precision: ``train.precision=auto`` picks bf16 where the hardware has it (CUDA
-  with bf16, or a CPU with AVX512-BF16/AMX), fp16 on older CUDA GPUs, else fp32;
-- TF32 matmuls on Ampere and newer CUDA GPUs;
-- fused AdamW on CUDA (``optim.build_optimizer``);
-- the vocabulary projection only at masked positions (``model.MaskedLM``);
-- no attention mask for batches without padding, so SDPA takes its fused kernels
-  (``trainer.DropFullAttentionMask``).
+In the order the loop applies them (``trainer.train``):
+
+1. ``apply_speed_settings``: TF32 matmuls on Ampere and newer CUDA GPUs;
+2. mixed precision: ``train.precision=auto`` picks bf16 where the hardware has it (CUDA
+   with bf16, or a CPU with AVX512-BF16/AMX), fp16 on older CUDA GPUs, else fp32
+   (``resolve_precision``; accelerate's autocast);
+3. the model: vocabulary rows padded to a multiple of ``model.pad_vocab_multiple`` (64;
+   the tokenizer unchanged), attention through SDPA, or flash-attn's variable-length
+   kernel on CUDA with flash-attn installed (``model.resolve_attn_implementation``);
+4. the vocabulary projection only at the chosen positions, whose indices the dataloader
+   computes on the CPU (``model.MaskedLM``, ``model.prediction_positions``);
+5. ``compile_encoder``: ``torch.compile`` of the encoder when ``train.compile=true``;
+6. fused AdamW on CUDA (``optim.build_optimizer``);
+7. the dataloader (``trainer.train``): batches with padding padded to a multiple of 8, no
+   attention mask for batches without padding (``trainer.DropFullAttentionMask``; SDPA
+   then takes its fused kernels, and with padding it gets the boolean mask they accept),
+   pinned memory and prefetching workers (``train.num_workers``) on CUDA;
+8. no host-device synchronisation in a step: figures are fetched at log steps only. One
+   remains per optimizer step: the check that the gradient is finite before the update
+   (a non-finite step is skipped; see Reliability in the README).
+
+Recipe choices that change results (dropout, masking) are config settings, not here.
 """
 
 from __future__ import annotations
@@ -48,3 +63,13 @@ def apply_speed_settings() -> None:
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def compile_encoder(model) -> None:
+    """``torch.compile`` the encoder of a ``BertForMaskedLM`` in place (``train.compile``).
+
+    The module compiles in place (``nn.Module.compile``), so parameter names, checkpoints
+    and the exported model are those of the plain model. The head stays eager: its row
+    count changes with the number of chosen positions.
+    """
+    model.bert.compile()

@@ -32,9 +32,16 @@ from mlmkit.errors import ConfigError, DataError, Preempted, TrainingDiverged
 from mlmkit.export import export_final
 from mlmkit.loading import save_run_model_spec
 from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches, majority_baseline
-from mlmkit.model import MaskedLM, build_model, count_parameters
+from mlmkit.model import (
+    MaskedLM,
+    build_model,
+    count_parameters,
+    prediction_positions,
+    resolve_attn_implementation,
+)
 from mlmkit.optim import build_optimizer, build_scheduler
-from mlmkit.runtime import apply_speed_settings, resolve_precision
+from mlmkit.perf import ThroughputMeter, peak_memory_gb, reference_rate
+from mlmkit.runtime import apply_speed_settings, compile_encoder, resolve_precision
 from mlmkit.tokenizer import get_tokenizer
 from mlmkit.tracking import finish_trackers_on_error, log_event, start_trackers, tracker_setup
 
@@ -42,7 +49,8 @@ log = logging.getLogger("mlmkit")
 
 
 class DropFullAttentionMask:
-    """Collate, then drop ``attention_mask`` when the batch has no padding.
+    """Collate, drop ``attention_mask`` when the batch has no padding, and find the chosen
+    positions for the sparse head.
 
     Runs in the dataloader (on the CPU, no device synchronisation); without a mask,
     SDPA can use its fused kernels. Packed blocks never need one.
@@ -55,6 +63,8 @@ class DropFullAttentionMask:
         batch = self.collator(examples)
         if bool(batch["attention_mask"].all()):
             del batch["attention_mask"]
+        if "labels" in batch:
+            batch["positions"], batch["targets"] = prediction_positions(batch["labels"])
         return batch
 
 
@@ -388,11 +398,17 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
     warn_small_validation(len(val_set), tc.batch_size)
 
     # ---- model, objective, optimizer ------------------------------------------------------
-    model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length)
-    log.info("Model %s: %.2fM parameters (%.2fM without embeddings)", cfg.model.name,
-             count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6)
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, accelerator.device.type, precision)
+    model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn)
+    log.info("Model %s: %.2fM parameters (%.2fM without embeddings), attention %s", cfg.model.name,
+             count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6, attn)
     if accelerator.is_main_process:  # config and tokenizer, so any checkpoint can be loaded
         save_run_model_spec(run_dir, model, tokenizer)
+    if tc.compile:
+        compile_encoder(model)
+    peak_rate, peak_source = reference_rate(accelerator.device, precision)
+    meter = ThroughputMeter(model.config, cfg.data.max_seq_length, peak_rate * world)  # all ranks
+    log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
     objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction)
     optimizer = build_optimizer(objective, cfg.optim, accelerator.device.type)
     budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
@@ -572,19 +588,17 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
                     "mlm_probability": mlm_probability,
                     "grad_norm": float(grad_norm),
                     "skipped_steps": skipped_total,
-                    "tokens_per_s": tokens_since / elapsed,
-                    "masked_tokens_per_s": masked / elapsed,
+                    **meter.figures(tokens_since, masked, elapsed),  # tokens/s, masked tokens/s, MFU
+                    "peak_memory_gb": peak_memory_gb(device),
                     "tokens_seen": tokens_seen,
                     "epoch": stream.epoch,
                     "elapsed_s": time_base + time.perf_counter() - t_start,
                     "global_batch_size": tc.batch_size * world * accum,
                 }
-                if torch.cuda.is_available() and device.type == "cuda":
-                    event["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
                 record(event)
-                if progress is not None:
+                if progress is not None:  # tqdm shows the time left itself
                     progress.set_postfix(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
-                                         tok_s=f"{event['tokens_per_s']:.0f}")
+                                         tok_s=f"{event['tokens_per_s']:.0f}", mfu=f"{event['mfu']:.0%}")
                 if not math.isfinite(event["loss"]):
                     log.warning("Step %d: loss is %s", step, event["loss"])
                 loss_acc.zero_()

@@ -1,0 +1,106 @@
+"""The GPU path: bert-base at seq 128 in bf16, mlmkit against transformers' Trainer (bf16).
+
+Both train the same BertConfig sizes on the same tokenizer and packed data for the same
+steps (sized for about two minutes each on an H100-class GPU), with the same batch and
+dataloader workers; the Trainer keeps its other defaults (DataCollatorForLanguageModeling,
+BertConfig's dropout 0.1, the full vocabulary projection), mlmkit its own (dropout 0, head
+at the chosen positions, fused AdamW, TF32, flash-attn where installed). Prints tokens/s,
+the ratio, and MFU against the chip's dense bf16 peak (datasheet; on an unknown chip or a
+CPU, against the bf16 matmul rate measured in this run).
+
+    python benchmarks/gpu.py                 # on a CUDA machine
+    python benchmarks/gpu.py --tiny          # bert-tiny, a few steps: checks the script on a CPU
+    python benchmarks/gpu.py --compile       # mlmkit with train.compile=true as well
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (  # noqa: E402
+    PRESETS,
+    flops_per_token,
+    machine,
+    mlmkit_config,
+    run_mlmkit,
+    run_trainer,
+    tokenizer_and_data,
+)
+
+from mlmkit.model import flash_attn_available  # noqa: E402
+from mlmkit.perf import chip_bf16_peak, measure_matmul_rate  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tiny", action="store_true", help="bert-tiny, 6 steps, batch 16: runs on a CPU")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default bert-base")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 1000; --tiny 6)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 50; --tiny 2)")
+    p.add_argument("--batch", type=int, default=None, help="per device (default 128; --tiny 16)")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--workers", type=int, default=None, help="dataloader workers, both (default 4; --tiny 0)")
+    p.add_argument("--compile", action="store_true", help="also run mlmkit with train.compile=true")
+    args = p.parse_args()
+    tiny = args.tiny
+    preset = args.preset or ("bert-tiny" if tiny else "bert-base")
+    steps = args.steps or (6 if tiny else 1000)
+    warmup = args.warmup if args.warmup is not None else (2 if tiny else 50)
+    batch = args.batch or (16 if tiny else 128)
+    workers = args.workers if args.workers is not None else (0 if tiny else 4)
+    log_every = 1 if tiny else 50
+    if warmup % log_every or steps % log_every:
+        p.error(f"--warmup and --steps must be multiples of {log_every} (mlmkit's log interval)")
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("transformers", "accelerate", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    cuda = torch.cuda.is_available()
+    if not cuda and not tiny:
+        print("No CUDA GPU here; run with --tiny to check the script on a CPU.")
+        sys.exit(2)
+
+    precision = "bf16"
+    cfg = mlmkit_config(preset, args.seq, batch, steps, warmup, 30522, log_every=log_every,
+                        precision=precision)
+    cfg.train.num_workers = workers
+    tokenizer, packed = tokenizer_and_data(cfg)
+    vocab = len(tokenizer)
+    known = chip_bf16_peak() if cuda else None
+    if known:
+        peak, against = known[0], f"{known[1]} dense bf16 peak {known[0] / 1e12:.0f} TFLOP/s (datasheet)"
+    else:
+        peak = measure_matmul_rate(torch.bfloat16, "cuda" if cuda else "cpu")
+        against = f"bf16 matmul rate measured here, {peak / 1e12:.2f} TFLOP/s"
+    print(f"machine: {machine()}; flash-attn {'installed' if flash_attn_available() else 'not installed'}")
+    print(f"model: {preset}, vocab {vocab:,}, batch {batch} x seq {args.seq}, bf16, {workers} workers, "
+          f"{steps} timed steps after {warmup}")
+
+    runs = [("Trainer, bf16=True", lambda: run_trainer("Trainer, bf16=True", cfg, tokenizer, packed["train"],
+                                                       warmup, bf16=True, workers=workers)),
+            ("mlmkit", lambda: run_mlmkit("mlmkit", cfg, warmup))]
+    if args.compile:
+        cfg_c = mlmkit_config(preset, args.seq, batch, steps, warmup, 30522, log_every=log_every,
+                              precision=precision, compile=True, strategy="fixed")
+        cfg_c.train.num_workers = workers
+        runs.append(("mlmkit, compile, fixed masking", lambda: run_mlmkit("mlmkit, compile", cfg_c, warmup)))
+    results = {name: fn() for name, fn in runs}
+
+    print(f"MFU against: {against}")
+    print(f"{'':<34}{'tokens/s':>12}{'model TFLOP/s':>15}{'MFU':>8}{'seconds':>9}")
+    for name, r in results.items():
+        flops = flops_per_token(cfg, vocab, r.predicted_share) * r.tokens_per_s
+        print(f"{name:<34}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.1f}{flops / peak:>8.1%}{r.seconds:>9.1f}")
+    base = results["Trainer, bf16=True"].tokens_per_s
+    for name, r in results.items():
+        if name.startswith("mlmkit"):
+            print(f"ratio {name} / Trainer bf16: {r.tokens_per_s / base:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

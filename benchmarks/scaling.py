@@ -1,0 +1,78 @@
+"""How mlmkit's training cost grows with the work: sequence length 128 -> 512 (bert-mini) and
+model size tiny -> base (seq 128), each through ``mlmkit.train`` with its defaults.
+
+Tokens per step are held at ``--tokens`` (batch = tokens / seq), so each row differs only in
+sequence length or model size. Prints a Markdown table: tokens/s, training FLOPs per token
+(``mlmkit.perf``), model TFLOP/s and MFU against the bf16 (or fp32, where mlmkit runs in
+fp32) matmul rate measured in this run.
+
+    python benchmarks/scaling.py [--steps 6] [--warmup 2] [--tokens 4096] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (  # noqa: E402
+    flops_per_token,
+    machine,
+    matmul_rates,
+    mlmkit_config,
+    run_mlmkit,
+    tokenizer_and_data,
+)
+
+from mlmkit.runtime import resolve_precision  # noqa: E402
+
+GRID = [("bert-mini", 128), ("bert-mini", 256), ("bert-mini", 512),
+        ("bert-tiny", 128), ("bert-small", 128), ("bert-medium", 128), ("bert-base", 128)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=6, help="timed steps per row")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=4096, help="tokens per step (batch x seq)")
+    p.add_argument("--quick", action="store_true", help="bert-tiny at seq 128 and 256 only")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("transformers", "accelerate", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = resolve_precision("auto", use_cpu=device == "cpu")
+    grid = [("bert-tiny", 128), ("bert-tiny", 256)] if args.quick else GRID
+
+    t0 = time.perf_counter()
+    rates = matmul_rates(device)
+    rows = []
+    for preset, seq in grid:
+        batch = max(1, args.tokens // seq)
+        cfg = mlmkit_config(preset, seq, batch, args.steps, args.warmup, 30522)
+        tokenizer, _ = tokenizer_and_data(cfg)
+        logging.getLogger("mlmkit").setLevel(logging.WARNING)
+        r = run_mlmkit(f"{preset} seq {seq}", cfg, args.warmup)
+        fpt = flops_per_token(cfg, len(tokenizer), r.predicted_share)
+        rows.append((preset, seq, batch, r.tokens_per_s, fpt))
+        print(f"  {preset} seq {seq}: {r.tokens_per_s:,.0f} tokens/s", flush=True)
+    after = matmul_rates(device)
+    rates = {k: max(rates[k], after[k]) for k in rates}
+    ref = "bf16" if precision in ("bf16", "fp16") else "fp32"
+
+    print(f"\nmachine: {machine()}; mlmkit precision {precision}; {args.tokens} tokens per step; "
+          f"{ref} matmul rate measured {rates[ref] / 1e12:.2f} TFLOP/s; wall {time.perf_counter() - t0:.0f} s\n")
+    print("| model | seq | batch | tokens/s | GFLOPs/token | model TFLOP/s | MFU |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for preset, seq, batch, tps, fpt in rows:
+        print(f"| {preset} | {seq} | {batch} | {tps:,.0f} | {fpt / 1e9:.3f} | {tps * fpt / 1e12:.3f} | "
+              f"{tps * fpt / rates[ref]:.1%} |")
+
+
+if __name__ == "__main__":
+    main()

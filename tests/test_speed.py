@@ -1,0 +1,250 @@
+"""Speed settings change nothing but speed; the FLOPs formula counts what the model computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mlmkit.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.config import ModelConfig
+from mlmkit.model import MaskedLM, build_model, padded_vocab_size, prediction_positions
+from mlmkit.perf import (
+    ThroughputMeter,
+    model_flops_per_token,
+    peak_memory_gb,
+    train_flops_per_token,
+)
+from mlmkit.trainer import DropFullAttentionMask
+
+SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256)
+
+
+def _model(tokenizer, seed=0, **kw):
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**{**SMALL, **kw}), tokenizer)
+
+
+def _packed(tokenizer, n=8, length=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(10, len(tokenizer), (n, length), generator=g)
+    ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+    return [{"input_ids": r.tolist()} for r in ids]
+
+
+def _ragged(tokenizer, lengths=(9, 20, 31, 14), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(10, len(tokenizer), (n,), generator=g).tolist()
+        rows.append({"input_ids": [tokenizer.cls_token_id, *ids, tokenizer.sep_token_id]})
+    return rows
+
+
+def _train(objective, batches, steps=5, autocast=False, lr=1e-3):
+    """A few AdamW steps; the per-step mean losses."""
+    opt = torch.optim.AdamW(objective.parameters(), lr=lr)
+    losses = []
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = objective(**batch)
+        loss = out["loss_sum"] / out["n_tokens"]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def _batches(tokenizer, examples_fn, n=3, pad8=False, drop_mask=True):
+    collator = MLMCollator(tokenizer, mlm_probability=0.3, seed=0, pad_to_multiple_of=8 if pad8 else None)
+    wrap = DropFullAttentionMask(collator) if drop_mask else collator
+    return [wrap(examples_fn(tokenizer, seed=i)) for i in range(n)]
+
+
+# -- the FLOPs formula ------------------------------------------------------------------
+
+def test_flops_formula_by_hand():
+    # bert-base, seq 128, 15% predicted: 3 x (12 x (8h^2 + 4hi + 4sh) + 0.15 x (2h^2 + 2hV))
+    h, i, s, v = 768, 3072, 128, 30522
+    expected = 3 * (12 * (8 * h * h + 4 * h * i + 4 * s * h) + 0.15 * (2 * h * h + 2 * h * v))
+    assert train_flops_per_token(12, h, i, v, s, 0.15) == pytest.approx(expected)
+    assert expected == pytest.approx(545.6e6, rel=1e-3)
+
+
+def test_flops_formula_matches_counted_matmuls(tokenizer):
+    """The formula equals the matmul FLOPs torch counts in a forward + backward of the sparse head."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = _model(tokenizer, attn_implementation="eager")  # attention as plain matmuls
+    objective = MaskedLM(model)
+    batch = _batches(tokenizer, _packed, n=1)[0]
+    rows = batch["positions"].numel()  # chosen positions, bucketed: what the head computes
+    tokens = batch["input_ids"].numel()
+    with FlopCounterMode(display=False) as counter:
+        out = objective(**batch)
+        out["loss_sum"].backward()
+    counted = counter.get_total_flops()
+    formula = tokens * model_flops_per_token(model.config, batch["input_ids"].size(1), rows / tokens)
+    assert counted == pytest.approx(formula, rel=0.01)
+
+
+def test_throughput_meter_and_peak_memory():
+    from transformers import BertConfig
+
+    config = BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=256)
+    meter = ThroughputMeter(config, 32, reference_flops=1e12)
+    f = meter.figures(tokens=6400, masked=960, seconds=2.0)
+    assert f["tokens_per_s"] == 3200 and f["masked_tokens_per_s"] == 480
+    assert f["mfu"] == pytest.approx(3200 * model_flops_per_token(config, 32, 0.15) / 1e12)
+    assert peak_memory_gb(torch.device("cpu")) > 0.01  # this process holds torch at least
+
+
+# -- the sparse head --------------------------------------------------------------------
+
+@pytest.mark.parametrize("examples", [_packed, _ragged], ids=["packed", "padded"])
+def test_sparse_head_with_positions_from_the_dataloader_equals_full_head(tokenizer, examples):
+    """Loss and gradients of the head at the chosen positions (indices computed in the
+    dataloader), on packed and on padded batches, equal those of the full head."""
+    model = _model(tokenizer)
+    batch = _batches(tokenizer, examples, n=1, pad8=True)[0]
+    assert ("attention_mask" in batch) == (examples is _ragged)
+    results = []
+    for sparse, extra in ((True, {}), (False, {})):
+        model.zero_grad()
+        inputs = batch if sparse else {k: v for k, v in batch.items() if k not in ("positions", "targets")}
+        out = MaskedLM(model, sparse_prediction=sparse)(**inputs, **extra)
+        (out["loss_sum"] / out["n_tokens"]).backward()
+        results.append((out["loss_sum"].detach(), int(out["n_tokens"]),
+                        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (l1, n1, g1), (l2, n2, g2) = results
+    assert n1 == n2 == int((batch["labels"] != IGNORE_INDEX).sum())
+    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-4)
+    assert g1.keys() == g2.keys()
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_prediction_positions_are_bucketed_and_ignored_beyond_the_chosen(tokenizer):
+    labels = torch.full((4, 32), IGNORE_INDEX)
+    labels[0, 3], labels[2, 7], labels[3, 31] = 5, 6, 7
+    positions, targets = prediction_positions(labels)
+    assert positions.numel() == 64 and targets.numel() == 64
+    assert positions[:3].tolist() == [3, 2 * 32 + 7, 3 * 32 + 31] and targets[:3].tolist() == [5, 6, 7]
+    assert (targets[3:] == IGNORE_INDEX).all()
+
+
+# -- attention ----------------------------------------------------------------------------
+
+def test_padded_batch_reaches_sdpa_as_a_boolean_mask_and_packed_without_one(tokenizer, monkeypatch):
+    seen = []
+    original = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, *args, **kwargs):
+        seen.append(attn_mask)
+        return original(q, k, v, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    objective = MaskedLM(_model(tokenizer))
+    objective(**_batches(tokenizer, _ragged, n=1, pad8=True)[0])
+    assert seen and all(m is not None and m.dtype == torch.bool for m in seen)
+    seen.clear()
+    objective(**_batches(tokenizer, _packed, n=1)[0])
+    assert seen and all(m is None for m in seen)  # no mask: SDPA's fused kernels
+
+
+def test_pad_to_multiple_of_only_pads_batches_that_need_padding(tokenizer):
+    collator = MLMCollator(tokenizer, seed=0, pad_to_multiple_of=8)
+    equal = collator(_packed(tokenizer, n=4, length=30))
+    assert equal["input_ids"].shape == (4, 30) and bool(equal["attention_mask"].all())
+    ragged = collator(_ragged(tokenizer))
+    assert ragged["input_ids"].shape == (4, 40)  # 33 rounded up to a multiple of 8
+
+
+# -- each speed setting leaves a short run's loss where the plain run has it -------------
+
+def test_vocab_padding_keeps_the_tokenizer_and_the_loss(tokenizer):
+    plain = _model(tokenizer, pad_vocab_multiple=1)
+    padded = _model(tokenizer, pad_vocab_multiple=64)
+    v = plain.config.vocab_size
+    assert v == padded_vocab_size(tokenizer) and padded.config.vocab_size == padded_vocab_size(tokenizer, 64)
+    assert padded.config.vocab_size % 64 == 0 and padded.config.vocab_size > v
+    # the same weights; the extra rows start at the same small scale as the others
+    state = plain.state_dict()
+    for key, value in padded.state_dict().items():
+        if value.shape == state[key].shape:
+            value.copy_(state[key])
+        else:
+            value[:v].copy_(state[key])
+    batches = _batches(tokenizer, _packed)
+    a = _train(MaskedLM(plain), batches)
+    b = _train(MaskedLM(padded), batches)
+    assert b[-1] == pytest.approx(a[-1], rel=0.01)
+    assert b[0] == pytest.approx(a[0], rel=0.01)
+
+
+@pytest.mark.parametrize("setting", ["sparse_head", "bf16", "pad_to_multiple_of_8", "no_full_mask"])
+def test_speed_setting_keeps_the_loss(tokenizer, setting):
+    """Five AdamW steps with one speed setting on, from the same weights and batches, end at
+    the loss of the plain run (fp32, full head, explicit masks, no extra padding)."""
+    examples = _ragged if setting == "pad_to_multiple_of_8" else _packed
+    plain_batches = _batches(tokenizer, examples, drop_mask=False)
+    for b in plain_batches:
+        b.setdefault("attention_mask", torch.ones_like(b["input_ids"]))
+    batches = plain_batches
+    sparse, autocast, rel = False, False, 1e-4
+    if setting == "sparse_head":
+        sparse = True
+    elif setting == "bf16":
+        autocast, rel = True, 0.02
+    elif setting == "pad_to_multiple_of_8":  # the same masks, the batch padded as the collator pads
+        batches = []
+        for b in plain_batches:
+            extra = -b["input_ids"].size(1) % 8
+            assert extra > 0
+            labels = F.pad(b["labels"], (0, extra), value=IGNORE_INDEX)
+            positions, targets = prediction_positions(labels)
+            batches.append({"input_ids": F.pad(b["input_ids"], (0, extra), value=tokenizer.pad_token_id),
+                            "attention_mask": F.pad(b["attention_mask"], (0, extra), value=0),
+                            "labels": labels, "positions": positions, "targets": targets})
+        sparse = True
+    elif setting == "no_full_mask":
+        batches = _batches(tokenizer, examples)
+        assert "attention_mask" not in batches[0]
+    plain = _train(MaskedLM(_model(tokenizer), sparse_prediction=False), plain_batches)
+    fast = _train(MaskedLM(_model(tokenizer), sparse_prediction=sparse), batches, autocast=autocast)
+    assert plain[-1] < plain[0]  # the run learns, so the comparison means something
+    assert fast == pytest.approx(plain, rel=rel)
+
+
+@pytest.mark.slow
+def test_compiled_encoder_keeps_the_loss_and_the_parameter_names(tokenizer):
+    from mlmkit.runtime import compile_encoder
+
+    batches = _batches(tokenizer, _packed)
+    plain = _train(MaskedLM(_model(tokenizer)), batches)
+    model = _model(tokenizer)
+    names = list(model.state_dict())
+    compile_encoder(model)
+    fast = _train(MaskedLM(model), batches)
+    assert list(model.state_dict()) == names  # checkpoints and export unchanged
+    assert fast == pytest.approx(plain, rel=1e-3)
+
+
+# -- the GPU path -------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_flash_attention_varlen_equals_sdpa_on_padded_batches(tokenizer):
+    from mlmkit.model import flash_attn_available
+
+    if not flash_attn_available():
+        pytest.skip("needs a CUDA GPU and the flash-attn package")
+    batch = {k: v.cuda() for k, v in _batches(tokenizer, _ragged, n=1, pad8=True)[0].items()}
+    outs = []
+    for attn in ("sdpa", "flash_attention_2"):
+        objective = MaskedLM(_model(tokenizer, attn_implementation=attn)).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            outs.append(objective(**batch)["loss_sum"].float())
+    torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=1e-2)
