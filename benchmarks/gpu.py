@@ -95,7 +95,7 @@ def main() -> None:
     print(f"{'':<34}{'tokens/s':>12}{'model TFLOP/s':>15}{'MFU':>8}{'seconds':>9}")
     for name, r in results.items():
         flops = flops_per_token(cfg, vocab, r.predicted_share) * r.tokens_per_s
-        print(f"{name:<34}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.1f}{flops / peak:>8.1%}{r.seconds:>9.1f}")
+        print(f"{name:<34}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.2f}{flops / peak:>8.1%}{r.seconds:>9.1f}")
     base = results["Trainer, bf16=True"].tokens_per_s
     for name, r in results.items():
         if name.startswith("mlmkit"):
