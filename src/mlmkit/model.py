@@ -107,6 +107,7 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
     else:
         model = BertForMaskedLM(bert_config(cfg, tokenizer))
         model.set_attn_implementation(attn)
+        silence_padded_vocab(model, padded_vocab_size(tokenizer))
     limit = model.config.max_position_embeddings
     if max_seq_length is not None and max_seq_length > limit:
         raise ConfigError(
@@ -114,6 +115,22 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
             f"max_position_embeddings ({limit}); lower data.max_seq_length."
         )
     return model
+
+
+PADDED_VOCAB_BIAS = -1e4  # the output bias of the padding ids: exp(-1e4) is 0 in any dtype
+
+
+@torch.no_grad()
+def silence_padded_vocab(model, n_real: int) -> None:
+    """Give the padding ids beyond the tokenizer's ``n_real`` a large negative output bias.
+
+    Their probability is then 0 in every dtype, so the loss, the gradients and the
+    predictions are those of the unpadded model (no gradient reaches those rows either),
+    and a fill-mask pipeline on the exported model never proposes them.
+    """
+    bias = model.cls.predictions.bias
+    if bias.numel() > n_real:
+        bias[n_real:] = PADDED_VOCAB_BIAS
 
 
 def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa"):
