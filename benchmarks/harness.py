@@ -18,6 +18,7 @@ import torch
 from mlmkit.config import (
     Config,
     DataConfig,
+    LoggerConfig,
     MaskingConfig,
     ModelConfig,
     OptimConfig,
@@ -77,6 +78,7 @@ def mlmkit_config(preset: str, seq: int, batch: int, steps: int, warmup: int, vo
                           eval_every=0, save_every=0, progress=False, export=False,
                           precision=precision, compile=compile),
         paths=PathsConfig(cache_dir=".cache/mlmkit"),
+        logger=LoggerConfig(name="none"),  # the Trainer runs with report_to="none" too
     )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import time
@@ -64,7 +65,9 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = mlmkit_config(args.preset, args.seq, args.batch, args.steps, args.warmup, args.vocab)
+    log_every = math.gcd(args.warmup, args.steps)  # mlmkit's events must split warm-up and timed steps
+    cfg = mlmkit_config(args.preset, args.seq, args.batch, args.steps, args.warmup, args.vocab,
+                        log_every=log_every)
     tokenizer, packed = tokenizer_and_data(cfg)
     vocab = len(tokenizer)
     precision = resolve_precision("auto", use_cpu=device == "cpu")
@@ -81,7 +84,7 @@ def main() -> None:
     }
     if not args.skip_dropout:
         cfg_d = mlmkit_config(args.preset, args.seq, args.batch, args.steps, args.warmup, args.vocab,
-                              dropout=0.1)
+                              dropout=0.1, log_every=log_every)
         runs["(d) mlmkit, dropout 0.1"] = lambda n: run_mlmkit(n, cfg_d, args.warmup)
     # Rounds in alternating order (a b c d, d c b a, ...); each variant keeps its best round,
     # so a burst of load from other processes on a shared machine hits no variant alone.

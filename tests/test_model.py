@@ -73,7 +73,7 @@ def test_sparse_head_matches_full_head_loss_and_gradients(tokenizer):
     results = []
     for sparse in (True, False):
         model.zero_grad()
-        out = MaskedLM(model, sparse_prediction=sparse)(**batch)
+        out = MaskedLM(model, sparse_prediction=sparse).eval()(**batch)  # eval: n_correct too
         loss = out["loss_sum"] / out["n_tokens"]
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -41,9 +41,9 @@ def _ragged(tokenizer, lengths=(9, 20, 31, 14), seed=0):
     return rows
 
 
-def _train(objective, batches, steps=5, autocast=False, lr=1e-3):
+def _train(objective, batches, steps=5, autocast=False, lr=1e-3, fused=False):
     """A few AdamW steps; the per-step mean losses."""
-    opt = torch.optim.AdamW(objective.parameters(), lr=lr)
+    opt = torch.optim.AdamW(objective.parameters(), lr=lr, foreach=False, fused=fused)
     losses = []
     for i in range(steps):
         batch = batches[i % len(batches)]
@@ -189,7 +189,8 @@ def test_vocab_padding_keeps_the_tokenizer_and_the_loss(tokenizer):
     assert (padded.cls.predictions.bias[v:] < -1e3).all()
 
 
-@pytest.mark.parametrize("setting", ["sparse_head", "bf16", "pad_to_multiple_of_8", "no_full_mask"])
+@pytest.mark.parametrize("setting", ["sparse_head", "bf16", "pad_to_multiple_of_8", "no_full_mask",
+                                     "fused_adamw"])
 def test_speed_setting_keeps_the_loss(tokenizer, setting):
     """Five AdamW steps with one speed setting on, from the same weights and batches, end at
     the loss of the plain run (fp32, full head, explicit masks, no extra padding)."""
@@ -198,8 +199,10 @@ def test_speed_setting_keeps_the_loss(tokenizer, setting):
     for b in plain_batches:
         b.setdefault("attention_mask", torch.ones_like(b["input_ids"]))
     batches = plain_batches
-    sparse, autocast, rel = False, False, 1e-4
-    if setting == "sparse_head":
+    sparse, autocast, fused, rel = False, False, False, 1e-4
+    if setting == "fused_adamw":
+        fused = True
+    elif setting == "sparse_head":
         sparse = True
     elif setting == "bf16":
         autocast, rel = True, 0.02
@@ -218,7 +221,8 @@ def test_speed_setting_keeps_the_loss(tokenizer, setting):
         batches = _batches(tokenizer, examples)
         assert "attention_mask" not in batches[0]
     plain = _train(MaskedLM(_model(tokenizer), sparse_prediction=False), plain_batches)
-    fast = _train(MaskedLM(_model(tokenizer), sparse_prediction=sparse), batches, autocast=autocast)
+    fast = _train(MaskedLM(_model(tokenizer), sparse_prediction=sparse), batches, autocast=autocast,
+                  fused=fused)
     assert plain[-1] < plain[0]  # the run learns, so the comparison means something
     assert fast == pytest.approx(plain, rel=rel)
 

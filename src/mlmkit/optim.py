@@ -35,8 +35,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
     kwargs = {}
-    if device_type == "cuda":
-        kwargs["fused"] = True  # one kernel for the whole update
+    if device_type in ("cuda", "cpu"):
+        # One kernel for the whole update. On a CPU torch's default is a Python loop over
+        # the tensors, several times slower (a fifth of a bert-mini step).
+        kwargs["fused"] = True
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),
         lr=cfg.lr,
