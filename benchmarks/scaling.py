@@ -6,7 +6,7 @@ sequence length or model size. Prints a Markdown table: tokens/s, training FLOPs
 (``mlmkit.perf``), model TFLOP/s and MFU against the bf16 (or fp32, where mlmkit runs in
 fp32) matmul rate measured in this run.
 
-    python benchmarks/scaling.py [--steps 6] [--warmup 2] [--tokens 4096] [--quick]
+    python benchmarks/scaling.py [--steps 4] [--warmup 2] [--tokens 4096] [--quick]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ GRID = [("bert-mini", 128), ("bert-mini", 256), ("bert-mini", 512),
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=6, help="timed steps per row")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per row")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--tokens", type=int, default=4096, help="tokens per step (batch x seq)")
     p.add_argument("--quick", action="store_true", help="bert-tiny at seq 128 and 256 only")

@@ -75,10 +75,13 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
             batch["attention_mask"] = None
         out = model(**batch)  # the prepared model runs under the run's autocast
         valid = out["targets"] != -100
-        top5 = out["logits"].topk(min(5, out["logits"].size(-1)), dim=-1).indices
+        # top-1 is the first of the top-5 of the fp32 logits, so ties (frequent in bf16 early
+        # in training) break as in ``python -m mlmkit.evaluate``
+        top5 = out["logits"].float().topk(min(5, out["logits"].size(-1)), dim=-1).indices
+        hit1 = (top5[:, 0] == out["targets"]) & valid
         hit5 = (top5 == out["targets"][:, None]).any(-1) & valid
         totals += torch.stack([
-            out["loss_sum"].double(), out["n_tokens"].double(), out["n_correct"].double(),
+            out["loss_sum"].double(), out["n_tokens"].double(), hit1.sum().double(),
             hit5.sum().double(),
         ])
     totals = accelerator.reduce(totals, reduction="sum")
