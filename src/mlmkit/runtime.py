@@ -13,7 +13,8 @@ In the order the loop applies them (``trainer.train``):
    computes on the CPU (``model.MaskedLM``, ``model.prediction_positions``);
 5. ``compile_encoder``: ``torch.compile`` of the encoder when ``train.compile=true``;
 6. fused AdamW on CUDA and CPU (``optim.build_optimizer``);
-7. the dataloader (``trainer.train``): batches with padding padded to a multiple of 8, no
+7. the dataloader (``trainer.train``): batches with padding padded to a multiple of
+   ``data.pad_to_multiple_of`` (8), no
    attention mask for batches without padding (``trainer.DropFullAttentionMask``; SDPA
    then takes its fused kernels, and with padding it gets the boolean mask they accept),
    pinned memory and prefetching workers (``train.num_workers``) on CUDA;
