@@ -14,6 +14,9 @@ from mlmkit.model import count_parameters
 def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]) -> str:
     c = model.config
     mask = tokenizer.mask_token
+    vocab = len(tokenizer)
+    if c.vocab_size > vocab:  # rows padded for fast matmuls, never predicted
+        vocab = f"{vocab} ({c.vocab_size} output rows, padded for fast matmuls)"
     metrics = "\n".join(
         f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
         for k, v in summary.items()
@@ -32,7 +35,7 @@ tags: [bert, fill-mask, mlmkit]
 
 A BERT encoder pretrained with masked language modeling by mlmkit.
 
-- Architecture: BertForMaskedLM (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {c.vocab_size}), {count_parameters(model) / 1e6:.2f}M parameters.
+- Architecture: BertForMaskedLM (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}), {count_parameters(model) / 1e6:.2f}M parameters.
 - Data: {source}, blocks of {data.get("max_seq_length")} tokens.
 - Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
 
