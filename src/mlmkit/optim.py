@@ -36,8 +36,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
     kwargs = {}
     if device_type in ("cuda", "cpu"):
-        # One kernel for the whole update. On a CPU torch's default is a Python loop over
-        # the tensors, several times slower (a fifth of a bert-mini step).
+        # One kernel for the whole update. On a CPU torch's default is a per-tensor loop
+        # (about 15% of a bert-mini step in a profile).
         kwargs["fused"] = True
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),
