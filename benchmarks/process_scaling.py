@@ -44,8 +44,8 @@ def run(processes: int, steps: int, cache: Path, out: Path, gpu: bool) -> float:
     if proc.returncode != 0:
         sys.exit(f"run with {processes} process(es) failed:\n{proc.stderr[-3000:]}")
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rates = [e["tokens_per_s"] for e in events if e["event"] == "train"][1:]
-    return statistics.median(rates)
+    rates = [e["tokens_per_s"] for e in events if e["event"] == "train"]
+    return statistics.median(rates[1:] or rates)  # without the first (start-up) where possible
 
 
 def main() -> None:
