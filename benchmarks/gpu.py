@@ -16,7 +16,6 @@ CPU, against the bf16 matmul rate measured in this run).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -28,6 +27,7 @@ from harness import (  # noqa: E402
     flops_per_token,
     machine,
     mlmkit_config,
+    quiet_logging,
     run_mlmkit,
     run_trainer,
     tokenizer_and_data,
@@ -57,9 +57,7 @@ def main() -> None:
     log_every = 1 if tiny else 50
     if warmup % log_every or steps % log_every:
         p.error(f"--warmup and --steps must be multiples of {log_every} (mlmkit's log interval)")
-    logging.basicConfig(level=logging.WARNING)
-    for name in ("transformers", "accelerate", "datasets"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_logging()
     cuda = torch.cuda.is_available()
     if not cuda and not tiny:
         print("No CUDA GPU here; run with --tiny to check the script on a CPU.")

@@ -8,6 +8,7 @@ leave out the first ``warmup`` steps (kernel selection, allocator warm-up, compi
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -40,6 +41,13 @@ PRESETS = {
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "corpora")
 REAL_TEXT = [os.path.join(SHARED, "gutenberg", "*.txt"), os.path.join(SHARED, "wikitext-2", "valid.txt")]
+
+
+def quiet_logging() -> None:
+    """Warnings only, and errors only from the libraries' own chatter."""
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("transformers", "accelerate", "datasets"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def data_config(seq: int) -> DataConfig:

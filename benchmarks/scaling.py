@@ -25,6 +25,7 @@ from harness import (  # noqa: E402
     machine,
     matmul_rates,
     mlmkit_config,
+    quiet_logging,
     run_mlmkit,
     tokenizer_and_data,
 )
@@ -42,9 +43,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=4096, help="tokens per step (batch x seq)")
     p.add_argument("--quick", action="store_true", help="bert-tiny at seq 128 and 256 only")
     args = p.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    for name in ("transformers", "accelerate", "datasets"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_logging()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     precision = resolve_precision("auto", use_cpu=device == "cpu")
     grid = [("bert-tiny", 128), ("bert-tiny", 256)] if args.quick else GRID

@@ -25,7 +25,6 @@ on this machine (the best of the measurements between rounds).
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import sys
@@ -41,6 +40,7 @@ from harness import (  # noqa: E402
     machine,
     matmul_rates,
     mlmkit_config,
+    quiet_logging,
     run_mlmkit,
     run_trainer,
     tokenizer_and_data,
@@ -60,9 +60,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order; best kept")
     p.add_argument("--skip-dropout", action="store_true", help="leave out variant (d)")
     args = p.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    for name in ("transformers", "accelerate", "datasets"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_logging()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     log_every = math.gcd(args.warmup, args.steps)  # mlmkit's events must split warm-up and timed steps
