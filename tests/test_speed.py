@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mlmkit.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.kernels import cpu_sdpa_attention_forward, cross_entropy_sum, register_cpu_attention
 from mlmkit.config import ModelConfig
 from mlmkit.model import MaskedLM, build_model, padded_vocab_size, prediction_positions
 from mlmkit.perf import (
@@ -20,9 +21,9 @@ from mlmkit.trainer import DropFullAttentionMask
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256)
 
 
-def _model(tokenizer, seed=0, **kw):
+def _model(tokenizer, seed=0, attn_implementation=None, **kw):
     torch.manual_seed(seed)
-    return build_model(ModelConfig(**{**SMALL, **kw}), tokenizer)
+    return build_model(ModelConfig(**{**SMALL, **kw}), tokenizer, attn_implementation=attn_implementation)
 
 
 def _packed(tokenizer, n=8, length=32, seed=0):
@@ -190,7 +191,7 @@ def test_vocab_padding_keeps_the_tokenizer_and_the_loss(tokenizer):
 
 
 @pytest.mark.parametrize("setting", ["sparse_head", "bf16", "pad_to_multiple_of_8", "no_full_mask",
-                                     "fused_adamw"])
+                                     "fused_adamw", "cpu_bf16_attention"])
 def test_speed_setting_keeps_the_loss(tokenizer, setting):
     """Five AdamW steps with one speed setting on, from the same weights and batches, end at
     the loss of the plain run (fp32, full head, explicit masks, no extra padding)."""
@@ -204,7 +205,7 @@ def test_speed_setting_keeps_the_loss(tokenizer, setting):
         fused = True
     elif setting == "sparse_head":
         sparse = True
-    elif setting == "bf16":
+    elif setting in ("bf16", "cpu_bf16_attention"):
         autocast, rel = True, 0.02
     elif setting == "pad_to_multiple_of_8":  # the same masks, the batch padded as the collator pads
         batches = []
@@ -221,8 +222,9 @@ def test_speed_setting_keeps_the_loss(tokenizer, setting):
         batches = _batches(tokenizer, examples)
         assert "attention_mask" not in batches[0]
     plain = _train(MaskedLM(_model(tokenizer), sparse_prediction=False), plain_batches)
-    fast = _train(MaskedLM(_model(tokenizer), sparse_prediction=sparse), batches, autocast=autocast,
-                  fused=fused)
+    attn = {"attn_implementation": register_cpu_attention()} if setting == "cpu_bf16_attention" else {}
+    fast = _train(MaskedLM(_model(tokenizer, **attn), sparse_prediction=sparse), batches,
+                  autocast=autocast, fused=fused)
     assert plain[-1] < plain[0]  # the run learns, so the comparison means something
     assert fast == pytest.approx(plain, rel=rel)
 
@@ -256,3 +258,69 @@ def test_flash_attention_varlen_equals_sdpa_on_padded_batches(tokenizer):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             outs.append(objective(**batch)["loss_sum"].float())
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=1e-2)
+
+
+# -- the CPU kernels (mlmkit.kernels) -----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_blockwise_cross_entropy_equals_torch(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(37, 301, generator=g) * 4).to(dtype)  # 37 rows: not a multiple of the block
+    targets = torch.randint(0, 301, (37,), generator=g)
+    targets[[3, 20, 36]] = IGNORE_INDEX
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    ours = cross_entropy_sum(a, targets)
+    ref = F.cross_entropy(b.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    assert ours.dtype == torch.float32 and ours.item() == pytest.approx(ref.item(), rel=1e-6)
+    (ours * 0.5).backward()
+    (ref * 0.5).backward()
+    assert a.grad.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-6  # the same fp32 values, rounded to the dtype
+    torch.testing.assert_close(a.grad.float(), b.grad.float(), rtol=tol, atol=tol * 1e-2)
+    assert (a.grad[[3, 20, 36]] == 0).all()  # ignored rows get no gradient
+
+
+def test_cpu_bf16_attention_is_sdpa_forward_with_a_more_exact_backward():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 24, 16, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    grad = torch.randn(2, 24, 4, 16, generator=g).to(torch.bfloat16)
+    module = torch.nn.Module()
+    ours, _ = cpu_sdpa_attention_forward(module, q, k, v, None, scaling=0.25)
+    ref = F.scaled_dot_product_attention(q, k, v, scale=0.25).transpose(1, 2)
+    assert torch.equal(ours, ref)  # the same fused bf16 forward
+    d_ours = torch.autograd.grad(ours, (q, k, v), grad)
+    d_bf16 = torch.autograd.grad(ref, (q, k, v), grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    exact = F.scaled_dot_product_attention(q64, k64, v64, scale=0.25).transpose(1, 2)
+    d_exact = torch.autograd.grad(exact, (q64, k64, v64), grad.double())
+    for mine, bf16, ex in zip(d_ours, d_bf16, d_exact):
+        assert mine.dtype == torch.bfloat16
+        err, err_bf16 = (mine.double() - ex).abs().max(), (bf16.double() - ex).abs().max()
+        assert err <= err_bf16 * 1.01 and err < 0.05
+
+
+def test_cpu_bf16_attention_leaves_masks_and_inference_to_sdpa(monkeypatch):
+    calls = []
+    original = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(kw.get("attn_mask", a[3] if len(a) > 3 else None))
+                        or original(*a, **kw))
+    q = torch.randn(1, 2, 8, 4).to(torch.bfloat16)
+    module = torch.nn.Module()
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    cpu_sdpa_attention_forward(module, q, q, q, mask)
+    with torch.no_grad():
+        cpu_sdpa_attention_forward(module, q, q, q, None)
+    assert len(calls) == 2 and calls[0] is mask
+    calls.clear()
+    cpu_sdpa_attention_forward(module, q.float().requires_grad_(), q.float(), q.float(), None)
+    assert len(calls) == 1  # fp32: transformers' SDPA path
+
+
+def test_auto_attention_on_cpu_picks_the_kernel_for_bf16_only():
+    from mlmkit.model import resolve_attn_implementation
+
+    assert resolve_attn_implementation("auto", "cpu", "bf16") == "mlmkit_cpu_sdpa"
+    assert resolve_attn_implementation("auto", "cpu", "no") == "sdpa"
+    assert resolve_attn_implementation("sdpa", "cpu", "bf16") == "sdpa"

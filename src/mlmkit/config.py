@@ -507,6 +507,7 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1  # share of the steps with linear warmup, then linear decay
     classifier_dropout: float = 0.1  # dropout before the classification layer
+    pooling: str = "cls"  # cls: the [CLS] state (BERT) | mean: mean of the token states, padding excluded
     precision: str = "auto"  # auto | no | fp16 | bf16
     seed: int = 0
     save_model: bool = False  # also write the fine-tuned model to <run dir>/model
@@ -519,6 +520,7 @@ class FinetuneConfig:
         _check(self.batch_size >= 1 and self.epochs > 0 and self.lr > 0,
                "batch_size, epochs and lr must be positive.")
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
+        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
         _check(self.precision in ("auto", "no", "fp16", "bf16"),
                f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
 

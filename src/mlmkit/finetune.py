@@ -121,7 +121,12 @@ def build_classifier(cfg: FinetuneConfig):
     config.classifier_dropout = cfg.classifier_dropout
     config._attn_implementation = "sdpa"
     torch.manual_seed(cfg.seed)  # pooler and classifier init: the same for both inits
-    model = BertForSequenceClassification(config)
+    if cfg.pooling == "mean":
+        from mlmkit.classifier import MeanPoolBertForSequenceClassification
+
+        model = MeanPoolBertForSequenceClassification(config)
+    else:
+        model = BertForSequenceClassification(config)
     if cfg.init == "pretrained":
         missing, unexpected = model.bert.load_state_dict(mlm.bert.state_dict(), strict=False)
         assert not unexpected and all(k.startswith("pooler.") for k in missing), (missing, unexpected)

@@ -12,6 +12,7 @@ from torch import nn
 from mlmkit.collator import IGNORE_INDEX
 from mlmkit.config import ModelConfig
 from mlmkit.errors import ConfigError
+from mlmkit.kernels import cross_entropy_sum
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
 
     ``auto``: ``flash_attention_2`` on CUDA in bf16/fp16 with flash-attn installed (padded
     batches then run through flash-attn's variable-length kernel, padding costs no
-    attention), else ``sdpa``.
+    attention), else ``sdpa``; on a CPU in bf16, ``mlmkit_cpu_sdpa`` (``mlmkit.kernels``:
+    the same fused bf16 forward, with the faster fp32 fused backward).
     """
     if name != "auto":
         if name == "flash_attention_2" and not flash_attn_available():
@@ -73,6 +75,10 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
         return name
     if device_type == "cuda" and precision in ("bf16", "fp16") and flash_attn_available():
         return "flash_attention_2"
+    if device_type == "cpu" and precision == "bf16":
+        from mlmkit.kernels import register_cpu_attention
+
+        return register_cpu_attention()
     return "sdpa"
 
 
@@ -194,7 +200,7 @@ class MaskedLM(nn.Module):
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
             logits = logits.reshape(-1, logits.size(-1))
             targets = labels.reshape(-1)
-        loss_sum = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        loss_sum = cross_entropy_sum(logits, targets)
         valid = targets != IGNORE_INDEX
         # Accuracy is an evaluation figure: a training step skips the argmax over the
         # vocabulary (about a tenth of a bert-mini step on a CPU).
