@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench bench-gpu bench-scaling bench-head bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv train test test-fast lint bench bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -65,6 +65,9 @@ bench-scaling: venv  ## tokens/s as sequence length and model size grow (a Markd
 
 bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 	$(BIN)/python benchmarks/sparse_head.py $(ARGS)
+
+bench-kernels: venv  ## mlmkit's CPU kernels (head loss, bf16 attention) vs the plain torch ops
+	$(BIN)/python benchmarks/kernels.py $(ARGS)
 
 bench-masking: venv  ## masking strategies vs transformers' collator, batches/s side by side
 	$(BIN)/python benchmarks/masking.py $(ARGS)

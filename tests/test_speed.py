@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from mlmkit.collator import IGNORE_INDEX, MLMCollator
-from mlmkit.kernels import cpu_sdpa_attention_forward, cross_entropy_sum, register_cpu_attention
 from mlmkit.config import ModelConfig
+from mlmkit.kernels import cpu_sdpa_attention_forward, cross_entropy_sum, register_cpu_attention
 from mlmkit.model import MaskedLM, build_model, padded_vocab_size, prediction_positions
 from mlmkit.perf import (
     ThroughputMeter,

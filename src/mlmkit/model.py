@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mlmkit.collator import IGNORE_INDEX
