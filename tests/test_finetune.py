@@ -98,3 +98,39 @@ def test_finetune_user_errors_are_one_sentence(tmp_path):
     proc = run_finetune(f"checkpoint={tmp_path}", f"hydra.run.dir={tmp_path / 'b'}", check=False)
     assert proc.returncode == 2 and "not a model dir" in proc.stderr and "Traceback" not in proc.stderr
 
+
+
+def test_mean_pooling_reads_the_token_states_without_padding(tmp_path):
+    import torch
+    from transformers import BertConfig
+
+    from mlmkit.classifier import MeanPoolBertForSequenceClassification, masked_mean
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, num_labels=2, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = MeanPoolBertForSequenceClassification(config).eval()
+    ids = torch.tensor([[2, 7, 9, 3, 0, 0], [2, 5, 6, 8, 11, 3]])
+    mask = (ids != 0).long()
+    out = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1]))
+    hidden = model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    pooled = model.bert.pooler.activation(model.bert.pooler.dense(hidden[0, :4].mean(0)))
+    torch.testing.assert_close(out.logits[0], model.classifier(pooled))  # padding left out
+    assert out.loss is not None and out.loss.item() > 0
+    # the padded row scores as it does alone, without padding
+    alone = model(input_ids=ids[:1, :4]).logits
+    torch.testing.assert_close(out.logits[:1], alone, rtol=1e-4, atol=1e-5)
+    assert torch.equal(masked_mean(hidden, None), hidden.mean(1))
+    model.save_pretrained(tmp_path)
+    again = MeanPoolBertForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert again.config.classifier_pooling == "mean"
+    torch.testing.assert_close(again(input_ids=ids, attention_mask=mask).logits, out.logits)
+
+
+def test_finetune_pooling_setting_is_checked():
+    from mlmkit.config import FinetuneConfig
+    from mlmkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pooling must be cls or mean"):
+        FinetuneConfig(checkpoint="x", pooling="max")

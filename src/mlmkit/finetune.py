@@ -4,6 +4,7 @@
     python -m mlmkit.finetune checkpoint=outputs/<run> task=cola task.data_dir=../shared/data/glue/CoLA
     python -m mlmkit.finetune checkpoint=outputs/<run> task=rte task.data_dir=../shared/data/glue/RTE
     python -m mlmkit.finetune ... init=random          # same architecture from scratch
+    python -m mlmkit.finetune ... pooling=mean         # classify from the mean token state
 
 ``BertForSequenceClassification`` takes the checkpoint's encoder; the pooler and the
 classifier start from a seeded random init, the same one for ``init=random``, so the two
