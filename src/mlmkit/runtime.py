@@ -8,9 +8,12 @@ In the order the loop applies them (``trainer.train``):
    (``resolve_precision``; accelerate's autocast);
 3. the model: vocabulary rows padded to a multiple of ``model.pad_vocab_multiple`` (64;
    the tokenizer unchanged), attention through SDPA, or flash-attn's variable-length
-   kernel on CUDA with flash-attn installed (``model.resolve_attn_implementation``);
+   kernel on CUDA with flash-attn installed, or on a CPU in bf16 the fused bf16 forward
+   with the faster fp32 fused backward (``model.resolve_attn_implementation``,
+   ``kernels.cpu_sdpa_attention_forward``);
 4. the vocabulary projection only at the chosen positions, whose indices the dataloader
-   computes on the CPU (``model.MaskedLM``, ``model.prediction_positions``);
+   computes on the CPU (``model.MaskedLM``, ``model.prediction_positions``), and on a CPU
+   the loss over those logits a block of rows at a time (``kernels.cross_entropy_sum``);
 5. ``compile_encoder``: ``torch.compile`` of the encoder when ``train.compile=true``;
 6. fused AdamW on CUDA and CPU (``optim.build_optimizer``);
 7. the dataloader (``trainer.train``): batches with padding padded to a multiple of
