@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-fast lint bench bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv train test test-long test-fast lint bench bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,9 @@ sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/
 
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest -q $(ARGS)
+
+test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~15 min)
+	$(BIN)/python -m pytest -q -m long $(ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)

@@ -134,3 +134,46 @@ def test_finetune_pooling_setting_is_checked():
 
     with pytest.raises(ConfigError, match="pooling must be cls or mean"):
         FinetuneConfig(checkpoint="x", pooling="max")
+
+
+@pytest.mark.long
+def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
+    """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
+    the text of SST-2's training phrases, labels unused, then fine-tuned on 2,000 labelled
+    phrases, scores higher on GLUE's SST-2 dev sentences (test.tsv here) than the same
+    fine-tuning from a random init. About 13 minutes on 2 CPU cores, most of it pretraining.
+
+    Measured while the recipe was chosen: at lr 2e-3 with 15% masking, bert-mini was still
+    on the unigram plateau after 3,000 steps (12% accuracy) and fine-tuned worse than a
+    random init; at lr 1e-3 with 40% masking it leaves the plateau after 1,000-1,500 steps.
+    On the 2-core CPU this recipe reached 41% masked-token accuracy and fine-tuned to 0.7064
+    against 0.7018 from a random init: a thin margin (4 of 872 sentences), so the test runs
+    apart from `make test` (`make test-long`).
+    """
+    sst = shared_file("glue/SST-2/train.tsv")
+    import csv
+
+    with open(sst, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    corpus = tmp_path / "sst2_train_text.txt"
+    corpus.write_text("\n".join(dict.fromkeys(r[0].strip() for r in rows)) + "\n", encoding="utf-8")
+    run = tmp_path / "pretrain"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "model=bert-mini", "masking=mask40", "optim.lr=1e-3",
+         "optim.warmup_steps=200", "data=files", f"data.train_files=[{corpus}]", "data.txt_sample_by=line",
+         "data.max_seq_length=64", "train.batch_size=64", "train.max_steps=3000",
+         "train.eval_every=1000", "train.save_every=3000", "tokenizer.vocab_size=8192",
+         "train.progress=false", "logger=none", f"paths.cache_dir={tmp_path / 'cache'}",
+         f"hydra.run.dir={run}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    accuracy = {}
+    for init in ("pretrained", "random"):
+        out = tmp_path / init
+        run_finetune(f"checkpoint={run}", "task=sst2", f"task.data_dir={sst.parent}", "task.eval_file=test.tsv",
+                     f"init={init}", "pooling=mean", "max_train_samples=2000", "epochs=3", "lr=3e-4",
+                     "max_seq_length=64", f"hydra.run.dir={out}")
+        result = json.loads((out / "results.json").read_text())
+        assert result["eval_examples"] == 872
+        accuracy[init] = result["eval_accuracy"]
+    assert accuracy["pretrained"] > accuracy["random"], accuracy

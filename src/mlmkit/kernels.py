@@ -91,7 +91,8 @@ def cpu_sdpa_attention_forward(module, query, key, value, attention_mask, dropou
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if (query.device.type != "cpu" or query.dtype != torch.bfloat16 or attention_mask is not None
-            or dropout > 0.0 or getattr(module, "is_causal", False) or not torch.is_grad_enabled()
+            or dropout > 0.0 or kwargs.get("is_causal", getattr(module, "is_causal", False))
+            or not torch.is_grad_enabled()
             or query.shape[-1] != value.shape[-1] or query.shape[1] != key.shape[1]):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
