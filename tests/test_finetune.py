@@ -136,6 +136,7 @@ def test_finetune_pooling_setting_is_checked():
         FinetuneConfig(checkpoint="x", pooling="max")
 
 
+@pytest.mark.slow
 @pytest.mark.long
 def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
     """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
