@@ -51,7 +51,7 @@ sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest -q $(ARGS)
 
-test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~15 min)
+test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~25 min on 2 cores)
 	$(BIN)/python -m pytest -q -m long $(ARGS)
 
 test-fast: venv

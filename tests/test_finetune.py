@@ -142,14 +142,15 @@ def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
     """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
     the text of SST-2's training phrases, labels unused, then fine-tuned on 2,000 labelled
     phrases, scores higher on GLUE's SST-2 dev sentences (test.tsv here) than the same
-    fine-tuning from a random init. About 13 minutes on 2 CPU cores, most of it pretraining.
+    fine-tuning from a random init, on average over three fine-tuning seeds. About 25 minutes
+    on 2 CPU cores, most of it pretraining.
 
-    Measured while the recipe was chosen: at lr 2e-3 with 15% masking, bert-mini was still
-    on the unigram plateau after 3,000 steps (12% accuracy) and fine-tuned worse than a
-    random init; at lr 1e-3 with 40% masking it leaves the plateau after 1,000-1,500 steps.
-    On the 2-core CPU this recipe reached 41% masked-token accuracy and fine-tuned to 0.7064
-    against 0.7018 from a random init: a thin margin (4 of 872 sentences), so the test runs
-    apart from `make test` (`make test-long`).
+    Measured while the recipe was chosen (2 CPU cores): at lr 2e-3 with 15% masking,
+    bert-mini was still on the unigram plateau after 3,000 steps (12% accuracy) and
+    fine-tuned worse than a random init; at lr 1e-3 with 40% masking it leaves the plateau
+    after 1,000-1,500 steps. Two runs of this test's recipe reached 51% and 54% masked-token
+    accuracy and fine-tuned to a mean of 0.7412 and 0.7209 against 0.6923 and 0.6988 from a
+    random init (margins of 4.9 and 2.2 points), every seed ahead.
     """
     sst = shared_file("glue/SST-2/train.tsv")
     import csv
@@ -163,18 +164,25 @@ def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "model=bert-mini", "masking=mask40", "optim.lr=1e-3",
          "optim.warmup_steps=200", "data=files", f"data.train_files=[{corpus}]", "data.txt_sample_by=line",
-         "data.max_seq_length=64", "train.batch_size=64", "train.max_steps=3000",
-         "train.eval_every=1000", "train.save_every=3000", "tokenizer.vocab_size=8192",
+         "data.max_seq_length=64", "train.batch_size=64", "train.max_steps=4000",
+         "train.eval_every=1000", "train.save_every=4000", "tokenizer.vocab_size=8192",
          "train.progress=false", "logger=none", f"paths.cache_dir={tmp_path / 'cache'}",
          f"hydra.run.dir={run}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    accuracy = {}
-    for init in ("pretrained", "random"):
-        out = tmp_path / init
-        run_finetune(f"checkpoint={run}", "task=sst2", f"task.data_dir={sst.parent}", "task.eval_file=test.tsv",
-                     f"init={init}", "pooling=mean", "max_train_samples=2000", "epochs=3", "lr=3e-4",
-                     "max_seq_length=64", f"hydra.run.dir={out}")
-        result = json.loads((out / "results.json").read_text())
-        assert result["eval_examples"] == 872
-        accuracy[init] = result["eval_accuracy"]
-    assert accuracy["pretrained"] > accuracy["random"], accuracy
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    mlm_accuracy = [e["eval_accuracy"] for e in events if e.get("event") == "eval"][-1]
+    # below this the model is still on the unigram plateau, and no fine-tuning gain is expected
+    assert mlm_accuracy > 0.30, f"pretraining ended at {mlm_accuracy:.3f} masked-token accuracy"
+    accuracy = {"pretrained": [], "random": []}
+    for seed in (0, 1, 2):
+        for init in accuracy:
+            out = tmp_path / f"{init}-{seed}"
+            run_finetune(f"checkpoint={run}", "task=sst2", f"task.data_dir={sst.parent}",
+                         "task.eval_file=test.tsv", f"init={init}", f"seed={seed}", "pooling=mean",
+                         "max_train_samples=2000", "epochs=3", "lr=3e-4", "max_seq_length=64",
+                         f"hydra.run.dir={out}")
+            result = json.loads((out / "results.json").read_text())
+            assert result["eval_examples"] == 872
+            accuracy[init].append(result["eval_accuracy"])
+    mean = {init: sum(values) / len(values) for init, values in accuracy.items()}
+    assert mean["pretrained"] > mean["random"], accuracy
