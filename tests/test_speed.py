@@ -103,6 +103,27 @@ def test_throughput_meter_and_peak_memory():
     assert peak_memory_gb(torch.device("cpu")) > 0.01  # this process holds torch at least
 
 
+def test_in_run_mfu_reference_takes_the_benchmarks_best_matmul_size(monkeypatch):
+    """On a CPU the 1,024-square bf16 product can run at about half the 2,048-square rate;
+    the run's MFU reference must be the best size, as in ``make bench``, or MFU reads double."""
+    from mlmkit import perf
+
+    measure = perf.measure_matmul_rate
+    by_size = {1024: 1.0e12, 2048: 1.8e12}
+
+    def fake(dtype, device, n=None, min_seconds=0.5, repeats=3):
+        return measure(dtype, device, None, min_seconds, repeats) if n is None else by_size[n]
+
+    monkeypatch.setattr(perf, "measure_matmul_rate", fake)
+    perf.reference_rate.cache_clear()
+    try:
+        rate, how = perf.reference_rate(torch.device("cpu"), "bf16")
+        assert perf.measure_matmul_rate(torch.bfloat16, "cpu") == rate == 1.8e12  # as the benchmarks
+        assert "bfloat16" in how
+    finally:
+        perf.reference_rate.cache_clear()
+
+
 # -- the sparse head --------------------------------------------------------------------
 
 @pytest.mark.parametrize("examples", [_packed, _ragged], ids=["packed", "padded"])

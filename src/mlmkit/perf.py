@@ -124,8 +124,8 @@ def reference_rate(device: torch.device, precision: str) -> tuple[float, str]:
 
     ``precision`` is the accelerate value (``bf16``, ``fp16``, ``no``). A known GPU in
     bf16/fp16: its datasheet dense peak. Otherwise: the matmul rate measured now in the
-    run's compute dtype (a short measurement, under a second; ``benchmarks/`` measure
-    longer).
+    run's compute dtype, at the sizes ``benchmarks/`` use (a short measurement, about a
+    second; the benchmarks time longer).
     """
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         known = chip_bf16_peak(device)
@@ -134,8 +134,9 @@ def reference_rate(device: torch.device, precision: str) -> tuple[float, str]:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     if device.type not in ("cuda", "cpu"):
         dtype = torch.float32
-    n = 8192 if device.type == "cuda" else 1024
-    rate = measure_matmul_rate(dtype, device, n=n, min_seconds=0.1, repeats=3)
+    # the same sizes as the benchmarks (on a CPU a 1,024-square product can run at about
+    # half the 2,048-square rate, which would double the MFU figure), shorter timings
+    rate = measure_matmul_rate(dtype, device, min_seconds=0.1, repeats=3)
     name = str(dtype).replace("torch.", "")
     return rate, f"measured {name} matmul rate on this {device.type}"
 
