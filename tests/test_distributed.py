@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +16,28 @@ COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "tr
           "train.precision=no", "logger=none"]
 
 
+def run_launch(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the launch did not end within {timeout} s (a rank left waiting in a "
+                             f"collective?):\n{err[-4000:]}") from None
+    assert proc.returncode == 0, err[-4000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def launch_two(run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     accelerate = Path(sys.executable).with_name("accelerate")
     cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"), *TINY,
            f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    return run_launch(cmd, timeout=900)
 
 
 @pytest.mark.slow
@@ -53,3 +67,64 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
     for x, y in zip(b, c):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6)
     assert events(resumed, "eval")[-1]["eval_loss"] == pytest.approx(eb["eval_loss"], rel=1e-6)
+
+
+def launch_fsdp(run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """Two CPU processes under accelerate's FSDP2 engine, configured by conf/accelerate/fsdp.yaml."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "conf" / "accelerate" / "fsdp.yaml"),
+           "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "fsdp_on_cpu.py"),
+           *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
+    return run_launch(cmd, timeout=300)
+
+
+@pytest.mark.slow
+def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, cache_dir):
+    """FSDP2 (full shard per BertLayer, sharded state dicts): the same losses as DDP, each rank
+    writes its shard, a resumed run continues exactly, and final/ holds the gathered weights.
+
+    Five evaluation batches over two ranks: the rank with fewer must still take part in
+    every forward, which under FSDP gathers the weights from all ranks."""
+    import torch
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    fsdp_args = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train.eval_every=5"]
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    launch_two(ddp, cache_dir, *fsdp_args)
+    launch_fsdp(fsdp, cache_dir, *fsdp_args)
+    a, b = events(ddp, "train"), events(fsdp, "train")
+    assert [e["step"] for e in b] == list(range(1, 11))
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
+    assert events(fsdp, "eval")[-1]["eval_loss"] == pytest.approx(events(ddp, "eval")[-1]["eval_loss"], rel=1e-4)
+
+    # Each rank wrote its own shard of the weights and of the optimizer state.
+    ckpt = fsdp / "checkpoints" / "step_0000010"
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(p.name for p in (ckpt / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    # final/ is one plain model: the full tensors the shards hold together.
+    dcp_to_torch_save(ckpt / "pytorch_model_fsdp_0", tmp_path / "gathered.pt")
+    shards = torch.load(tmp_path / "gathered.pt")["model"]
+    gathered = {k.removeprefix("model."): v for k, v in shards.items()}
+    final = load_file(fsdp / "final" / "model.safetensors")
+    assert final and set(final) <= set(gathered)
+    for name, tensor in final.items():
+        assert torch.equal(tensor, gathered[name]), name
+    ddp_final = load_file(ddp / "final" / "model.safetensors")
+    assert set(final) == set(ddp_final)
+    for name, tensor in final.items():
+        assert tensor.shape == ddp_final[name].shape, name
+
+    # Resumed from the sharded step-5 checkpoint, the run ends where it ended.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(fsdp, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_0000010")
+    shutil.rmtree(resumed / "final")
+    launch_fsdp(resumed, cache_dir, *fsdp_args, "train.resume=auto")
+    assert "Resumed from" in (resumed / "train.log").read_text()
+    for x, y in zip(b, events(resumed, "train")):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6)
+    resumed_final = load_file(resumed / "final" / "model.safetensors")
+    for name, tensor in final.items():
+        assert torch.allclose(tensor, resumed_final[name], rtol=1e-5, atol=1e-6), name

@@ -60,3 +60,47 @@ def test_eval_masks_do_not_depend_on_the_training_strategy(tokenizer):
         other = fixed_eval_batches(ds, tokenizer, masking, batch_size=16)
         assert all(torch.equal(x["labels"], y["labels"]) and torch.equal(x["input_ids"], y["input_ids"])
                    for x, y in zip(base, other))
+
+
+class _Ranks:
+    """The parts of an Accelerator that ``evaluate`` uses, for one rank of ``world``."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.process_index, self.num_processes, self.device = rank, world, torch.device("cpu")
+        self.reduced = None
+
+    def reduce(self, tensor, reduction):
+        self.reduced = tensor.clone()
+        return tensor
+
+
+class _CountingModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, input_ids, labels, attention_mask=None):
+        self.calls += 1
+        chosen = labels != -100
+        targets = labels[chosen]
+        logits = torch.nn.functional.one_hot(input_ids[chosen] % 11, 11).float()
+        return {"loss_sum": logits[:, 0].sum() + targets.numel(), "n_tokens": chosen.sum(),
+                "logits": logits, "targets": targets % 11}
+
+
+def test_every_rank_runs_the_same_number_of_eval_forwards_and_counts_each_batch_once(tokenizer):
+    """Under FSDP or ZeRO-3 each forward is a collective: a rank short of a batch still runs it."""
+    from mlmkit.metrics import evaluate
+
+    batches = fixed_eval_batches(_dataset(tokenizer, n=40), tokenizer, MaskingConfig(), batch_size=8)
+    assert len(batches) == 5
+    single, model = _Ranks(0, 1), _CountingModel()
+    evaluate(single, model, batches)
+    ranks, calls = [], []
+    for r in range(2):
+        ranks.append(_Ranks(r, 2))
+        model = _CountingModel()
+        evaluate(ranks[r], model, batches)
+        calls.append(model.calls)
+    assert calls == [3, 3]
+    assert torch.equal(ranks[0].reduced + ranks[1].reduced, single.reduced)

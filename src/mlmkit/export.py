@@ -64,6 +64,21 @@ or from the command line: `python -m mlmkit.fill_mask path/to/this/dir "The {mas
 """
 
 
+def without_tied_copies(model, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` less the keys of parameters ``model`` ties to an earlier one.
+
+    A sharded engine's gathered state dict holds tied weights (the decoder and the word
+    embeddings) as separate copies, which ``save_pretrained`` would write twice; dropped
+    here, the export is the same files an unsharded run writes.
+    """
+    first: dict[int, str] = {}
+    aliases = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            aliases.add(name)
+    return {k: v for k, v in state_dict.items() if k not in aliases}
+
+
 def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, Any],
                  summary: dict[str, Any], state_dict: dict[str, Any] | None = None) -> Path:
     """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md) atomically.

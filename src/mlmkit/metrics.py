@@ -63,13 +63,19 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
     """MLM loss, perplexity and masked-token accuracy (top-1, top-5) over ``batches``.
 
     Each rank evaluates every world_size-th batch; sums are reduced across ranks, so the
-    figures are exact averages over all chosen tokens.
+    figures are exact averages over all chosen tokens. Every rank runs the same number of
+    forward passes (a rank short of a batch repeats its first and counts nothing of it):
+    with FSDP or DeepSpeed ZeRO-3 each forward gathers the weights from all ranks, so a
+    rank that stopped early would leave the others waiting forever.
     """
     was_training = model.training
     model.eval()
     device = accelerator.device
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, n, top1, top5
-    for batch in batches[accelerator.process_index::accelerator.num_processes]:
+    world, rank = accelerator.num_processes, accelerator.process_index
+    for i in range(-(-len(batches) // world)):
+        counted = rank + i * world < len(batches)
+        batch = batches[rank + i * world] if counted else batches[rank % len(batches)]
         batch = {k: v.to(device) for k, v in batch.items()}
         if bool(batch["attention_mask"].all()):
             batch["attention_mask"] = None
@@ -80,10 +86,11 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         top5 = out["logits"].float().topk(min(5, out["logits"].size(-1)), dim=-1).indices
         hit1 = (top5[:, 0] == out["targets"]) & valid
         hit5 = (top5 == out["targets"][:, None]).any(-1) & valid
-        totals += torch.stack([
-            out["loss_sum"].double(), out["n_tokens"].double(), hit1.sum().double(),
-            hit5.sum().double(),
-        ])
+        if counted:
+            totals += torch.stack([
+                out["loss_sum"].double(), out["n_tokens"].double(), hit1.sum().double(),
+                hit5.sum().double(),
+            ])
     totals = accelerator.reduce(totals, reduction="sum")
     loss_sum, n, top1, top5 = totals.tolist()
     if was_training:

@@ -29,7 +29,7 @@ from mlmkit.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.config import Config
 from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets, warn_small_validation
 from mlmkit.errors import ConfigError, DataError, Preempted, TrainingDiverged
-from mlmkit.export import export_final
+from mlmkit.export import export_final, without_tied_copies
 from mlmkit.loading import save_run_model_spec
 from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches, majority_baseline
 from mlmkit.model import (
@@ -639,10 +639,11 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         # every rank takes part: FSDP and DeepSpeed ZeRO-3 gather the full weights here
         state = accelerator.get_state_dict(objective)
         if accelerator.is_main_process:
+            plain = accelerator.unwrap_model(objective).model
             final = export_final(
-                accelerator.unwrap_model(objective).model, tokenizer, run_dir / "final",
+                plain, tokenizer, run_dir / "final",
                 config=asdict(cfg), summary={"step": step, "tokens_seen": tokens_seen, **last_eval, **baseline},
-                state_dict={k.removeprefix("model."): v for k, v in state.items()},
+                state_dict=without_tied_copies(plain, {k.removeprefix("model."): v for k, v in state.items()}),
             )
             log.info("Exported %s", final)
     accelerator.wait_for_everyone()
