@@ -69,62 +69,99 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
     assert events(resumed, "eval")[-1]["eval_loss"] == pytest.approx(eb["eval_loss"], rel=1e-6)
 
 
-def launch_fsdp(run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """Two CPU processes under accelerate's FSDP2 engine, configured by conf/accelerate/fsdp.yaml."""
+def launch_engine(config: str, run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as conf/accelerate/<config>.yaml sets it."""
     accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "conf" / "accelerate" / "fsdp.yaml"),
-           "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "fsdp_on_cpu.py"),
+    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
+           "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
     return run_launch(cmd, timeout=300)
+
+
+# Five evaluation batches over two ranks: the rank with fewer must still take part in every
+# forward, which under FSDP and ZeRO-3 gathers the weights from all ranks.
+ENGINE_ARGS = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train.eval_every=5"]
+
+
+def assert_same_losses(a: Path, b: Path, rel: float) -> None:
+    x, y = events(a, "train"), events(b, "train")
+    assert [e["step"] for e in x] == [e["step"] for e in y] == list(range(1, 11))
+    for p, q in zip(x, y):
+        assert p["loss"] == pytest.approx(q["loss"], rel=rel), (p["step"], p["loss"], q["loss"])
+    assert events(a, "eval")[-1]["eval_loss"] == pytest.approx(events(b, "eval")[-1]["eval_loss"], rel=rel)
+
+
+def resume_from_step_5(run: Path, resumed: Path) -> None:
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_0000010")
+    shutil.rmtree(resumed / "final")
 
 
 @pytest.mark.slow
 def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, cache_dir):
     """FSDP2 (full shard per BertLayer, sharded state dicts): the same losses as DDP, each rank
-    writes its shard, a resumed run continues exactly, and final/ holds the gathered weights.
-
-    Five evaluation batches over two ranks: the rank with fewer must still take part in
-    every forward, which under FSDP gathers the weights from all ranks."""
+    writes its shard, a resumed run continues exactly, and final/ holds the gathered weights."""
     import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    fsdp_args = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train.eval_every=5"]
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    launch_two(ddp, cache_dir, *fsdp_args)
-    launch_fsdp(fsdp, cache_dir, *fsdp_args)
-    a, b = events(ddp, "train"), events(fsdp, "train")
-    assert [e["step"] for e in b] == list(range(1, 11))
-    for x, y in zip(a, b):
-        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
-    assert events(fsdp, "eval")[-1]["eval_loss"] == pytest.approx(events(ddp, "eval")[-1]["eval_loss"], rel=1e-4)
+    launch_two(ddp, cache_dir, *ENGINE_ARGS)
+    launch_engine("fsdp", fsdp, cache_dir, *ENGINE_ARGS)
+    assert_same_losses(ddp, fsdp, rel=1e-4)
 
     # Each rank wrote its own shard of the weights and of the optimizer state.
     ckpt = fsdp / "checkpoints" / "step_0000010"
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):
         assert sorted(p.name for p in (ckpt / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    # final/ is one plain model: the full tensors the shards hold together.
+    # final/ is one plain model, the files a DDP run writes: the full tensors the shards hold.
     dcp_to_torch_save(ckpt / "pytorch_model_fsdp_0", tmp_path / "gathered.pt")
     shards = torch.load(tmp_path / "gathered.pt")["model"]
     gathered = {k.removeprefix("model."): v for k, v in shards.items()}
-    final = load_file(fsdp / "final" / "model.safetensors")
-    assert final and set(final) <= set(gathered)
+    final, ddp_final = load_file(fsdp / "final" / "model.safetensors"), load_file(ddp / "final" / "model.safetensors")
+    assert set(final) == set(ddp_final) and set(final) <= set(gathered)
     for name, tensor in final.items():
         assert torch.equal(tensor, gathered[name]), name
-    ddp_final = load_file(ddp / "final" / "model.safetensors")
-    assert set(final) == set(ddp_final)
-    for name, tensor in final.items():
-        assert tensor.shape == ddp_final[name].shape, name
+        assert torch.allclose(tensor, ddp_final[name], rtol=1e-4, atol=1e-5), name
 
     # Resumed from the sharded step-5 checkpoint, the run ends where it ended.
     resumed = tmp_path / "resumed"
-    shutil.copytree(fsdp, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_0000010")
-    shutil.rmtree(resumed / "final")
-    launch_fsdp(resumed, cache_dir, *fsdp_args, "train.resume=auto")
+    resume_from_step_5(fsdp, resumed)
+    launch_engine("fsdp", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
     assert "Resumed from" in (resumed / "train.log").read_text()
-    for x, y in zip(b, events(resumed, "train")):
-        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6)
+    assert_same_losses(fsdp, resumed, rel=1e-6)
     resumed_final = load_file(resumed / "final" / "model.safetensors")
     for name, tensor in final.items():
         assert torch.allclose(tensor, resumed_final[name], rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(tmp_path, cache_dir):
+    """DeepSpeed ZeRO-2 and ZeRO-3 (DeepSpeed's CPU accelerator): the same losses as DDP, each
+    rank writes its partition, ZeRO-3 resumes exactly, and final/ is the plain model."""
+    pytest.importorskip("deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')")
+    import torch
+    from safetensors.torch import load_file
+
+    ddp = tmp_path / "ddp"
+    launch_two(ddp, cache_dir, *ENGINE_ARGS)
+    ddp_final = load_file(ddp / "final" / "model.safetensors")
+    for stage in (2, 3):
+        run = tmp_path / f"zero{stage}"
+        launch_engine(f"deepspeed_zero{stage}", run, cache_dir, *ENGINE_ARGS)
+        assert_same_losses(ddp, run, rel=1e-4)
+        files = sorted(p.name for p in (run / "checkpoints" / "step_0000010" / "pytorch_model").iterdir())
+        for rank in (0, 1):
+            assert f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in files
+            if stage == 3:  # the weights are partitioned too
+                assert f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" in files
+        final = load_file(run / "final" / "model.safetensors")
+        assert set(final) == set(ddp_final)
+        for name, tensor in final.items():
+            assert torch.allclose(tensor, ddp_final[name], rtol=1e-4, atol=1e-5), (stage, name)
+
+    resumed = tmp_path / "resumed"
+    resume_from_step_5(tmp_path / "zero3", resumed)
+    launch_engine("deepspeed_zero3", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
+    assert "Resumed from" in (resumed / "train.log").read_text()
+    assert_same_losses(tmp_path / "zero3", resumed, rel=1e-6)

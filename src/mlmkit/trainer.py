@@ -393,6 +393,18 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             f"keep train.grad_accum_steps=1 (this run derives {accum}); lower "
             "train.global_batch_size or raise train.batch_size."
         )
+    if accelerator.distributed_type.value == "DEEPSPEED":
+        # No dataloader goes through accelerate's prepare (the loop feeds its own batches),
+        # so DeepSpeed takes the micro-batch from its config.
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        micro = ds_config.get("train_micro_batch_size_per_gpu", "auto")
+        if micro == "auto":
+            ds_config["train_micro_batch_size_per_gpu"] = tc.batch_size
+        elif micro != tc.batch_size:
+            raise ConfigError(
+                f"The DeepSpeed config sets train_micro_batch_size_per_gpu={micro} but "
+                f"train.batch_size={tc.batch_size}; make them equal, or set the DeepSpeed one to auto."
+            )
     log.info("Batch: %d sequences per optimizer step = %d per device x %d process(es) x %d "
              "accumulation step(s)", tc.batch_size * world * accum, tc.batch_size, world, accum)
     warn_small_validation(len(val_set), tc.batch_size)

@@ -1,0 +1,55 @@
+"""``train.py`` under accelerate's FSDP or DeepSpeed engine on CPU processes (gloo), for tests.
+
+accelerate turns a launch with an FSDP or DeepSpeed config into that engine only on
+GPU-class devices; CPU processes fall back to plain data parallelism. This launcher
+switches accelerate's distributed type after the Accelerator starts and builds the
+engine's plugin from the launcher's environment (the ``FSDP_*`` or
+``ACCELERATE_DEEPSPEED_*`` variables ``accelerate launch --config_file ...`` sets), so
+accelerate's own code paths run: FSDP2's ``fully_shard`` per BertLayer or DeepSpeed's
+ZeRO engine (with DeepSpeed's CPU accelerator), their sharded checkpoints, and the
+full-weight gather for the export.
+
+    ACCELERATE_USE_CPU=1 accelerate launch --config_file conf/accelerate/fsdp.yaml \
+        --num_processes 2 tests/engine_on_cpu.py <train.py overrides>
+"""
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import accelerate
+from accelerate.state import PartialState
+from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() == "true"
+
+
+class EngineOnCPU(accelerate.Accelerator):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if _flag("ACCELERATE_USE_FSDP"):
+            engine, plugin = DistributedType.FSDP, FullyShardedDataParallelPlugin()
+            if self.state.mixed_precision != "no":
+                plugin.set_mixed_precision(self.state.mixed_precision)
+        elif _flag("ACCELERATE_USE_DEEPSPEED"):
+            engine, plugin = DistributedType.DEEPSPEED, DeepSpeedPlugin()
+            plugin.set_mixed_precision(self.state.mixed_precision)
+        else:
+            raise SystemExit("engine_on_cpu.py: launch it with an FSDP or DeepSpeed --config_file")
+        # AcceleratorState copies PartialState's fields whenever it is constructed again.
+        for state in (PartialState(), self.state):
+            state.distributed_type = engine
+        if engine == DistributedType.FSDP:
+            self.state.fsdp_plugin = plugin
+        else:
+            self.state.deepspeed_plugins = {"default": plugin}
+            plugin.select(_from_accelerator_state=True)
+
+
+accelerate.Accelerator = EngineOnCPU
+root = Path(__file__).resolve().parents[1]
+sys.argv = [str(root / "train.py"), *sys.argv[1:]]
+runpy.run_path(str(root / "train.py"), run_name="__main__")
