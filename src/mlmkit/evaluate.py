@@ -34,14 +34,18 @@ def mlm_predictions(accelerator, objective, batches) -> dict[str, list]:
     """Per chosen token, over all ranks: its loss, the top-5 token ids and the original id."""
     from accelerate.utils import gather_object
 
+    from mlmkit.metrics import rank_share
+
     objective.eval()
     losses, top, refs = [], [], []
     device = accelerator.device
-    for batch in batches[accelerator.process_index::accelerator.num_processes]:
+    for batch, counted in rank_share(batches, accelerator.process_index, accelerator.num_processes):
         batch = {k: v.to(device) for k, v in batch.items()}
         if bool(batch["attention_mask"].all()):
             batch["attention_mask"] = None  # fused SDPA kernels for unpadded blocks
         out = objective(**batch)
+        if not counted:
+            continue
         valid = out["targets"] != -100
         logits, targets = out["logits"][valid].float(), out["targets"][valid]
         losses += F.cross_entropy(logits, targets, reduction="none").tolist()

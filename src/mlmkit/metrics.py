@@ -58,24 +58,32 @@ def majority_baseline(train_set, eval_batches: list[dict[str, torch.Tensor]], to
             "baseline_accuracy": hits / max(total, 1)}
 
 
+def rank_share(batches: list, rank: int, world: int):
+    """This rank's share of ``batches`` (every world-th one) as ``(batch, counted)`` pairs.
+
+    Every rank gets the same number of pairs: a rank short of a batch repeats one with
+    ``counted`` False, to run and not count. With FSDP or DeepSpeed ZeRO-3 each forward
+    gathers the weights from all ranks, so a rank that stopped early would leave the others
+    waiting forever.
+    """
+    for i in range(-(-len(batches) // world)):
+        index = rank + i * world
+        yield (batches[index], True) if index < len(batches) else (batches[rank % len(batches)], False)
+
+
 @torch.no_grad()
 def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """MLM loss, perplexity and masked-token accuracy (top-1, top-5) over ``batches``.
 
     Each rank evaluates every world_size-th batch; sums are reduced across ranks, so the
-    figures are exact averages over all chosen tokens. Every rank runs the same number of
-    forward passes (a rank short of a batch repeats its first and counts nothing of it):
-    with FSDP or DeepSpeed ZeRO-3 each forward gathers the weights from all ranks, so a
-    rank that stopped early would leave the others waiting forever.
+    figures are exact averages over all chosen tokens; every rank runs the same number of
+    forward passes (``rank_share``).
     """
     was_training = model.training
     model.eval()
     device = accelerator.device
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, n, top1, top5
-    world, rank = accelerator.num_processes, accelerator.process_index
-    for i in range(-(-len(batches) // world)):
-        counted = rank + i * world < len(batches)
-        batch = batches[rank + i * world] if counted else batches[rank % len(batches)]
+    for batch, counted in rank_share(batches, accelerator.process_index, accelerator.num_processes):
         batch = {k: v.to(device) for k, v in batch.items()}
         if bool(batch["attention_mask"].all()):
             batch["attention_mask"] = None
