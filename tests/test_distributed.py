@@ -1,4 +1,5 @@
-"""Several processes (gloo on CPU): the same optimisation as one process, and resume."""
+"""Several processes (gloo on CPU): the same optimisation as one process, resume, and the
+FSDP and DeepSpeed engines (sharded checkpoints, export of the full model)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "tr
 
 def run_launch(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
     """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator, also where a GPU is present
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
