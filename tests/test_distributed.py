@@ -17,7 +17,7 @@ COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "tr
           "train.precision=no", "logger=none"]
 
 
-def run_launch(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
+def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.CompletedProcess:
     """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator, also where a GPU is present
@@ -30,7 +30,7 @@ def run_launch(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
         out, err = proc.communicate()
         raise AssertionError(f"the launch did not end within {timeout} s (a rank left waiting in a "
                              f"collective?):\n{err[-4000:]}") from None
-    assert proc.returncode == 0, err[-4000:]
+    assert proc.returncode == 0 or not check, err[-4000:]
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -167,3 +167,29 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(t
     launch_engine("deepspeed_zero3", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
     assert "Resumed from" in (resumed / "train.log").read_text()
     assert_same_losses(tmp_path / "zero3", resumed, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_deepspeed_config_micro_batch_other_than_train_batch_size_is_refused(tmp_path, cache_dir):
+    pytest.importorskip("deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')")
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, '
+                       '"zero_optimization": {"stage": 2}}')
+    config = tmp_path / "deepspeed.yaml"
+    config.write_text(f"""compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+deepspeed_config:
+  deepspeed_config_file: {ds_json}
+  zero3_init_flag: false
+num_machines: 1
+num_processes: 2
+use_cpu: false
+""")
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
+           *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'run'}", *COMMON,
+           "train.batch_size=8"]
+    proc = run_launch(cmd, timeout=300, check=False)
+    assert proc.returncode != 0
+    assert ("The DeepSpeed config sets train_micro_batch_size_per_gpu=4 but train.batch_size=8; "
+            "make them equal, or set the DeepSpeed one to auto.") in proc.stderr
