@@ -167,6 +167,9 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(t
     launch_engine("deepspeed_zero3", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
     assert "Resumed from" in (resumed / "train.log").read_text()
     assert_same_losses(tmp_path / "zero3", resumed, rel=1e-6)
+    first, again = load_file(tmp_path / "zero3" / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    for name, tensor in first.items():
+        assert torch.allclose(tensor, again[name], rtol=1e-5, atol=1e-6), name
 
 
 @pytest.mark.slow
