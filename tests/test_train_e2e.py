@@ -84,16 +84,15 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, cache_dir, precision,
     assert len(events(run, "baseline")) == 1
     resumed_weights = load_file(run / "final" / "model.safetensors")
     assert resumed_weights.keys() == full_weights.keys()
-    if precision == "no":  # bit for bit in fp32
-        assert resumed_losses == full_losses
-        for name, tensor in full_weights.items():
-            assert (resumed_weights[name] == tensor).all(), name
-    else:  # bf16: within 1e-6 relative
-        for (_, a), (_, b) in zip(resumed_losses, full_losses):
-            assert a == pytest.approx(b, rel=1e-6)
-        for name, tensor in full_weights.items():
-            diff = (resumed_weights[name].float() - tensor.float()).abs().max()
-            assert diff <= 1e-6 * tensor.float().abs().max() + 1e-12, name
+    # Same steps, masks and data, so the same figures up to float rounding. Bit-equality is
+    # not asserted: on one machine an fp32 run with workers differed by 3.5e-7 relative in a
+    # logged loss, as a kernel's summation order can. A real fault is far larger: a scheduler
+    # one step ahead after the resume moves the next logged loss by 2e-4 relative.
+    for (_, a), (_, b) in zip(resumed_losses, full_losses):
+        assert a == pytest.approx(b, rel=1e-6)
+    for name, tensor in full_weights.items():
+        diff = (resumed_weights[name].float() - tensor.float()).abs().max()
+        assert diff <= 1e-6 * tensor.float().abs().max() + 1e-12, name
 
 
 @pytest.mark.slow
