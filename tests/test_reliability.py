@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, events, run_train
+from runs import ROOT, TINY, assert_same_weights, events, run_train
 
 from mlmkit.checkpoint import list_checkpoints, save_checkpoint
 from mlmkit.errors import CheckpointError
@@ -46,10 +46,6 @@ def _weights(path: Path):
     from safetensors.torch import load_file
 
     return load_file(path / "model.safetensors")
-
-
-def _same_weights(a, b) -> bool:
-    return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 
 
 @pytest.mark.slow
@@ -88,7 +84,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, cache_di
     proc = run_train(run, cache_dir, *args, "train.resume=auto")
     assert "Trying the previous checkpoint" in proc.stderr
     assert "Resumed from" in proc.stderr and "step_0000010" in proc.stderr
-    assert _same_weights(_weights(run / "final"), full)
+    assert_same_weights(_weights(run / "final"), full)
 
 
 class _FullDisk:
@@ -193,7 +189,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, 
         proc.communicate()
         kills += 1
     run_train(run, cache_dir, *args, "train.resume=auto")
-    assert _same_weights(_weights(run / "final"), expected)
+    assert_same_weights(_weights(run / "final"), expected)
     assert [e["step"] for e in events(run, "train")] == [e["step"] for e in events(clean, "train")]
 
 
