@@ -110,16 +110,30 @@ def tokenizer_and_data(cfg: Config):
     return tokenizer, packed
 
 
-def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
-    """Train with ``mlmkit.train`` and time the steps after ``warmup`` from its log events."""
-    import logging
-
+def _train_child(cfg: Config, run_dir: str) -> None:
+    quiet_logging()
     import mlmkit
+
+    mlmkit.train(cfg, run_dir)
+
+
+def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
+    """Train with ``mlmkit.train`` and time the steps after ``warmup`` from its log events.
+
+    The run has a process of its own, so that mlmkit's process-wide settings (malloc keeping
+    freed memory on a CPU, ``train.reuse_cpu_memory``) do not carry over to the Trainer runs
+    measured beside it, whichever order the rounds take.
+    """
+    import multiprocessing
+
     from mlmkit.metrics import read_metrics
 
     with tempfile.TemporaryDirectory() as run_dir:
-        mlmkit.train(cfg, run_dir)
-        logging.getLogger("mlmkit").handlers.clear()
+        child = multiprocessing.get_context("spawn").Process(target=_train_child, args=(cfg, run_dir))
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise SystemExit(f"{name}: mlmkit.train failed (exit code {child.exitcode}).")
         events = [e for e in read_metrics(run_dir) if e["event"] == "train" and e["step"] > warmup]
     per_log = cfg.train.batch_size * cfg.data.max_seq_length * cfg.train.log_every
     tokens = per_log * len(events)

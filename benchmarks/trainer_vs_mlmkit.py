@@ -11,7 +11,11 @@ WordPiece tokenizer (30,522 tokens, trained on the Gutenberg and WikiText-2 text
   (c) mlmkit with its defaults (precision auto, dropout 0, the head only at the chosen
       positions, vocabulary padded to a multiple of 64);
   (d) mlmkit with dropout 0.1, BERT's recipe, so that (d)/(b) is the gain of the speed
-      settings alone and (c)/(d) the effect of the dropout choice.
+      settings alone and (c)/(d) the effect of the dropout choice;
+  (e) on a CPU, mlmkit with train.reuse_cpu_memory=false, so that (c)/(e) is the gain of
+      malloc keeping freed memory for reuse.
+
+Each mlmkit variant trains in a process of its own (process-wide settings stay there).
 
 Each variant runs ``--rounds`` times, the order alternating, and keeps its best round (a
 shared machine's load bursts then hit no variant alone). It prints tokens/s, the ratios,
@@ -29,6 +33,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -59,6 +64,7 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=30522, help="WordPiece vocabulary to train")
     p.add_argument("--rounds", type=int, default=2, help="rounds, alternating the order; best kept")
     p.add_argument("--skip-dropout", action="store_true", help="leave out variant (d)")
+    p.add_argument("--skip-memory", action="store_true", help="leave out variant (e)")
     args = p.parse_args()
     quiet_logging()
 
@@ -84,6 +90,9 @@ def main() -> None:
         cfg_d = mlmkit_config(args.preset, args.seq, args.batch, args.steps, args.warmup, args.vocab,
                               dropout=0.1, log_every=log_every)
         runs["(d) mlmkit, dropout 0.1"] = lambda n: run_mlmkit(n, cfg_d, args.warmup)
+    if device == "cpu" and not args.skip_memory:
+        cfg_e = replace(cfg, train=replace(cfg.train, reuse_cpu_memory=False))
+        runs["(e) mlmkit, no memory reuse"] = lambda n: run_mlmkit(n, cfg_e, args.warmup)
     # Rounds in alternating order (a b c d, d c b a, ...); each variant keeps its best round,
     # so a burst of load from other processes on a shared machine hits no variant alone.
     rates = matmul_rates(device)
@@ -111,9 +120,10 @@ def main() -> None:
     print(f"c/a = {by_name['(c)'] / by_name['(a)']:.2f}x   c/b = {by_name['(c)'] / by_name['(b)']:.2f}x", end="")
     if "(d)" in by_name:
         print(f"   d/b = {by_name['(d)'] / by_name['(b)']:.2f}x (speed settings alone)"
-              f"   c/d = {by_name['(c)'] / by_name['(d)']:.2f}x (dropout 0 vs 0.1)")
-    else:
-        print()
+              f"   c/d = {by_name['(c)'] / by_name['(d)']:.2f}x (dropout 0 vs 0.1)", end="")
+    if "(e)" in by_name:
+        print(f"   c/e = {by_name['(c)'] / by_name['(e)']:.2f}x (memory reuse)", end="")
+    print()
     print(f"FLOPs per token (mlmkit.perf): {flops_per_token(cfg, vocab, 0.15) / 1e6:.1f} M at 15% "
           f"predicted; total wall time {time.perf_counter() - t0:.0f} s")
 

@@ -348,6 +348,9 @@ class TrainConfig:
     # torch.compile the encoder (speed only; the first steps pay the compile time). Shapes
     # stay static with packed data; masking=fixed keeps the head's row count fixed as well.
     compile: bool = False
+    # Training on a CPU: malloc keeps freed memory for reuse instead of mapping large blocks
+    # anew every step (speed only, about 10% on bert-mini; runtime.reuse_freed_memory).
+    reuse_cpu_memory: bool = True
     # Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops.
     max_bad_steps: int = 5
     progress: bool = True  # show a progress bar

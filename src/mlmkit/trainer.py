@@ -334,7 +334,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         )
 
     # ---- accelerator and speed settings (one place, see runtime.py) ----------------------
-    apply_speed_settings()
+    apply_speed_settings(state.device.type, tc.reuse_cpu_memory)
     precision = resolve_precision(tc.precision, use_cpu=state.device.type == "cpu")
     log_with, project = tracker_setup(cfg.logger, run_dir)
     accelerator = Accelerator(
