@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 
@@ -363,11 +364,11 @@ print(applied, min(faults[1:]))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is Linux's")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc; this is not glibc")
 def test_reused_cpu_memory_takes_no_new_page_faults_for_a_block_made_every_step():
     """glibc maps a block over 32 MB anew at every allocation, so each step faults its pages
-    in again (12,288 for 48 MB); with ``reuse_freed_memory`` the second and later
-    allocations reuse the freed block."""
+    in again (12,288 for 48 MB in 4 KB pages); with ``reuse_freed_memory`` the second and
+    later allocations reuse the freed block."""
     out = {}
     for mode in ("default", "reuse"):
         proc = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True,
@@ -376,5 +377,5 @@ def test_reused_cpu_memory_takes_no_new_page_faults_for_a_block_made_every_step(
         applied, faults = proc.stdout.split()
         out[mode] = (applied == "True", int(faults))
     assert out["reuse"][0]
-    assert out["default"][1] > 10_000  # 48 MB / 4 KB pages, faulted in at every allocation
-    assert out["reuse"][1] < 100
+    assert out["default"][1] >= 20  # faulted in anew at every allocation (fewer with huge pages)
+    assert out["reuse"][1] <= out["default"][1] // 20
