@@ -71,7 +71,7 @@ log = logging.getLogger("mlmkit")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 
 
-def apply_speed_settings(device_type: str = "cpu", reuse_cpu_memory: bool = True) -> None:
+def apply_speed_settings(device_type: str, reuse_cpu_memory: bool) -> None:
     """Process-wide settings that leave results unchanged up to float rounding."""
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
