@@ -97,7 +97,7 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
 
     use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not (
         torch.cuda.is_available() or torch.backends.mps.is_available())
-    precision = resolve_precision(cfg.precision, use_cpu=use_cpu)
+    precision = resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision")
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=precision)
     with accelerator.local_main_process_first():
         model, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)

@@ -177,7 +177,8 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     run_dir = Path(run_dir)
     use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not (
         torch.cuda.is_available() or torch.backends.mps.is_available())
-    accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu))
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu,
+                                                                              setting="precision"))
     set_seed(cfg.seed)
     model, tokenizer, source = build_classifier(cfg)
     train_set, eval_set = load_task(cfg.task)

@@ -39,20 +39,28 @@ import torch
 
 from mlmkit.errors import ConfigError
 
+log = logging.getLogger("mlmkit")
+
 
 @functools.cache
 def cpu_has_bf16() -> bool:
-    """True where the CPU has native bf16 matmul units (AVX512-BF16 or AMX)."""
+    """True where bf16 matmuls run on bf16 hardware (AVX512-BF16 or AMX) and torch's CPU
+    kernels use it: the CPU has the units, and torch's kernels are not held below AVX512
+    (``ATEN_CPU_CAPABILITY=avx2`` makes an AMX machine compute as an AVX2-only one does)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        return False
+    return torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AMX"))
 
 
-def resolve_precision(precision: str, use_cpu: bool | None = None) -> str:
-    """The accelerate ``mixed_precision`` value for ``train.precision``."""
+def resolve_precision(precision: str, use_cpu: bool | None = None,
+                      setting: str = "train.precision") -> str:
+    """The accelerate ``mixed_precision`` value for ``train.precision`` (``setting`` names
+    it in messages)."""
     on_cuda = torch.cuda.is_available() and not use_cpu
     if precision == "auto":
         if on_cuda:
@@ -61,11 +69,12 @@ def resolve_precision(precision: str, use_cpu: bool | None = None) -> str:
             return "no"
         return "bf16" if cpu_has_bf16() else "no"
     if precision == "fp16" and not on_cuda:
-        raise ConfigError("train.precision=fp16 needs a CUDA GPU; use bf16 or no on this machine.")
+        raise ConfigError(f"{setting}=fp16 needs a CUDA GPU; use bf16 or no on this machine.")
+    if precision == "bf16" and not on_cuda and not torch.backends.mps.is_available() and not cpu_has_bf16():
+        log.warning("bf16 emulated on this CPU (it has no AVX512-BF16 or AMX); training in fp32 is "
+                    "faster: set %s=auto or no.", setting)
     return precision
 
-
-log = logging.getLogger("mlmkit")
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4

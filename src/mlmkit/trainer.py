@@ -40,7 +40,7 @@ from mlmkit.model import (
     resolve_attn_implementation,
 )
 from mlmkit.optim import build_optimizer, build_scheduler
-from mlmkit.perf import ThroughputMeter, peak_memory_gb, reference_rate
+from mlmkit.perf import ThroughputMeter, model_matmul_shapes, peak_memory_gb, reference_rate
 from mlmkit.runtime import apply_speed_settings, compile_encoder, resolve_precision
 from mlmkit.tokenizer import get_tokenizer
 from mlmkit.tracking import finish_trackers_on_error, log_event, start_trackers, tracker_setup
@@ -418,7 +418,9 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
         save_run_model_spec(run_dir, model, tokenizer)
     if tc.compile:
         compile_encoder(model)
-    peak_rate, peak_source = reference_rate(accelerator.device, precision)
+    block_tokens = tc.batch_size * cfg.data.max_seq_length  # one micro-batch's products
+    shapes = model_matmul_shapes(model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens))
+    peak_rate, peak_source = reference_rate(accelerator.device, precision, shapes)
     meter = ThroughputMeter(model.config, cfg.data.max_seq_length, peak_rate * world)  # all ranks
     log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
     objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction)
