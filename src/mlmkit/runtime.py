@@ -120,3 +120,24 @@ def compile_encoder(model) -> None:
     count changes with the number of chosen positions.
     """
     model.bert.compile()
+
+
+def describe_cpu() -> str:
+    """One line: the CPU, its cores, and whether bf16 runs on hardware here."""
+    import os
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    kind = ("bf16 hardware (AVX512-BF16/AMX): precision=auto trains in bf16" if cpu_has_bf16() else
+            "no bf16 hardware in use (AVX2-class): precision=auto trains in fp32, bf16 is emulated")
+    return (f"{name}, {os.cpu_count()} cores, torch kernels {torch.backends.cpu.get_cpu_capability()}; "
+            f"{kind}")
+
+
+if __name__ == "__main__":
+    print(describe_cpu())
