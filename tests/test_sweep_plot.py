@@ -64,7 +64,9 @@ def test_plot_writes_one_png_for_one_or_several_runs(sweep, tmp_path):
 
 
 def test_plot_and_sweep_refuse_folders_without_runs(tmp_path, capsys):
-    assert plot_main([str(tmp_path)]) == 2
-    assert sweep_main([str(tmp_path)]) == 2
+    from mlmkit.cli import main
+
+    assert main(["plot", str(tmp_path)]) == 2
+    assert main(["sweep", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("Error:") == 2 and "metrics.jsonl" in err

@@ -551,6 +551,11 @@ def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
     return time.strftime(fmt, time.localtime(started))
 
 
+# The YAML config groups: conf/ in the checkout, shipped as the package mlmkit.conf.
+CONFIG_MODULE = "mlmkit.conf"
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
+
+
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (conf/config.yaml extends it) and the
     ``launch_time`` resolver used by the default run dir."""

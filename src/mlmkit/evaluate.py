@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ import torch.nn.functional as F
 from mlmkit.config import EvalConfig
 
 log = logging.getLogger("mlmkit")
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 TOP_K = 5
 
 
@@ -125,22 +123,20 @@ def _main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from mlmkit.config import register_configs
+    from mlmkit.config import CONFIG_PATH, register_configs
 
     register_configs()
 
-    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
+    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="evaluate")
     def main(cfg: DictConfig) -> None:
         from accelerate import PartialState
 
+        from mlmkit.cli import exit_on_error
         from mlmkit.config import to_config
-        from mlmkit.errors import MLMKitError
 
-        try:
-            result = run_evaluation(to_config(cfg, EvalConfig))
-        except MLMKitError as exc:
-            print(f"Error: {exc}", file=sys.stderr)
-            sys.exit(2)
+        results = []
+        exit_on_error(lambda: results.append(run_evaluation(to_config(cfg, EvalConfig))))
+        result = results[0]
         if PartialState().is_main_process:
             print(f"{result['checkpoint']}: {result['tokens']} masked tokens in {result['blocks']} "
                   f"blocks of {result['max_seq_length']}")

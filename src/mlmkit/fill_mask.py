@@ -9,37 +9,36 @@ import argparse
 import sys
 from pathlib import Path
 
+from mlmkit.cli import report_errors
+from mlmkit.errors import ConfigError, DataError
+
 
 def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     from transformers import pipeline
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir!r} is not a model dir (no config.json); "
+        raise DataError(f"{model_dir!r} is not a model dir (no config.json); "
                                 "pass the final/ folder of a run.")
     fill = pipeline("fill-mask", model=str(path), tokenizer=str(path))
     mask = fill.tokenizer.mask_token
     if mask not in text:
-        raise ValueError(f"The text has no {mask} token to fill.")
+        raise ConfigError(f"The text has no {mask} token to fill.")
     out = fill(text, top_k=top_k)
     return out[0] if out and isinstance(out[0], list) else out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlmkit.fill_mask", description=__doc__.split("\n")[1])
+    parser = argparse.ArgumentParser(prog="mlmkit fill-mask", description=__doc__.split("\n")[1])
     parser.add_argument("model_dir", help="a model dir, e.g. outputs/<run>/final")
     parser.add_argument("text", help="text with one [MASK]")
     parser.add_argument("--top-k", type=int, default=5)
     args = parser.parse_args(argv)
-    try:
-        results = fill_mask(args.model_dir, args.text, args.top_k)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
+    results = fill_mask(args.model_dir, args.text, args.top_k)
     for r in results:
         print(f"{r['score']:.4f}  {r['token_str']!s:<15} {r['sequence']}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report_errors(main))

@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,6 @@ from mlmkit.config import FinetuneConfig, TaskConfig
 from mlmkit.errors import DataError
 
 log = logging.getLogger("mlmkit")
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -240,24 +238,23 @@ def _main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from mlmkit.config import register_configs
+    from mlmkit.config import CONFIG_PATH, register_configs
 
     register_configs()
 
-    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="finetune")
+    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="finetune")
     def main(cfg: DictConfig) -> None:
         from accelerate import PartialState
         from hydra.core.hydra_config import HydraConfig
 
+        from mlmkit.cli import exit_on_error
         from mlmkit.config import to_config
-        from mlmkit.errors import MLMKitError
 
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
-        try:
-            summary = finetune(to_config(cfg, FinetuneConfig), HydraConfig.get().runtime.output_dir)
-        except MLMKitError as exc:
-            print(f"Error: {exc}", file=sys.stderr)
-            sys.exit(2)
+        results = []
+        exit_on_error(lambda: results.append(
+            finetune(to_config(cfg, FinetuneConfig), HydraConfig.get().runtime.output_dir)))
+        summary = results[0]
         if PartialState().is_main_process:
             headline = cfg.task.metrics[0]
             print(f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "

@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from mlmkit.cli import report_errors
+from mlmkit.errors import DataError
 from mlmkit.metrics import read_metrics
 
 PANELS = [  # (event, key, title)
@@ -71,7 +73,7 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlmkit.plot", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="mlmkit plot", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="run dirs (each with metrics.jsonl)")
     parser.add_argument("--out", help="PNG file (default: <run>/curves.png for one run, "
                                       "comparison.png for several)")
@@ -80,11 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = plot_runs(args.runs, out)
     except FileNotFoundError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
+        raise DataError(str(exc)) from None
     print(path)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report_errors(main))

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mlmkit.cli import report_errors
+from mlmkit.errors import DataError
 from mlmkit.metrics import read_metrics
 
 COLUMNS = ["run", "overrides", "step", "tokens_seen", "eval_loss", "eval_perplexity",
@@ -92,15 +94,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlmkit.sweep", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="mlmkit sweep", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="a sweep dir (multirun/<date>/<time>) or run dirs")
     parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     args = parser.parse_args(argv)
     try:
         rows = sweep_table(args.paths)
     except FileNotFoundError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
+        raise DataError(str(exc)) from None
     if args.csv:
         import csv
 
@@ -113,4 +114,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report_errors(main))

@@ -229,11 +229,9 @@ def get_tokenizer(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mlmkit.tokenizer [data=... tokenizer.*=...] out=DIR``."""
+    """``mlmkit tokenizer [data=... tokenizer.*=...] out=DIR``."""
     import sys
     import time
-
-    from mlmkit.errors import MLMKitError
 
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
@@ -242,49 +240,42 @@ def main(argv: list[str] | None = None) -> int:
     out = [a.split("=", 1)[1] for a in args if a.startswith("out=")]
     overrides = [a for a in args if not a.startswith("out=")]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        if not out or not out[-1]:
-            raise TokenizerError("Say where to write the tokenizer with out=<dir>.")
-        cfg = _compose(overrides)
-        from mlmkit.streaming import iter_texts
+    if not out or not out[-1]:
+        raise TokenizerError("Say where to write the tokenizer with out=<dir>.")
+    cfg = _compose(overrides)
+    from mlmkit.streaming import iter_texts
 
-        t0 = time.perf_counter()
-        chars = 0
+    t0 = time.perf_counter()
+    chars = 0
 
-        def texts():
-            nonlocal chars
-            for text in iter_texts(cfg.data):
-                chars += len(text)
-                yield text
+    def texts():
+        nonlocal chars
+        for text in iter_texts(cfg.data):
+            chars += len(text)
+            yield text
 
-        tokenizer = train_tokenizer(cfg.tokenizer, texts())
-        target = Path(out[-1]).expanduser()
-        target.mkdir(parents=True, exist_ok=True)
-        tokenizer.save_pretrained(str(target))
-        print(f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
-              f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
-              f"(use it with tokenizer.name_or_path={target}).")
-        return 0
-    except MLMKitError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 2
+    tokenizer = train_tokenizer(cfg.tokenizer, texts())
+    target = Path(out[-1]).expanduser()
+    target.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(target))
+    print(f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
+          f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
+          f"(use it with tokenizer.name_or_path={target}).")
+    return 0
 
 
 def _compose(overrides: list[str]):
     """The training config with ``overrides`` applied (Hydra's compose, no run dir)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from mlmkit.config import register_configs, to_config
+    from mlmkit.config import CONFIG_MODULE, register_configs, to_config
     from mlmkit.errors import ConfigError
 
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    if not conf.is_dir():
-        raise ConfigError(f"The config dir {conf} is missing; run from an mlmkit checkout.")
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             return to_config(compose(config_name="config", overrides=overrides))
     except ConfigError:
         raise
@@ -293,4 +284,6 @@ def _compose(overrides: list[str]):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from mlmkit.cli import report_errors
+
+    raise SystemExit(report_errors(main))

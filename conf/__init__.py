@@ -1,0 +1,1 @@
+"""Hydra config groups (YAML), shipped inside the package as ``mlmkit.conf``."""
