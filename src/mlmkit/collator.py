@@ -1,4 +1,8 @@
-"""Masking for masked-language-model pretraining, as a vectorised collator.
+"""Masking for masked-language-model pretraining, as a collator.
+
+Each strategy masks a whole batch in tensor operations. The training loader gives every
+row its own mask seed (so a row's masks do not depend on its batch, worker or process),
+and a generator draws from one seed at a time: those batches are masked a row at a time.
 
 Which real tokens (never [CLS], [SEP], [PAD] or any other special token) are chosen for
 prediction depends on the strategy:
@@ -18,7 +22,7 @@ prediction depends on the strategy:
 Of the chosen, ``mask_replace_prob`` become [MASK], ``random_replace_prob`` a random
 non-special token, and the rest stay as they are; the decision is made per token, per
 word (whole_word) or per span (span). ``labels`` hold the original id at chosen positions
-and -100 elsewhere, so the loss is taken only where the model must predict.
+and ``IGNORE_INDEX`` (-100) elsewhere, so the loss is taken only where the model must predict.
 """
 
 from __future__ import annotations

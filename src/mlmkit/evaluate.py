@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mlmkit.collator import IGNORE_INDEX
 from mlmkit.config import EvalConfig
 
 log = logging.getLogger("mlmkit")
@@ -44,7 +45,7 @@ def mlm_predictions(accelerator, objective, batches) -> dict[str, list]:
         out = objective(**batch)
         if not counted:
             continue
-        valid = out["targets"] != -100
+        valid = out["targets"] != IGNORE_INDEX
         logits, targets = out["logits"][valid].float(), out["targets"][valid]
         losses += F.cross_entropy(logits, targets, reduction="none").tolist()
         top += logits.topk(min(TOP_K, logits.size(-1)), dim=-1).indices.tolist()
@@ -82,7 +83,6 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
 
 def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
     """Evaluate ``cfg.checkpoint``; returns the figures (and writes ``cfg.output`` if set)."""
-    import os
 
     from accelerate import Accelerator
 
@@ -91,10 +91,9 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
     from mlmkit.metric_modules import load_metric
     from mlmkit.metrics import fixed_eval_batches
     from mlmkit.model import MaskedLM
-    from mlmkit.runtime import resolve_precision
+    from mlmkit.runtime import resolve_precision, runs_on_cpu
 
-    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not (
-        torch.cuda.is_available() or torch.backends.mps.is_available())
+    use_cpu = runs_on_cpu()
     precision = resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision")
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=precision)
     with accelerator.local_main_process_first():

@@ -170,11 +170,10 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     from mlmkit.config import OptimConfig
     from mlmkit.metrics import MetricsLog
     from mlmkit.optim import build_optimizer, build_scheduler
-    from mlmkit.runtime import resolve_precision
+    from mlmkit.runtime import resolve_precision, runs_on_cpu
 
     run_dir = Path(run_dir)
-    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not (
-        torch.cuda.is_available() or torch.backends.mps.is_available())
+    use_cpu = runs_on_cpu()
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu,
                                                                               setting="precision"))
     set_seed(cfg.seed)

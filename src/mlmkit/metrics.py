@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mlmkit.collator import MLMCollator
+from mlmkit.collator import IGNORE_INDEX, MLMCollator
 
 EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
 
@@ -51,7 +51,7 @@ def majority_baseline(train_set, eval_batches: list[dict[str, torch.Tensor]], to
     top = int(counts.argmax())
     hits = total = 0
     for batch in eval_batches:
-        targets = batch["labels"][batch["labels"] != -100]
+        targets = batch["labels"][batch["labels"] != IGNORE_INDEX]
         hits += int((targets == top).sum())
         total += targets.numel()
     return {"baseline_token": tokenizer.convert_ids_to_tokens(top),
@@ -88,7 +88,7 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         if bool(batch["attention_mask"].all()):
             batch["attention_mask"] = None
         out = model(**batch)  # the prepared model runs under the run's autocast
-        valid = out["targets"] != -100
+        valid = out["targets"] != IGNORE_INDEX
         # top-1 is the first of the top-5 of the fp32 logits, so ties (frequent in bf16 early
         # in training) break as in ``python -m mlmkit.evaluate``
         top5 = out["logits"].float().topk(min(5, out["logits"].size(-1)), dim=-1).indices

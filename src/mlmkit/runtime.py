@@ -57,6 +57,16 @@ def cpu_has_bf16() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AMX"))
 
 
+def runs_on_cpu() -> bool:
+    """True where this process trains on the CPU: ``ACCELERATE_USE_CPU`` is set (as
+    ``accelerate launch --cpu`` and CPU multi-process runs set it), or no CUDA or MPS device
+    is there. Several CPU processes then talk over gloo."""
+    from accelerate.utils import parse_flag_from_env
+
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or not (
+        torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
 def resolve_precision(precision: str, use_cpu: bool | None = None,
                       setting: str = "train.precision") -> str:
     """The accelerate ``mixed_precision`` value for ``train.precision`` (``setting`` names

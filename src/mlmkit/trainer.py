@@ -41,7 +41,7 @@ from mlmkit.model import (
 )
 from mlmkit.optim import build_optimizer, build_scheduler
 from mlmkit.perf import ThroughputMeter, model_matmul_shapes, peak_memory_gb, reference_rate
-from mlmkit.runtime import apply_speed_settings, compile_encoder, resolve_precision
+from mlmkit.runtime import apply_speed_settings, compile_encoder, resolve_precision, runs_on_cpu
 from mlmkit.tokenizer import get_tokenizer
 from mlmkit.tracking import finish_trackers_on_error, log_event, start_trackers, tracker_setup
 
@@ -313,9 +313,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
 
     tc = cfg.train
     # CPU runs (ACCELERATE_USE_CPU=1, or no CUDA device) use gloo across processes.
-    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not (
-        torch.cuda.is_available() or torch.backends.mps.is_available()
-    )
+    use_cpu = runs_on_cpu()
     state = PartialState(cpu=use_cpu)
     run_dir = _shared_run_dir(Path(run_dir))
     if state.is_main_process:
@@ -590,7 +588,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             if progress is not None:
                 progress.update(1)
 
-            if step % tc.log_every == 0 or last:  # the only host syncs of a step
+            if step % tc.log_every == 0 or last:  # the step's figures are fetched only here
                 elapsed = max(time.perf_counter() - t_log - paused, 1e-9)
                 total_loss = accelerator.reduce(loss_acc, reduction="sum")
                 masked = float(masked_acc)
