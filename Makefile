@@ -37,16 +37,16 @@ train: venv  ## quick start: tiny BERT on the built-in corpus, a few minutes on 
 	$(BIN)/python train.py $(ARGS)
 
 eval: venv  ## MLM figures of a model: make eval ARGS="checkpoint=outputs/<run>"
-	$(BIN)/python -m mlmkit.evaluate $(ARGS)
+	$(BIN)/python -m mlmkit eval $(ARGS)
 
 finetune: venv  ## GLUE fine-tuning: make finetune ARGS="checkpoint=outputs/<run> task=sst2 task.data_dir=../shared/data/glue/SST-2"
-	$(BIN)/python -m mlmkit.finetune $(ARGS)
+	$(BIN)/python -m mlmkit finetune $(ARGS)
 
 plot: venv  ## curves of runs: make plot ARGS="outputs/<run> [more runs] [--out file.png]"
-	$(BIN)/python -m mlmkit.plot $(ARGS)
+	$(BIN)/python -m mlmkit plot $(ARGS)
 
 sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/<date>/<time>"
-	$(BIN)/python -m mlmkit.sweep $(ARGS)
+	$(BIN)/python -m mlmkit sweep $(ARGS)
 
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest -q $(ARGS)
@@ -82,7 +82,7 @@ bench-data-memory: venv  ## peak RSS: map mode on 200 MB, streaming on growing c
 	$(BIN)/python benchmarks/data_memory.py $(ARGS)
 
 tokenizer: venv  ## train a tokenizer, e.g. make tokenizer ARGS="data=files data.train_files=[a.txt] tokenizer.algorithm=bpe out=tok/"
-	$(BIN)/python -m mlmkit.tokenizer $(ARGS)
+	$(BIN)/python -m mlmkit tokenizer $(ARGS)
 
 bench-processes: venv  ## tokens/s of 1 against 2 processes, scaling efficiency
 	$(BIN)/python benchmarks/process_scaling.py $(ARGS)

@@ -1,11 +1,11 @@
 """Pretrain a masked language model from a checkout: ``python train.py`` or
-``accelerate launch train.py``; the same as ``mlmkit train`` (``mlmkit.cli``).
+``accelerate launch train.py``; the same as ``mlmkit train`` (``mlmkit.cli.train``).
 
 Any setting can be overridden Hydra-style, e.g.
 ``accelerate launch train.py model=bert-mini optim.lr=5e-4 train.max_steps=200``.
 """
 
-from mlmkit.cli import train_main
+from mlmkit.cli.train import main
 
 if __name__ == "__main__":
-    train_main()
+    main()

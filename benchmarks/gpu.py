@@ -33,8 +33,8 @@ from harness import (  # noqa: E402
     tokenizer_and_data,
 )
 
-from mlmkit.model import flash_attn_available  # noqa: E402
-from mlmkit.perf import chip_bf16_peak, measure_matmul_rate  # noqa: E402
+from mlmkit.model.bert import flash_attn_available  # noqa: E402
+from mlmkit.training.perf import chip_bf16_peak, measure_matmul_rate  # noqa: E402
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from mlmkit.config import (
     TokenizerConfig,
     TrainConfig,
 )
-from mlmkit.perf import measure_matmul_rate, train_flops_per_token
+from mlmkit.training.perf import measure_matmul_rate, train_flops_per_token
 
 # layers, hidden, heads (FFN 4x hidden), as in conf/model/
 PRESETS = {
@@ -94,8 +94,8 @@ def tokenizer_and_data(cfg: Config):
     """The tokenizer and packed datasets ``mlmkit.train`` uses for ``cfg`` (cached on disk)."""
     from pathlib import Path
 
-    from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets
-    from mlmkit.tokenizer import get_tokenizer
+    from mlmkit.data.corpus import corpus_fingerprint, load_corpus, prepare_datasets
+    from mlmkit.data.tokenizer import get_tokenizer
 
     cache = Path(cfg.paths.cache_dir)
     fingerprint = corpus_fingerprint(cfg.data)
@@ -126,7 +126,7 @@ def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
     """
     import multiprocessing
 
-    from mlmkit.metrics import read_metrics
+    from mlmkit.training.metrics_log import read_metrics
 
     with tempfile.TemporaryDirectory() as run_dir:
         child = multiprocessing.get_context("spawn").Process(target=_train_child, args=(cfg, run_dir))

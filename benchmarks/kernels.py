@@ -1,4 +1,4 @@
-"""The CPU kernels of ``mlmkit.kernels`` against the plain torch ops, side by side.
+"""The CPU kernels of ``mlmkit.model.kernels`` against the plain torch ops, side by side.
 
   * the loss over the head's logits: ``F.cross_entropy(logits.float(), ...)`` against
     ``cross_entropy_sum`` (forward + backward, bf16 logits of bert-mini's shape: about 15%
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mlmkit.kernels import IGNORE_INDEX, cpu_sdpa_attention_forward, cross_entropy_sum
+from mlmkit.model.kernels import IGNORE_INDEX, cpu_sdpa_attention_forward, cross_entropy_sum
 
 
 def best_ms(fns: dict, rounds: int, iters: int) -> dict[str, float]:

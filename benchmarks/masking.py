@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from mlmkit.collator import MLMCollator
 from mlmkit.config import ModelConfig, TokenizerConfig
-from mlmkit.data import builtin_documents, pack_ids
-from mlmkit.model import MaskedLM, build_model
-from mlmkit.runtime import cpu_has_bf16
-from mlmkit.tokenizer import train_wordpiece
+from mlmkit.data.corpus import builtin_documents, pack_ids
+from mlmkit.data.tokenizer import train_wordpiece
+from mlmkit.masking.collator import MLMCollator
+from mlmkit.model.bert import MaskedLM, build_model
+from mlmkit.training.runtime import cpu_has_bf16
 
 
 def main() -> None:

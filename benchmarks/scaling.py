@@ -3,7 +3,7 @@ model size tiny -> base (seq 128), each through ``mlmkit.train`` with its defaul
 
 Tokens per step are held at ``--tokens`` (batch = tokens / seq), so each row differs only in
 sequence length or model size. Prints a Markdown table: tokens/s, training FLOPs per token
-(``mlmkit.perf``), model TFLOP/s and MFU against the bf16 (or fp32, where mlmkit runs in
+(``mlmkit.training.perf``), model TFLOP/s and MFU against the bf16 (or fp32, where mlmkit runs in
 fp32) matmul rate measured in this run.
 
     python benchmarks/scaling.py [--steps 4] [--warmup 2] [--tokens 4096] [--quick]
@@ -30,7 +30,7 @@ from harness import (  # noqa: E402
     tokenizer_and_data,
 )
 
-from mlmkit.runtime import resolve_precision  # noqa: E402
+from mlmkit.training.runtime import resolve_precision  # noqa: E402
 
 GRID = [("bert-mini", 128), ("bert-mini", 256), ("bert-mini", 512),
         ("bert-tiny", 128), ("bert-small", 128), ("bert-medium", 128), ("bert-base", 128)]

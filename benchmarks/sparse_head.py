@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from mlmkit.collator import MLMCollator
 from mlmkit.config import ModelConfig
-from mlmkit.model import MaskedLM, build_model
+from mlmkit.masking.collator import MLMCollator
+from mlmkit.model.bert import MaskedLM, build_model
 
 PRESETS = {"bert-tiny": (2, 128, 2), "bert-mini": (4, 256, 4), "bert-small": (4, 512, 8)}
 

@@ -19,7 +19,7 @@ Each mlmkit variant trains in a process of its own (process-wide settings stay t
 
 Each variant runs ``--rounds`` times, the order alternating, and keeps its best round (a
 shared machine's load bursts then hit no variant alone). It prints tokens/s, the ratios,
-and MFU: model FLOPs per token (``mlmkit.perf``: the encoder at every position, the head
+and MFU: model FLOPs per token (``mlmkit.training.perf``: the encoder at every position, the head
 only where it predicts) x tokens/s, over the bf16 or fp32 matmul rate measured in this run
 on this machine (the best of the measurements between rounds).
 
@@ -51,7 +51,7 @@ from harness import (  # noqa: E402
     tokenizer_and_data,
 )
 
-from mlmkit.runtime import resolve_precision  # noqa: E402
+from mlmkit.training.runtime import resolve_precision  # noqa: E402
 
 
 def main() -> None:
@@ -124,7 +124,7 @@ def main() -> None:
     if "(e)" in by_name:
         print(f"   c/e = {by_name['(c)'] / by_name['(e)']:.2f}x (memory reuse)", end="")
     print()
-    print(f"FLOPs per token (mlmkit.perf): {flops_per_token(cfg, vocab, 0.15) / 1e6:.1f} M at 15% "
+    print(f"FLOPs per token (mlmkit.training.perf): {flops_per_token(cfg, vocab, 0.15) / 1e6:.1f} M at 15% "
           f"predicted; total wall time {time.perf_counter() - t0:.0f} s")
 
 

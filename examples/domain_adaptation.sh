@@ -11,10 +11,10 @@ WIKI=${DATA:-../shared/data/corpora}/wikitext-2/valid.txt
 [ -f "$BASE/config.json" ] || bash examples/pretrain_local_files.sh
 OUT=outputs/gutenberg-to-wikitext
 echo "== before: $BASE on held-out WikiText"
-.venv/bin/python -m mlmkit.evaluate checkpoint="$BASE" data=files "data.train_files=[$WIKI]"
+.venv/bin/python -m mlmkit eval checkpoint="$BASE" data=files "data.train_files=[$WIKI]"
 # model.init_from keeps the base model's tokenizer and vocabulary
 .venv/bin/python train.py model.init_from="$BASE" data=files "data.train_files=[$WIKI]" \
   optim.lr=5e-4 optim.warmup_steps=50 train.max_steps=500 train.eval_every=100 \
   hydra.run.dir="$OUT" train.resume=auto "$@"
 echo "== after: $OUT on held-out WikiText"
-.venv/bin/python -m mlmkit.evaluate checkpoint="$OUT" data=files "data.train_files=[$WIKI]"
+.venv/bin/python -m mlmkit eval checkpoint="$OUT" data=files "data.train_files=[$WIKI]"

@@ -10,6 +10,6 @@ shift
 GLUE=${GLUE:-../shared/data/glue}
 for task in sst2:SST-2 cola:CoLA rte:RTE; do
   name=${task%%:*}
-  .venv/bin/python -m mlmkit.finetune checkpoint="$CKPT" task="$name" \
+  .venv/bin/python -m mlmkit finetune checkpoint="$CKPT" task="$name" \
     task.data_dir="$GLUE/${task##*:}" "$@"
 done

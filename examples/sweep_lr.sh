@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 SWEEP=multirun/lr-sweep-$(date +%Y%m%d-%H%M%S)
 .venv/bin/python train.py -m optim.lr=1e-3,3e-3,1e-2 train.max_steps=1000 train.eval_every=250 \
   hydra.sweep.dir="$SWEEP" "$@"
-.venv/bin/python -m mlmkit.sweep "$SWEEP"
-.venv/bin/python -m mlmkit.plot "$SWEEP"/* --out "$SWEEP/curves.png"
+.venv/bin/python -m mlmkit sweep "$SWEEP"
+.venv/bin/python -m mlmkit plot "$SWEEP"/* --out "$SWEEP/curves.png"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from runs import events, run_train
 
-from mlmkit.budget import Budget, parse_duration
 from mlmkit.config import OptimConfig, TrainConfig
 from mlmkit.errors import ConfigError
-from mlmkit.optim import lr_lambda
-from mlmkit.trainer import grad_accum_steps
+from mlmkit.training.budget import Budget, parse_duration
+from mlmkit.training.optim import lr_lambda
+from mlmkit.training.trainer import grad_accum_steps
 
 
 @pytest.mark.parametrize("text,seconds", [("24h", 86400), ("1h30m", 5400), ("90m", 5400), ("45s", 45),

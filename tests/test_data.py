@@ -8,7 +8,13 @@ import pytest
 from conftest import shared_file
 
 from mlmkit.config import DataConfig
-from mlmkit.data import builtin_documents, load_corpus, pack_ids, prepare_datasets, resolve_files
+from mlmkit.data.corpus import (
+    builtin_documents,
+    load_corpus,
+    pack_ids,
+    prepare_datasets,
+    resolve_files,
+)
 from mlmkit.errors import DataError
 
 
@@ -108,7 +114,7 @@ def test_prepare_packs_and_caches(tmp_path, tokenizer, monkeypatch):
     assert int(block[0]) == tokenizer.cls_token_id and int(block[-1]) == tokenizer.sep_token_id
     assert len(packed["validation"]) > 10
     # the second call reads the cache and tokenizes nothing
-    import mlmkit.data as data_mod
+    import mlmkit.data.corpus as data_mod
 
     def boom(*a, **k):
         raise AssertionError("tokenized again despite the cache")

@@ -14,9 +14,9 @@ import pytest
 from conftest import shared_file
 from runs import assert_same_losses
 
-import mlmkit.data as data_mod
+import mlmkit.data.corpus as data_mod
 from mlmkit.config import DataConfig, SourceConfig
-from mlmkit.data import (
+from mlmkit.data.corpus import (
     MAX_LINE_BYTES,
     iter_txt,
     load_corpus,
@@ -53,7 +53,7 @@ def test_hub_presets_offline_stop_with_one_sentence(preset):
     assert cfg.streaming == (preset in ("c4", "fineweb_edu"))
     with pytest.raises(DataError) as err:
         if cfg.streaming:
-            from mlmkit.streaming import check_sources
+            from mlmkit.data.streaming import check_sources
 
             check_sources(cfg)
         else:
@@ -172,11 +172,11 @@ def _run(*args, timeout=300):
 
 @pytest.mark.parametrize("algorithm", ["bpe", "unigram", "wordpiece"])
 def test_tokenizer_command_writes_a_dir_training_can_use(tmp_path, algorithm):
-    from mlmkit.tokenizer import load_tokenizer
+    from mlmkit.data.tokenizer import load_tokenizer
 
     text = shared_file("corpora/tinyshakespeare/input.txt")
     out = tmp_path / "tok"
-    proc = _run("-m", "mlmkit.tokenizer", "data=files", f"data.train_files=[{text}]",
+    proc = _run("-m", "mlmkit", "tokenizer", "data=files", f"data.train_files=[{text}]",
                 f"tokenizer.algorithm={algorithm}", "tokenizer.vocab_size=800", f"out={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tokenizer.name_or_path=" in proc.stdout
@@ -184,7 +184,7 @@ def test_tokenizer_command_writes_a_dir_training_can_use(tmp_path, algorithm):
     assert 700 <= len(tok) <= 800
     ids = tok("To be, or not to be")["input_ids"]
     assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id and tok.unk_token_id not in ids
-    bad = _run("-m", "mlmkit.tokenizer", "data=files", f"data.train_files=[{tmp_path}/nothing*.txt]",
+    bad = _run("-m", "mlmkit", "tokenizer", "data=files", f"data.train_files=[{tmp_path}/nothing*.txt]",
                f"out={out}")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("Error: data.train_files: no file")
 
@@ -201,7 +201,7 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
     step-6 checkpoint and resume: steps 7-12 see the same batches (same losses)."""
     text = shared_file("corpora/tinyshakespeare/input.txt")
     tok = tmp_path / "tok"
-    assert _run("-m", "mlmkit.tokenizer", "data=files", f"data.train_files=[{text}]",
+    assert _run("-m", "mlmkit", "tokenizer", "data=files", f"data.train_files=[{text}]",
                 "tokenizer.algorithm=bpe", "tokenizer.vocab_size=600", f"out={tok}").returncode == 0
     common = [str(ROOT / "train.py"), *TINY, "data=files", f"data.train_files=[{text}]",
               f"tokenizer.name_or_path={tok}", f"paths.cache_dir={tmp_path}/cache", "data.packing=line_by_line"]

@@ -1,4 +1,4 @@
-"""python -m mlmkit.evaluate and the metric modules shipped for offline use."""
+"""python -m mlmkit eval and the metric modules shipped for offline use."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import sys
 import pytest
 from runs import ROOT, events
 
-from mlmkit.metric_modules import load_metric
+from mlmkit.evaluation.metric_modules import load_metric
 
 EVAL_ARGS = ["data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8"]
 
 
 def run_eval(*overrides: str, launcher: list[str] | None = None, check: bool = True):
-    cmd = (launcher or [sys.executable]) + ["-m", "mlmkit.evaluate", *EVAL_ARGS, *overrides]
+    cmd = (launcher or [sys.executable]) + ["-m", "mlmkit", "eval", *EVAL_ARGS, *overrides]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
@@ -73,7 +73,7 @@ def test_evaluate_any_files_on_one_and_two_processes(trained_run, cache_dir, tmp
              f"output={one}", "precision=no")
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     proc = subprocess.run(
-        launcher + ["-m", "mlmkit.evaluate", *EVAL_ARGS, f"checkpoint={trained_run}", f"files=[{text}]",
+        launcher + ["-m", "mlmkit", "eval", *EVAL_ARGS, f"checkpoint={trained_run}", f"files=[{text}]",
                     f"paths.cache_dir={cache_dir}", f"output={two}", "precision=no"],
         cwd=ROOT, env={**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1"},
         capture_output=True, text=True, timeout=600)

@@ -1,4 +1,4 @@
-"""python -m mlmkit.finetune: GLUE-format data, the classifier, and the end-to-end command."""
+"""python -m mlmkit finetune: GLUE-format data, the classifier, and the end-to-end command."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from runs import ROOT
 
 from mlmkit.config import TaskConfig
 from mlmkit.errors import DataError
-from mlmkit.finetune import load_task, read_tsv
+from mlmkit.evaluation.finetune import load_task, read_tsv
 
 
 def _task(name: str) -> TaskConfig:
@@ -62,7 +62,7 @@ def test_bad_task_data_is_one_sentence(tmp_path):
 
 def run_finetune(*overrides: str, check: bool = True):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "mlmkit.finetune", *overrides], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "mlmkit", "finetune", *overrides], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"finetune failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -104,7 +104,7 @@ def test_mean_pooling_reads_the_token_states_without_padding(tmp_path):
     import torch
     from transformers import BertConfig
 
-    from mlmkit.classifier import MeanPoolBertForSequenceClassification, masked_mean
+    from mlmkit.model.classifier import MeanPoolBertForSequenceClassification, masked_mean
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, num_labels=2, hidden_dropout_prob=0.0,

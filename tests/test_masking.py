@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlmkit.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.config import MaskingConfig
-from mlmkit.data import builtin_documents, pack_ids
+from mlmkit.data.corpus import builtin_documents, pack_ids
 from mlmkit.errors import ConfigError
+from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 
 STRATEGIES = ["bernoulli", "whole_word", "span", "fixed"]
 

@@ -8,7 +8,8 @@ import datasets
 import torch
 
 from mlmkit.config import MaskingConfig
-from mlmkit.metrics import MetricsLog, fixed_eval_batches, majority_baseline
+from mlmkit.evaluation.mlm import fixed_eval_batches, majority_baseline
+from mlmkit.training.metrics_log import MetricsLog
 
 
 def _dataset(tokenizer, n=300, length=32):
@@ -90,7 +91,7 @@ class _CountingModel(torch.nn.Module):
 
 def test_every_rank_runs_the_same_number_of_eval_forwards_and_counts_each_batch_once(tokenizer):
     """Under FSDP or ZeRO-3 each forward is a collective: a rank short of a batch still runs it."""
-    from mlmkit.metrics import evaluate
+    from mlmkit.evaluation.mlm import evaluate
 
     batches = fixed_eval_batches(_dataset(tokenizer, n=40), tokenizer, MaskingConfig(), batch_size=8)
     assert len(batches) == 5

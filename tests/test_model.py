@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from mlmkit.collator import MLMCollator
 from mlmkit.config import ModelConfig, OptimConfig
-from mlmkit.model import MaskedLM, build_model
-from mlmkit.optim import lr_lambda, param_groups
+from mlmkit.masking.collator import MLMCollator
+from mlmkit.model.bert import MaskedLM, build_model
+from mlmkit.training.optim import lr_lambda, param_groups
 
 SMALL = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -117,7 +117,7 @@ def test_accumulated_step_equals_one_big_batch(tokenizer):
     """Micro-batches with unequal masked counts: the gradient is per chosen token of the step."""
     from accelerate import Accelerator
 
-    from mlmkit.trainer import forward_backward
+    from mlmkit.training.trainer import forward_backward
 
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from runs import ROOT, TINY, assert_same_weights, events, run_train
 
-from mlmkit.checkpoint import list_checkpoints, save_checkpoint
 from mlmkit.errors import CheckpointError
+from mlmkit.training.checkpoint import list_checkpoints, save_checkpoint
 
 
 def _start(run: Path, cache_dir: Path, *overrides: str) -> subprocess.Popen:

@@ -10,17 +10,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlmkit.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.config import ModelConfig
-from mlmkit.kernels import cpu_sdpa_attention_forward, cross_entropy_sum, register_cpu_attention
-from mlmkit.model import MaskedLM, build_model, padded_vocab_size, prediction_positions
-from mlmkit.perf import (
+from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.model.bert import MaskedLM, build_model, padded_vocab_size, prediction_positions
+from mlmkit.model.kernels import (
+    cpu_sdpa_attention_forward,
+    cross_entropy_sum,
+    register_cpu_attention,
+)
+from mlmkit.training.perf import (
     ThroughputMeter,
     model_flops_per_token,
     peak_memory_gb,
     train_flops_per_token,
 )
-from mlmkit.trainer import DropFullAttentionMask
+from mlmkit.training.trainer import DropFullAttentionMask
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256)
 
@@ -110,7 +114,7 @@ def test_throughput_meter_and_peak_memory():
 def test_in_run_mfu_reference_takes_the_benchmarks_best_matmul_size(monkeypatch):
     """On a CPU the 1,024-square bf16 product can run at about half the 2,048-square rate;
     the run's MFU reference must be the best size, as in ``make bench``, or MFU reads double."""
-    from mlmkit import perf
+    from mlmkit.training import perf
 
     measure = perf.measure_matmul_rate
     by_size = {1024: 1.0e12, 2048: 1.8e12}
@@ -155,8 +159,8 @@ def test_mfu_reference_bounds_the_models_own_matmuls_on_this_cpu(preset):
 
     from transformers import BertConfig
 
-    from mlmkit import perf
-    from mlmkit.runtime import resolve_precision
+    from mlmkit.training import perf
+    from mlmkit.training.runtime import resolve_precision
 
     hidden, ffn, vocab, tokens = {"test-tiny": (32, 64, 1024, 8 * 64),
                                   "bert-mini": (256, 1024, 8192, 32 * 128)}[preset]
@@ -190,7 +194,7 @@ def test_emulated_bf16_is_never_timed_and_is_named(monkeypatch, caplog):
     CPU) and the user is told that fp32 is faster."""
     import logging
 
-    from mlmkit import perf, runtime
+    from mlmkit.training import perf, runtime
 
     monkeypatch.setattr(perf, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)
@@ -355,7 +359,7 @@ def test_speed_setting_keeps_the_loss(tokenizer, setting):
 
 @pytest.mark.slow
 def test_compiled_encoder_keeps_the_loss_and_the_parameter_names(tokenizer):
-    from mlmkit.runtime import compile_encoder
+    from mlmkit.training.runtime import compile_encoder
 
     batches = _batches(tokenizer, _packed)
     plain = _train(MaskedLM(_model(tokenizer)), batches)
@@ -371,7 +375,7 @@ def test_compiled_encoder_keeps_the_loss_and_the_parameter_names(tokenizer):
 
 @pytest.mark.gpu
 def test_flash_attention_varlen_equals_sdpa_on_padded_batches(tokenizer):
-    from mlmkit.model import flash_attn_available
+    from mlmkit.model.bert import flash_attn_available
 
     if not flash_attn_available():
         pytest.skip("needs a CUDA GPU and the flash-attn package")
@@ -384,7 +388,7 @@ def test_flash_attention_varlen_equals_sdpa_on_padded_batches(tokenizer):
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=1e-2)
 
 
-# -- the CPU kernels (mlmkit.kernels) -----------------------------------------------------
+# -- the CPU kernels (mlmkit.model.kernels) -----------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_blockwise_cross_entropy_equals_torch(dtype):
@@ -443,7 +447,7 @@ def test_cpu_bf16_attention_leaves_masks_and_inference_to_sdpa(monkeypatch):
 
 
 def test_auto_attention_on_cpu_picks_the_kernel_for_bf16_only():
-    from mlmkit.model import resolve_attn_implementation
+    from mlmkit.model.bert import resolve_attn_implementation
 
     assert resolve_attn_implementation("auto", "cpu", "bf16") == "mlmkit_cpu_sdpa"
     assert resolve_attn_implementation("auto", "cpu", "no") == "sdpa"
@@ -452,7 +456,7 @@ def test_auto_attention_on_cpu_picks_the_kernel_for_bf16_only():
 
 _FAULTS = """
 import resource, sys, torch
-from mlmkit.runtime import reuse_freed_memory
+from mlmkit.training.runtime import reuse_freed_memory
 applied = reuse_freed_memory() if sys.argv[1] == "reuse" else False
 faults = []
 for _ in range(4):  # a 48 MB tensor made and freed every step, as the head's logits are

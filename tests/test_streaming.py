@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import shared_file
 
-import mlmkit.streaming as streaming
-from mlmkit.collator import MLMCollator
+import mlmkit.data.streaming as streaming
 from mlmkit.config import DataConfig, SourceConfig
 from mlmkit.errors import ConfigError, DataError
+from mlmkit.masking.collator import MLMCollator
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,9 @@ import sys
 import pytest
 from runs import ROOT, TINY, events
 
-from mlmkit.plot import main as plot_main
-from mlmkit.sweep import format_table, sweep_table
-from mlmkit.sweep import main as sweep_main
+from mlmkit.cli.plot import main as plot_main
+from mlmkit.cli.sweep import format_table, sweep_table
+from mlmkit.cli.sweep import main as sweep_main
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mlmkit.config import TokenizerConfig
+from mlmkit.data.tokenizer import get_tokenizer, load_tokenizer, tokenizer_fingerprint
 from mlmkit.errors import TokenizerError
-from mlmkit.tokenizer import get_tokenizer, load_tokenizer, tokenizer_fingerprint
 
 TEXTS = [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in range(300)]
 

@@ -9,7 +9,7 @@ from runs import events, run_train
 
 from mlmkit.config import LoggerConfig
 from mlmkit.errors import ConfigError
-from mlmkit.tracking import flat_hparams, log_with
+from mlmkit.training.tracking import flat_hparams, log_with
 
 
 def test_flat_hparams():

@@ -38,7 +38,7 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
                  f"{last_train['step']} optimizer steps, {last_train['tokens_seen']} tokens seen",
                  f"| eval_accuracy | {last_eval['eval_accuracy']:.4f} |",  # final eval metrics
                  '"hidden_size": 32', '"max_steps": 30',  # the full config
-                 'pipeline("fill-mask"', "python -m mlmkit.fill_mask"):  # usage
+                 'pipeline("fill-mask"', "mlmkit fill-mask"):  # usage
         assert fact in card, fact
 
     # The export is a plain Hugging Face dir: fill-mask with nothing from mlmkit imported.

@@ -1,16 +1,16 @@
 """mlmkit: pretrain BERT-style masked language models."""
 
-from mlmkit.collator import MLMCollator
 from mlmkit.config import Config
 from mlmkit.errors import MLMKitError
+from mlmkit.masking.collator import MLMCollator
 
 __version__ = "0.1.0"
 
 
 def train(cfg, run_dir):
-    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.trainer.train``."""
+    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.training.trainer.train``."""
     from mlmkit.config import to_config
-    from mlmkit.trainer import train as _train
+    from mlmkit.training.trainer import train as _train
 
     return _train(to_config(cfg), run_dir)
 

@@ -1,6 +1,6 @@
 """Errors a user can cause. Each carries one sentence that names the setting to change.
 
-Entry points (``train.py``, ``python -m mlmkit.*``) print the sentence and exit with
+Entry points (``train.py``, ``python -m mlmkit <command>``) print the sentence and exit with
 status 2 instead of showing a traceback.
 """
 

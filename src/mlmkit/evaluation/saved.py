@@ -1,8 +1,8 @@
 """Evaluate a trained model's masked language modeling on a corpus.
 
-    python -m mlmkit.evaluate checkpoint=outputs/<run>              # its validation split
-    python -m mlmkit.evaluate checkpoint=outputs/<run>/final files=[../shared/data/corpora/wikitext-2/valid.txt]
-    accelerate launch -m mlmkit.evaluate checkpoint=... data=files data.train_files=[...]
+    mlmkit eval checkpoint=outputs/<run>              # its validation split
+    mlmkit eval checkpoint=outputs/<run>/final files=[../shared/data/corpora/wikitext-2/valid.txt]
+    accelerate launch -m mlmkit eval checkpoint=... data=files data.train_files=[...]
 
 Prints loss, perplexity, masked-token accuracy and top-5 accuracy over the chosen tokens,
 computed by the ``masked_lm`` metric module shipped in mlmkit (it loads offline). Masks are
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mlmkit.collator import IGNORE_INDEX
 from mlmkit.config import EvalConfig
+from mlmkit.masking.collator import IGNORE_INDEX
 
 log = logging.getLogger("mlmkit")
 TOP_K = 5
@@ -33,7 +33,7 @@ def mlm_predictions(accelerator, objective, batches) -> dict[str, list]:
     """Per chosen token, over all ranks: its loss, the top-5 token ids and the original id."""
     from accelerate.utils import gather_object
 
-    from mlmkit.metrics import rank_share
+    from mlmkit.evaluation.mlm import rank_share
 
     objective.eval()
     losses, top, refs = [], [], []
@@ -62,7 +62,7 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
     """The packed blocks to evaluate: ``cfg.files`` whole, or the validation split of ``cfg.data``."""
     import datasets
 
-    from mlmkit.data import load_files, pack_corpus, prepare_datasets, resolve_files
+    from mlmkit.data.corpus import load_files, pack_corpus, prepare_datasets, resolve_files
 
     if cfg.files:
         docs = load_files(resolve_files(cfg.files, "files"), cfg.data, "files")
@@ -87,11 +87,11 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
     from accelerate import Accelerator
 
     from mlmkit.errors import ConfigError
-    from mlmkit.loading import load_model_and_tokenizer
-    from mlmkit.metric_modules import load_metric
-    from mlmkit.metrics import fixed_eval_batches
-    from mlmkit.model import MaskedLM
-    from mlmkit.runtime import resolve_precision, runs_on_cpu
+    from mlmkit.evaluation.metric_modules import load_metric
+    from mlmkit.evaluation.mlm import fixed_eval_batches
+    from mlmkit.model.bert import MaskedLM
+    from mlmkit.model.loading import load_model_and_tokenizer
+    from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
     use_cpu = runs_on_cpu()
     precision = resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision")
@@ -116,34 +116,3 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-def _main() -> None:
-    import hydra
-    from omegaconf import DictConfig
-
-    from mlmkit.config import CONFIG_PATH, register_configs
-
-    register_configs()
-
-    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="evaluate")
-    def main(cfg: DictConfig) -> None:
-        from accelerate import PartialState
-
-        from mlmkit.cli import exit_on_error
-        from mlmkit.config import to_config
-
-        results = []
-        exit_on_error(lambda: results.append(run_evaluation(to_config(cfg, EvalConfig))))
-        result = results[0]
-        if PartialState().is_main_process:
-            print(f"{result['checkpoint']}: {result['tokens']} masked tokens in {result['blocks']} "
-                  f"blocks of {result['max_seq_length']}")
-            for key in ("loss", "perplexity", "accuracy", f"top{TOP_K}_accuracy"):
-                print(f"  {key:<15} {result[key]:.4f}")
-
-    main()
-
-
-if __name__ == "__main__":
-    _main()

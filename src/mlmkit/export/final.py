@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mlmkit.model import count_parameters
+from mlmkit.model.bert import count_parameters
 
 
 def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -54,7 +54,7 @@ fill = pipeline("fill-mask", model="path/to/this/dir")
 fill("The {mask} of the function is returned.")
 ```
 
-or from the command line: `python -m mlmkit.fill_mask path/to/this/dir "The {mask} of the function is returned."`
+or from the command line: `mlmkit fill-mask path/to/this/dir "The {mask} of the function is returned."`
 
 ## Full config
 

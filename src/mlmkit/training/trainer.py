@@ -23,27 +23,48 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from mlmkit.budget import Budget, parse_duration
-from mlmkit.checkpoint import load_checkpoint, load_latest, resolve_resume, save_checkpoint
-from mlmkit.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.config import Config
-from mlmkit.data import corpus_fingerprint, load_corpus, prepare_datasets, warn_small_validation
+from mlmkit.data.corpus import (
+    corpus_fingerprint,
+    load_corpus,
+    prepare_datasets,
+    warn_small_validation,
+)
+from mlmkit.data.tokenizer import get_tokenizer
 from mlmkit.errors import ConfigError, DataError, Preempted, TrainingDiverged
-from mlmkit.export import export_final, without_tied_copies
-from mlmkit.loading import save_run_model_spec
-from mlmkit.metrics import MetricsLog, evaluate, fixed_eval_batches, majority_baseline
-from mlmkit.model import (
+from mlmkit.evaluation.mlm import evaluate, fixed_eval_batches, majority_baseline
+from mlmkit.export.final import export_final, without_tied_copies
+from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.model.bert import (
     MaskedLM,
     build_model,
     count_parameters,
     prediction_positions,
     resolve_attn_implementation,
 )
-from mlmkit.optim import build_optimizer, build_scheduler
-from mlmkit.perf import ThroughputMeter, model_matmul_shapes, peak_memory_gb, reference_rate
-from mlmkit.runtime import apply_speed_settings, compile_encoder, resolve_precision, runs_on_cpu
-from mlmkit.tokenizer import get_tokenizer
-from mlmkit.tracking import finish_trackers_on_error, log_event, start_trackers, tracker_setup
+from mlmkit.model.loading import save_run_model_spec
+from mlmkit.training.budget import Budget, parse_duration
+from mlmkit.training.checkpoint import load_checkpoint, load_latest, resolve_resume, save_checkpoint
+from mlmkit.training.metrics_log import MetricsLog
+from mlmkit.training.optim import build_optimizer, build_scheduler
+from mlmkit.training.perf import (
+    ThroughputMeter,
+    model_matmul_shapes,
+    peak_memory_gb,
+    reference_rate,
+)
+from mlmkit.training.runtime import (
+    apply_speed_settings,
+    compile_encoder,
+    resolve_precision,
+    runs_on_cpu,
+)
+from mlmkit.training.tracking import (
+    finish_trackers_on_error,
+    log_event,
+    start_trackers,
+    tracker_setup,
+)
 
 log = logging.getLogger("mlmkit")
 
@@ -359,7 +380,7 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
             yield from rows["text"]
 
     if cfg.data.streaming:  # tokenized and packed on the fly (streaming.py)
-        from mlmkit import streaming
+        from mlmkit.data import streaming
 
         with accelerator.local_main_process_first():
             tokenizer = get_tokenizer(cfg.tokenizer, lambda: streaming.iter_texts(cfg.data), fingerprint,

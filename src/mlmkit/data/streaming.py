@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from mlmkit.config import DataConfig, SourceConfig
-from mlmkit.data import (
+from mlmkit.data.corpus import (
     SPLIT_SEED,
     TEXT_EXTENSIONS,
     builtin_documents,

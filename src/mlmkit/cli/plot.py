@@ -1,7 +1,7 @@
 """Curves of one or several runs from their metrics.jsonl, as one PNG.
 
-    python -m mlmkit.plot outputs/<run>                      # writes outputs/<run>/curves.png
-    python -m mlmkit.plot multirun/<date>/<time>/* --out lr-sweep.png
+    mlmkit plot outputs/<run>                      # writes outputs/<run>/curves.png
+    mlmkit plot multirun/<date>/<time>/* --out lr-sweep.png
 
 Four panels against the optimizer step: training loss, validation accuracy (masked
 tokens; the dashed line is the majority-token baseline), learning rate and tokens/s.
@@ -10,12 +10,10 @@ tokens; the dashed line is the majority-token baseline), learning rate and token
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from mlmkit.cli import report_errors
 from mlmkit.errors import DataError
-from mlmkit.metrics import read_metrics
+from mlmkit.training.metrics_log import read_metrics
 
 PANELS = [  # (event, key, title)
     ("train", "loss", "training loss (masked tokens)"),
@@ -86,6 +84,3 @@ def main(argv: list[str] | None = None) -> int:
     print(path)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(report_errors(main))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from mlmkit.errors import ConfigError
 
@@ -440,7 +439,7 @@ class Config:
 
 @dataclass
 class EvalConfig:
-    """``python -m mlmkit.evaluate``: MLM figures of a checkpoint on a corpus (conf/evaluate.yaml)."""
+    """``mlmkit eval``: MLM figures of a checkpoint on a corpus (conf/evaluate.yaml)."""
 
     # An exported model dir (a run's final/, any BertForMaskedLM dir), a run dir (its final/,
     # else its latest checkpoint) or a checkpoints/step_* folder of a run.
@@ -487,7 +486,7 @@ class TaskConfig:
         _check(len(self.labels) >= 2, "task.labels must list at least two label values.")
         _check(self.header or len(self.column_names) > 0,
                "task.header=false needs task.column_names=[...] naming the TSV columns.")
-        from mlmkit.metric_modules import METRICS
+        from mlmkit.evaluation.metric_modules import METRICS
 
         for m in self.metrics:
             _check(m in METRICS and m != "masked_lm",
@@ -497,7 +496,7 @@ class TaskConfig:
 
 @dataclass
 class FinetuneConfig:
-    """``python -m mlmkit.finetune``: sequence classification from a checkpoint (conf/finetune.yaml)."""
+    """``mlmkit finetune``: sequence classification from a checkpoint (conf/finetune.yaml)."""
 
     checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
     init: str = "pretrained"  # pretrained | random (same architecture, for comparison)
@@ -526,71 +525,3 @@ class FinetuneConfig:
         _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
         _check(self.precision in ("auto", "no", "fp16", "bf16"),
                f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
-
-
-def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
-    """The start time of the run, the same on every rank of a node.
-
-    Under ``accelerate launch``/torchrun each rank resolves the Hydra config on its own, at
-    slightly different moments; they share the launcher process, so its start time names
-    one run dir for all of them. Outside a launcher this is simply now.
-    """
-    import os
-    import time
-
-    started = time.time()
-    if "LOCAL_RANK" in os.environ:
-        try:
-            with open(f"/proc/{os.getppid()}/stat") as f:
-                ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-            with open("/proc/stat") as f:
-                btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-            started = btime + ticks / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError, StopIteration):
-            pass
-    return time.strftime(fmt, time.localtime(started))
-
-
-# The YAML config groups: conf/ in the checkout, shipped as the package mlmkit.conf.
-CONFIG_MODULE = "mlmkit.conf"
-CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
-
-
-def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (conf/config.yaml extends it) and the
-    ``launch_time`` resolver used by the default run dir."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    cs = ConfigStore.instance()
-    cs.store(name="mlmkit_schema", node=Config)
-    cs.store(name="mlmkit_eval_schema", node=EvalConfig)
-    cs.store(name="mlmkit_finetune_schema", node=FinetuneConfig)
-    if not OmegaConf.has_resolver("launch_time"):
-        OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
-
-
-def to_config(cfg: Any, schema_class: type = Config) -> Any:
-    """Turn a composed DictConfig (or a plain dict) into a checked ``Config`` (or ``schema_class``)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(cfg, schema_class):
-        return cfg
-    if not isinstance(cfg, DictConfig):
-        cfg = OmegaConf.create(cfg)
-    schema = OmegaConf.structured(schema_class)
-    try:
-        merged = OmegaConf.merge(schema, cfg)
-        return OmegaConf.to_object(merged)
-    except ConfigError:
-        raise
-    except Exception as exc:  # omegaconf validation errors name the key
-        raise ConfigError(_omegaconf_message(exc)) from None
-
-
-def _omegaconf_message(exc: Exception) -> str:
-    key = getattr(exc, "full_key", None)
-    msg = str(exc).splitlines()[0]
-    if key:
-        return f"config key '{key}': {msg}"
-    return msg

@@ -1,15 +1,13 @@
 """Fill the [MASK] in a sentence with a trained model.
 
-    python -m mlmkit.fill_mask outputs/my-run/final "The [MASK] of the function is returned."
+    mlmkit fill-mask outputs/my-run/final "The [MASK] of the function is returned."
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from mlmkit.cli import report_errors
 from mlmkit.errors import ConfigError, DataError
 
 
@@ -39,6 +37,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['score']:.4f}  {r['token_str']!s:<15} {r['sequence']}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(report_errors(main))

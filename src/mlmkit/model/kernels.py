@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from mlmkit.collator import IGNORE_INDEX
+from mlmkit.masking.collator import IGNORE_INDEX
 
 CE_ROWS = 16  # rows of logits per block: 16 x 30,522 fp32 values is about 2 MB, one core's L2
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlmkit.checkpoint import is_checkpoint, list_checkpoints
 from mlmkit.errors import CheckpointError, ConfigError
+from mlmkit.training.checkpoint import is_checkpoint, list_checkpoints
 
 RUN_MODEL_DIR = "model"  # <run dir>/model: config.json and the tokenizer
 
@@ -46,8 +46,8 @@ def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> Path:
 def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
                              attn_implementation: str = "sdpa"):
     """``(BertForMaskedLM, tokenizer, resolved path)`` for a model dir, run dir or checkpoint."""
-    from mlmkit.model import load_pretrained
-    from mlmkit.tokenizer import load_tokenizer
+    from mlmkit.data.tokenizer import load_tokenizer
+    from mlmkit.model.bert import load_pretrained
 
     resolved = resolve_model_path(path, setting)
     if not is_checkpoint(resolved):

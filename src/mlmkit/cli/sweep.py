@@ -1,8 +1,8 @@
 """One table of the final figures of every run of a sweep.
 
     python train.py -m optim.lr=1e-3,3e-3,1e-2 train.max_steps=500    # a Hydra multirun
-    python -m mlmkit.sweep multirun/<date>/<time>                        # its table
-    python -m mlmkit.sweep outputs/run-a outputs/run-b --csv             # any runs
+    mlmkit sweep multirun/<date>/<time>                        # its table
+    mlmkit sweep outputs/run-a outputs/run-b --csv             # any runs
 
 Each row is one run: the overrides that set it apart from the others (from
 .hydra/overrides.yaml; all of them for a single run), its last
@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlmkit.cli import report_errors
 from mlmkit.errors import DataError
-from mlmkit.metrics import read_metrics
+from mlmkit.training.metrics_log import read_metrics
 
 COLUMNS = ["run", "overrides", "step", "tokens_seen", "eval_loss", "eval_perplexity",
            "eval_accuracy", "eval_top5_accuracy"]
@@ -112,6 +111,3 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(report_errors(main))

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlmkit.collator import IGNORE_INDEX
 from mlmkit.config import ModelConfig
 from mlmkit.errors import ConfigError
-from mlmkit.kernels import cross_entropy_sum
+from mlmkit.masking.collator import IGNORE_INDEX
+from mlmkit.model.kernels import cross_entropy_sum
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
 
     ``auto``: ``flash_attention_2`` on CUDA in bf16/fp16 with flash-attn installed (padded
     batches then run through flash-attn's variable-length kernel, padding costs no
-    attention), else ``sdpa``; on a CPU in bf16, ``mlmkit_cpu_sdpa`` (``mlmkit.kernels``:
+    attention), else ``sdpa``; on a CPU in bf16, ``mlmkit_cpu_sdpa`` (``mlmkit.model.kernels``:
     the same fused bf16 forward, with the faster fp32 fused backward).
     """
     if name != "auto":
@@ -75,7 +75,7 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
     if device_type == "cuda" and precision in ("bf16", "fp16") and flash_attn_available():
         return "flash_attention_2"
     if device_type == "cpu" and precision == "bf16":
-        from mlmkit.kernels import register_cpu_attention
+        from mlmkit.model.kernels import register_cpu_attention
 
         return register_cpu_attention()
     return "sdpa"

@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from mlmkit.config import DataConfig
+from mlmkit.data.tokenizer import tokenizer_fingerprint
 from mlmkit.errors import DataError, MLMKitError
 
 log = logging.getLogger(__name__)
@@ -541,7 +542,7 @@ def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = N
 
 def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str:
     """The packed dataset's cache key: everything that changes the blocks."""
-    from mlmkit.tokenizer import tokenizer_fingerprint
+
 
     key_src = json.dumps({
         "corpus": fingerprint or corpus_fingerprint(cfg),

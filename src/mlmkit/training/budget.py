@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from mlmkit.config import OptimConfig, parse_duration  # noqa: F401 (parse_duration re-exported)
-from mlmkit.optim import lr_lambda
+from mlmkit.training.optim import lr_lambda
 
 
 class Budget:

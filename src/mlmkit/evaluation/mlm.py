@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
-from typing import Any
 
 import torch
 
-from mlmkit.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 
 EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
 
@@ -90,7 +87,7 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         out = model(**batch)  # the prepared model runs under the run's autocast
         valid = out["targets"] != IGNORE_INDEX
         # top-1 is the first of the top-5 of the fp32 logits, so ties (frequent in bf16 early
-        # in training) break as in ``python -m mlmkit.evaluate``
+        # in training) break as in ``mlmkit eval``
         top5 = out["logits"].float().topk(min(5, out["logits"].size(-1)), dim=-1).indices
         hit1 = (top5[:, 0] == out["targets"]) & valid
         hit5 = (top5 == out["targets"][:, None]).any(-1) & valid
@@ -112,39 +109,3 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         "eval_top5_accuracy": top5 / n,
         "eval_tokens": int(n),
     }
-
-
-class MetricsLog:
-    """Appends one JSON object per event to ``metrics.jsonl`` (main process only)."""
-
-    def __init__(self, path: Path, enabled: bool = True) -> None:
-        self.path = Path(path)
-        self.enabled = enabled
-
-    def truncate_after(self, step: int) -> None:
-        """Drop events after ``step`` (a resumed run rewrites them), keeping the rest."""
-        if not self.enabled or not self.path.is_file():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            if event.get("step", 0) <= step:
-                kept.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        tmp.replace(self.path)
-
-    def write(self, event: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(event) + "\n")
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All events of a run's metrics.jsonl."""
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from mlmkit.runtime import cpu_has_bf16
+from mlmkit.training.runtime import cpu_has_bf16
 
 log = logging.getLogger("mlmkit")
 

@@ -1,10 +1,10 @@
 """Fine-tune a pretrained encoder for sentence(-pair) classification and report dev metrics.
 
-    python -m mlmkit.finetune checkpoint=outputs/<run> task=sst2 task.data_dir=../shared/data/glue/SST-2
-    python -m mlmkit.finetune checkpoint=outputs/<run> task=cola task.data_dir=../shared/data/glue/CoLA
-    python -m mlmkit.finetune checkpoint=outputs/<run> task=rte task.data_dir=../shared/data/glue/RTE
-    python -m mlmkit.finetune ... init=random          # same architecture from scratch
-    python -m mlmkit.finetune ... pooling=mean         # classify from the mean token state
+    mlmkit finetune checkpoint=outputs/<run> task=sst2 task.data_dir=../shared/data/glue/SST-2
+    mlmkit finetune checkpoint=outputs/<run> task=cola task.data_dir=../shared/data/glue/CoLA
+    mlmkit finetune checkpoint=outputs/<run> task=rte task.data_dir=../shared/data/glue/RTE
+    mlmkit finetune ... init=random          # same architecture from scratch
+    mlmkit finetune ... pooling=mean         # classify from the mean token state
 
 ``BertForSequenceClassification`` takes the checkpoint's encoder; the pooler and the
 classifier start from a seeded random init, the same one for ``init=random``, so the two
@@ -112,7 +112,7 @@ def build_classifier(cfg: FinetuneConfig):
     """``(BertForSequenceClassification, tokenizer, source path)`` for ``cfg``."""
     from transformers import BertForSequenceClassification
 
-    from mlmkit.loading import load_model_and_tokenizer
+    from mlmkit.model.loading import load_model_and_tokenizer
 
     mlm, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
     config = mlm.config.__class__.from_dict(mlm.config.to_dict())
@@ -121,7 +121,7 @@ def build_classifier(cfg: FinetuneConfig):
     config._attn_implementation = "sdpa"
     torch.manual_seed(cfg.seed)  # pooler and classifier init: the same for both inits
     if cfg.pooling == "mean":
-        from mlmkit.classifier import MeanPoolBertForSequenceClassification
+        from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 
         model = MeanPoolBertForSequenceClassification(config)
     else:
@@ -153,7 +153,7 @@ def predict(accelerator, model, loader) -> tuple[list[int], list[int]]:
 
 
 def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, float]:
-    from mlmkit.metric_modules import load_metric
+    from mlmkit.evaluation.metric_modules import load_metric
 
     out: dict[str, float] = {}
     for name in task.metrics:
@@ -168,9 +168,9 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from mlmkit.config import OptimConfig
-    from mlmkit.metrics import MetricsLog
-    from mlmkit.optim import build_optimizer, build_scheduler
-    from mlmkit.runtime import resolve_precision, runs_on_cpu
+    from mlmkit.training.metrics_log import MetricsLog
+    from mlmkit.training.optim import build_optimizer, build_scheduler
+    from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
     run_dir = Path(run_dir)
     use_cpu = runs_on_cpu()
@@ -231,36 +231,3 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
             tokenizer.save_pretrained(str(run_dir / "model"))
     accelerator.end_training()
     return summary
-
-
-def _main() -> None:
-    import hydra
-    from omegaconf import DictConfig
-
-    from mlmkit.config import CONFIG_PATH, register_configs
-
-    register_configs()
-
-    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="finetune")
-    def main(cfg: DictConfig) -> None:
-        from accelerate import PartialState
-        from hydra.core.hydra_config import HydraConfig
-
-        from mlmkit.cli import exit_on_error
-        from mlmkit.config import to_config
-
-        logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
-        results = []
-        exit_on_error(lambda: results.append(
-            finetune(to_config(cfg, FinetuneConfig), HydraConfig.get().runtime.output_dir)))
-        summary = results[0]
-        if PartialState().is_main_process:
-            headline = cfg.task.metrics[0]
-            print(f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
-                  f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s)")
-
-    main()
-
-
-if __name__ == "__main__":
-    _main()

@@ -1,0 +1,65 @@
+"""``mlmkit <command> [settings]``: every job of the toolkit behind one command.
+
+    mlmkit train     model=bert-mini train.max_steps=200      pretrain (conf/config.yaml)
+    mlmkit eval      checkpoint=outputs/<run>                  MLM figures of a model
+    mlmkit finetune  checkpoint=outputs/<run> task=sst2        GLUE fine-tuning
+    mlmkit tokenizer data=files data.train_files=[a.txt] out=tok/
+    mlmkit fill-mask outputs/<run>/final "The [MASK] is here."
+    mlmkit plot      outputs/<run> [more runs] [--out file.png]
+    mlmkit sweep     multirun/<date>/<time>
+
+Each command lives in ``mlmkit.cli.<name>`` and takes Hydra overrides (or, for fill-mask,
+plot and sweep, plain arguments). Under ``accelerate launch -m mlmkit train ...`` (or
+``accelerate launch train.py ...``) it runs on every process. A problem with a setting or
+an input stops with exit status 2 and one sentence that names it (``cli.errors``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from mlmkit.cli.errors import report_errors
+
+# command -> (module, whether main() takes the arguments (else Hydra reads sys.argv), what it does)
+COMMANDS: dict[str, tuple[str, bool, str]] = {
+    "train": ("mlmkit.cli.train", False, "pretrain a masked language model"),
+    "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
+    "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task (SST-2, CoLA, RTE)"),
+    "tokenizer": ("mlmkit.cli.tokenizer", True, "train a tokenizer on a corpus"),
+    "fill-mask": ("mlmkit.cli.fill_mask", True, "fill the [MASK] of a sentence"),
+    "plot": ("mlmkit.cli.plot", True, "plot the curves of runs"),
+    "sweep": ("mlmkit.cli.sweep", True, "the final figures of a sweep, as a table"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: mlmkit <command> [settings]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {what}" for name, (_, _, what) in COMMANDS.items()]
+    lines += ["", "mlmkit <command> --help shows a command's settings."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``mlmkit`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"Error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.",
+              file=sys.stderr)
+        return 2
+    module, takes_args, _ = COMMANDS[command]
+    run = importlib.import_module(module).main
+    sys.argv = [f"mlmkit {command}", *rest]  # Hydra and argparse read the command line here
+    if not takes_args:  # Hydra's mains report their own errors (exit_on_error)
+        return run() or 0
+    return report_errors(lambda: run(rest))
+
+
+def fill_mask_main() -> int:
+    """The ``mlmkit-fill-mask`` console script: ``mlmkit fill-mask``."""
+    return main(["fill-mask", *sys.argv[1:]])

@@ -1,0 +1,35 @@
+"""``mlmkit finetune checkpoint=<run> task=sst2 [settings]``: GLUE fine-tuning
+(``mlmkit.evaluation.finetune``; settings: conf/finetune.yaml)."""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+from omegaconf import DictConfig
+
+from mlmkit.cli.errors import exit_on_error
+from mlmkit.config import CONFIG_PATH, FinetuneConfig, register_configs, to_config
+
+
+def main() -> None:
+    register_configs()
+
+    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="finetune")
+    def run(cfg: DictConfig) -> None:
+        from accelerate import PartialState
+        from hydra.core.hydra_config import HydraConfig
+
+        from mlmkit.evaluation.finetune import finetune
+
+        logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+        results = []
+        exit_on_error(lambda: results.append(
+            finetune(to_config(cfg, FinetuneConfig), HydraConfig.get().runtime.output_dir)))
+        summary = results[0]
+        if PartialState().is_main_process:
+            headline = cfg.task.metrics[0]
+            print(f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
+                  f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s)")
+
+    run()

@@ -1,0 +1,51 @@
+"""Configuration: the typed schema of conf/ (``schema``: every setting, its meaning, unit
+and checks) and Hydra composition (``compose``: conf/ + the command line -> a checked
+``Config``). Library code takes these objects, never a DictConfig."""
+
+from mlmkit.config.compose import (
+    CONFIG_MODULE,
+    CONFIG_PATH,
+    launch_time,
+    register_configs,
+    to_config,
+)
+from mlmkit.config.schema import (
+    TRACKERS,
+    Config,
+    DataConfig,
+    EvalConfig,
+    FinetuneConfig,
+    LoggerConfig,
+    MaskingConfig,
+    ModelConfig,
+    OptimConfig,
+    PathsConfig,
+    SourceConfig,
+    TaskConfig,
+    TokenizerConfig,
+    TrainConfig,
+    parse_duration,
+)
+
+__all__ = [
+    "CONFIG_MODULE",
+    "CONFIG_PATH",
+    "Config",
+    "DataConfig",
+    "EvalConfig",
+    "FinetuneConfig",
+    "LoggerConfig",
+    "MaskingConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PathsConfig",
+    "SourceConfig",
+    "TRACKERS",
+    "TaskConfig",
+    "TokenizerConfig",
+    "TrainConfig",
+    "launch_time",
+    "parse_duration",
+    "register_configs",
+    "to_config",
+]

@@ -1,0 +1,74 @@
+"""Hydra composition: conf/ (shipped as ``mlmkit.conf``) + the command line -> a validated
+schema object (``to_config``); the ``launch_time`` resolver that gives all ranks one run dir."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from mlmkit.config.schema import Config, EvalConfig, FinetuneConfig
+from mlmkit.errors import ConfigError
+
+
+def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
+    """The start time of the run, the same on every rank of a node.
+
+    Under ``accelerate launch``/torchrun each rank resolves the Hydra config on its own, at
+    slightly different moments; they share the launcher process, so its start time names
+    one run dir for all of them. Outside a launcher this is simply now.
+    """
+    started = time.time()
+    if "LOCAL_RANK" in os.environ:
+        try:
+            with open(f"/proc/{os.getppid()}/stat") as f:
+                ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/stat") as f:
+                btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+            started = btime + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            pass
+    return time.strftime(fmt, time.localtime(started))
+
+
+# The YAML config groups: conf/ in the checkout, shipped as the package mlmkit.conf.
+CONFIG_MODULE = "mlmkit.conf"
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (conf/config.yaml extends it) and the
+    ``launch_time`` resolver used by the default run dir."""
+    cs = ConfigStore.instance()
+    cs.store(name="mlmkit_schema", node=Config)
+    cs.store(name="mlmkit_eval_schema", node=EvalConfig)
+    cs.store(name="mlmkit_finetune_schema", node=FinetuneConfig)
+    if not OmegaConf.has_resolver("launch_time"):
+        OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
+
+
+def to_config(cfg: Any, schema_class: type = Config) -> Any:
+    """Turn a composed DictConfig (or a plain dict) into a checked ``Config`` (or ``schema_class``)."""
+    if isinstance(cfg, schema_class):
+        return cfg
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    schema = OmegaConf.structured(schema_class)
+    try:
+        merged = OmegaConf.merge(schema, cfg)
+        return OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except Exception as exc:  # omegaconf validation errors name the key
+        raise ConfigError(_omegaconf_message(exc)) from None
+
+
+def _omegaconf_message(exc: Exception) -> str:
+    key = getattr(exc, "full_key", None)
+    msg = str(exc).splitlines()[0]
+    if key:
+        return f"config key '{key}': {msg}"
+    return msg

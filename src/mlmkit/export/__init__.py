@@ -1,0 +1,1 @@
+"""Export: ``final/`` as a plain Hugging Face model dir with its model card (``final``)."""

@@ -1,0 +1,43 @@
+"""metrics.jsonl: one JSON object per event of a run (train, eval, baseline, ...)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Appends one JSON object per event to ``metrics.jsonl`` (main process only)."""
+
+    def __init__(self, path: Path, enabled: bool = True) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def truncate_after(self, step: int) -> None:
+        """Drop events after ``step`` (a resumed run rewrites them), keeping the rest."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if event.get("step", 0) <= step:
+                kept.append(line)
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(k + "\n" for k in kept))
+        tmp.replace(self.path)
+
+    def write(self, event: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All events of a run's metrics.jsonl."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
