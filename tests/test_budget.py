@@ -9,7 +9,6 @@ from mlmkit.config import OptimConfig, TrainConfig
 from mlmkit.errors import ConfigError
 from mlmkit.training.budget import Budget, parse_duration
 from mlmkit.training.optim import lr_lambda
-from mlmkit.training.trainer import grad_accum_steps
 
 
 @pytest.mark.parametrize("text,seconds", [("24h", 86400), ("1h30m", 5400), ("90m", 5400), ("45s", 45),
@@ -59,12 +58,12 @@ def test_time_budget_follows_the_shared_clock():
 
 
 def test_global_batch_derives_accumulation():
-    assert grad_accum_steps(TrainConfig(batch_size=8, global_batch_size=64), world=2) == 4
-    assert grad_accum_steps(TrainConfig(batch_size=8, grad_accum_steps=3), world=2) == 3
+    assert TrainConfig(batch_size=8, global_batch_size=64).accumulation_steps(world=2) == 4
+    assert TrainConfig(batch_size=8, grad_accum_steps=3).accumulation_steps(world=2) == 3
     with pytest.raises(ConfigError, match=r"not a multiple of train.batch_size x processes \(8 x 3 = 24\)"):
-        grad_accum_steps(TrainConfig(batch_size=8, global_batch_size=64), world=3)
+        TrainConfig(batch_size=8, global_batch_size=64).accumulation_steps(world=3)
     with pytest.raises(ConfigError, match="set only one of them"):
-        grad_accum_steps(TrainConfig(batch_size=8, global_batch_size=64, grad_accum_steps=2), world=2)
+        TrainConfig(batch_size=8, global_batch_size=64, grad_accum_steps=2).accumulation_steps(world=2)
     with pytest.raises(ConfigError, match="Set a budget"):
         TrainConfig(max_steps=None)
 

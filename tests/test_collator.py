@@ -133,7 +133,7 @@ def test_batches_are_the_same_with_or_without_workers(tokenizer):
     """Each batch is masked from its own seed: worker count and resume position don't matter."""
     import datasets
 
-    from mlmkit.training.trainer import EpochBatchSampler, KeyedRows
+    from mlmkit.data.loader import EpochBatchSampler, KeyedRows
 
     rows = [e["input_ids"] for e in _examples(tokenizer, n=64, length=32)]
     ds = KeyedRows(datasets.Dataset.from_dict({"input_ids": rows}).with_format("torch"))

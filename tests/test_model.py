@@ -117,7 +117,7 @@ def test_accumulated_step_equals_one_big_batch(tokenizer):
     """Micro-batches with unequal masked counts: the gradient is per chosen token of the step."""
     from accelerate import Accelerator
 
-    from mlmkit.training.trainer import forward_backward
+    from mlmkit.training.step import forward_backward
 
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True)

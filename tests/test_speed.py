@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mlmkit.config import ModelConfig
+from mlmkit.data.loader import DropFullAttentionMask
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.model.bert import MaskedLM, build_model, padded_vocab_size, prediction_positions
 from mlmkit.model.kernels import (
@@ -24,7 +25,6 @@ from mlmkit.training.perf import (
     peak_memory_gb,
     train_flops_per_token,
 )
-from mlmkit.training.trainer import DropFullAttentionMask
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256)
 

@@ -377,6 +377,23 @@ class TrainConfig:
         _check(self.num_workers >= 0, "train.num_workers must not be negative.")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
 
+    def accumulation_steps(self, world: int) -> int:
+        """Micro-batches per optimizer step with ``world`` processes: ``grad_accum_steps``,
+        or derived from ``global_batch_size`` = batch_size x processes x accumulation steps."""
+        if self.global_batch_size is None:
+            return self.grad_accum_steps
+        per_pass = self.batch_size * world
+        _check(self.global_batch_size % per_pass == 0,
+               f"train.global_batch_size ({self.global_batch_size}) is not a multiple of "
+               f"train.batch_size x processes ({self.batch_size} x {world} = {per_pass}); change "
+               "train.global_batch_size or train.batch_size.")
+        derived = self.global_batch_size // per_pass
+        _check(self.grad_accum_steps in (1, derived),
+               f"train.grad_accum_steps={self.grad_accum_steps} disagrees with train.global_batch_size="
+               f"{self.global_batch_size} ({self.batch_size} per device x {world} processes needs "
+               f"{derived}); set only one of them.")
+        return derived
+
 
 @dataclass
 class PathsConfig:

@@ -111,25 +111,16 @@ def _file_stats(files: list[str]) -> list[tuple[str, int, int]]:
 MAX_LINE_BYTES = 1_000_000  # a line longer than this is cut (at a space) into documents
 
 
-def iter_txt(path: str, sample_by: str, start: int = 0, stats: dict | None = None
-             ) -> Iterator[tuple[str, int]]:
-    """The documents of a .txt file with the byte offset after each, read line by line.
-
-    Memory stays bounded whatever the file: a line longer than ``MAX_LINE_BYTES`` (say a
-    50 MB file without a newline) is cut at a space into several documents, and so is a
-    paragraph or a whole-file document grown past that size. Bytes that are not UTF-8 are
-    replaced; ``stats`` counts them (``bad_bytes``) and the cuts (``cut``).
-    """
-    stats = stats if stats is not None else {}
-    parts: list[str] = []
-    size = 0
+def _read_lines(path: str, start: int, stats: dict) -> Iterator[tuple[str, int, int, bool]]:
+    """(stripped line, its length in bytes, byte offset after it, whether it was cut) of a
+    .txt file; a line longer than ``MAX_LINE_BYTES`` is cut at its last space."""
     with open(path, "rb") as fh:
         fh.seek(start)
         pos = start
         while True:
             raw = fh.readline(MAX_LINE_BYTES)
             if not raw:
-                break
+                return
             cut = not raw.endswith(b"\n") and len(raw) == MAX_LINE_BYTES
             if cut:  # back off to the last space so no word or UTF-8 character is split
                 space = raw.rfind(b" ")
@@ -141,27 +132,42 @@ def iter_txt(path: str, sample_by: str, start: int = 0, stats: dict | None = Non
             line = raw.decode("utf-8", errors="replace")
             if "\ufffd" in line:
                 stats["bad_bytes"] = stats.get("bad_bytes", 0) + line.count("\ufffd")
-            line = line.strip()
-            if sample_by == "line" or cut:
-                if parts and sample_by != "line":  # a cut line closes the paragraph before it
-                    yield " ".join(parts), pos - len(raw)
-                    parts, size = [], 0
-                if line:
-                    yield line, pos
-                continue
-            if not line:
-                if parts and sample_by == "paragraph":
-                    yield " ".join(parts), pos
-                    parts, size = [], 0
-                continue
-            parts.append(line)
-            size += len(line)
-            if size >= MAX_LINE_BYTES:
-                stats["cut"] = stats.get("cut", 0) + 1
+            yield line.strip(), len(raw), pos, cut
+
+
+def iter_txt(path: str, sample_by: str, start: int = 0, stats: dict | None = None
+             ) -> Iterator[tuple[str, int]]:
+    """The documents of a .txt file with the byte offset after each, read line by line.
+
+    Memory stays bounded whatever the file: a line longer than ``MAX_LINE_BYTES`` (say a
+    50 MB file without a newline) is cut at a space into several documents, and so is a
+    paragraph or a whole-file document grown past that size. Bytes that are not UTF-8 are
+    replaced; ``stats`` counts them (``bad_bytes``) and the cuts (``cut``).
+    """
+    stats = stats if stats is not None else {}
+    parts: list[str] = []
+    size, pos = 0, start
+    for line, n_bytes, pos, cut in _read_lines(path, start, stats):
+        if sample_by == "line" or cut:
+            if parts and sample_by != "line":  # a cut line closes the paragraph before it
+                yield " ".join(parts), pos - n_bytes
+                parts, size = [], 0
+            if line:
+                yield line, pos
+            continue
+        if not line:
+            if parts and sample_by == "paragraph":
                 yield " ".join(parts), pos
                 parts, size = [], 0
-        if parts:
+            continue
+        parts.append(line)
+        size += len(line)
+        if size >= MAX_LINE_BYTES:
+            stats["cut"] = stats.get("cut", 0) + 1
             yield " ".join(parts), pos
+            parts, size = [], 0
+    if parts:
+        yield " ".join(parts), pos
 
 
 def warn_txt_stats(path: str, stats: dict) -> None:

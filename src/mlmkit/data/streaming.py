@@ -467,7 +467,13 @@ class StreamingBatches:
         return {"streaming": True, "consumed": self.consumed, "workers": self.dataset.workers,
                 "epoch": self.epoch, "shards": self.dataset.states}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], world: int | None = None,
+                        saved_world: int | None = None) -> None:
+        """Continue where this rank's ``state`` stood; the stream's shards are split by
+        process, so a streaming run resumes with the number of processes that wrote it."""
+        if saved_world is not None and saved_world != world:
+            raise ConfigError(f"The checkpoint's stream was read by {saved_world} process(es); "
+                              f"resume a streaming run with {saved_world} processes.")
         if not state.get("streaming"):
             raise ConfigError("The checkpoint was written by a map-mode run; resume it with "
                               "data.streaming=false, or start a new run.")

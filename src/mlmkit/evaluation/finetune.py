@@ -161,6 +161,36 @@ def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, floa
     return out
 
 
+def fit_classifier(accelerator, model, optimizer, scheduler, train_loader, eval_loader, total: int,
+                   task: TaskConfig, metrics) -> tuple[int, dict[str, Any]]:
+    """``total`` optimizer steps, the dev set scored after every epoch (and the last step);
+    returns the steps taken and the last ``eval`` event."""
+    step, epoch = 0, 0
+    results: dict[str, Any] = {}
+    model.train()
+    while step < total:
+        loss_sum, n = 0.0, 0
+        for batch in train_loader:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            loss_sum, n = loss_sum + float(loss), n + 1
+            if step >= total:
+                break
+        epoch += 1
+        figures = score(task, *predict(accelerator, model, eval_loader))
+        results = {"event": "eval", "step": step, "epoch": epoch, "train_loss": loss_sum / max(n, 1),
+                   **{f"eval_{k}": v for k, v in figures.items()}}
+        metrics.write(results)
+        log.info("epoch %d | step %d | train loss %.4f | %s", epoch, step, results["train_loss"],
+                 " | ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+    return step, results
+
+
 def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     """Fine-tune and evaluate after every epoch; returns the final dev figures."""
     from accelerate import Accelerator
@@ -197,29 +227,9 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     log.info("Fine-tuning %s (%s) on %s: %d train / %d dev examples, %d steps", source, cfg.init,
              cfg.task.name, len(train_set), len(eval_set), total)
 
-    step, epoch, t0 = 0, 0, time.perf_counter()
-    results: dict[str, Any] = {}
-    model.train()
-    while step < total:
-        loss_sum, n = 0.0, 0
-        for batch in train_loader:
-            loss = model(**batch).loss
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            loss_sum, n = loss_sum + float(loss), n + 1
-            if step >= total:
-                break
-        epoch += 1
-        figures = score(cfg.task, *predict(accelerator, model, eval_loader))
-        results = {"event": "eval", "step": step, "epoch": epoch, "train_loss": loss_sum / max(n, 1),
-                   **{f"eval_{k}": v for k, v in figures.items()}}
-        metrics.write(results)
-        log.info("epoch %d | step %d | train loss %.4f | %s", epoch, step, results["train_loss"],
-                 " | ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+    t0 = time.perf_counter()
+    step, results = fit_classifier(accelerator, model, optimizer, scheduler, train_loader, eval_loader,
+                                   total, cfg.task, metrics)
     summary = {"task": cfg.task.name, "checkpoint": str(source), "init": cfg.init, "steps": step,
                "train_examples": len(train_set), "eval_examples": len(eval_set),
                "seconds": round(time.perf_counter() - t0, 1),

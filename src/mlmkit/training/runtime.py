@@ -19,7 +19,7 @@ In the order the loop applies them (``trainer.train``):
 6. fused AdamW on CUDA and CPU (``optim.build_optimizer``);
 7. the dataloader (``trainer.train``): batches with padding padded to a multiple of
    ``data.pad_to_multiple_of`` (8), no
-   attention mask for batches without padding (``trainer.DropFullAttentionMask``; SDPA
+   attention mask for batches without padding (``data.loader.DropFullAttentionMask``; SDPA
    then takes its fused kernels, and with padding it gets the boolean mask they accept),
    pinned memory and prefetching workers (``train.num_workers``) on CUDA;
 8. no host-device synchronisation in a step: figures are fetched at log steps only. One

@@ -1,0 +1,165 @@
+"""The training stream of one rank: endless micro-batches on the device, and the position
+in the data as ``state_dict()`` / ``load_state_dict()`` for an exact resume.
+
+Map mode (``BatchStream``, over a packed dataset) and streaming
+(``mlmkit.data.streaming.StreamingBatches``) have the same interface: ``next()``,
+``epoch``, ``state_dict()`` and ``load_state_dict(state, world, saved_world)``;
+``training_stream`` builds the one the config asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from mlmkit.errors import ConfigError
+from mlmkit.masking.collator import MLMCollator
+from mlmkit.model.bert import prediction_positions
+
+log = logging.getLogger("mlmkit")
+
+
+class DropFullAttentionMask:
+    """Collate, drop ``attention_mask`` when the batch has no padding, and find the chosen
+    positions for the sparse head.
+
+    Runs in the dataloader (on the CPU, no device synchronisation); without a mask,
+    SDPA can use its fused kernels. Packed blocks never need one.
+    """
+
+    def __init__(self, collator: MLMCollator) -> None:
+        self.collator = collator
+
+    def __call__(self, examples):
+        batch = self.collator(examples)
+        if bool(batch["attention_mask"].all()):
+            del batch["attention_mask"]
+        if "labels" in batch:
+            batch["positions"], batch["targets"] = prediction_positions(batch["labels"])
+        return batch
+
+
+class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Batches of (index, mask seed) for one rank: a seeded permutation per epoch, by rank.
+
+    Rank r of w takes batches r, r + w, r + 2w, ... of the epoch's permutation, so ranks
+    never overlap; ``skip`` batches at the start of the epoch are passed over (resume).
+    Each row carries its own mask seed, a function of (seed, epoch, position in the
+    epoch's order), so its masks are the same whichever dataloader worker collates it,
+    after a resume, and for any split of a global batch: 2 processes x batch b draw the
+    masks of 1 process x batch 2b.
+    """
+
+    def __init__(self, n: int, batch_size: int, rank: int, world: int, seed: int) -> None:
+        self.n, self.batch_size, self.rank, self.world, self.seed = n, batch_size, rank, world, seed
+        self.epoch = 0
+        self.skip = 0
+
+    def __len__(self) -> int:
+        return self.n // (self.batch_size * self.world)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        perm = torch.randperm(self.n, generator=g)
+        base = (self.seed * 1_000_003 + self.epoch) * 1_000_003
+        for b in range(self.skip, len(self)):
+            start = (b * self.world + self.rank) * self.batch_size
+            rows = perm[start:start + self.batch_size].tolist()
+            yield [(i, (base + start + j) % 2**63) for j, i in enumerate(rows)]
+
+
+class KeyedRows(torch.utils.data.Dataset):
+    """Rows of a packed dataset fetched by (index, mask seed); the seed rides along."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, Any]:
+        index, mask_seed = key
+        return {"input_ids": self.dataset[index]["input_ids"], "mask_seed": mask_seed}
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        rows = self.dataset[[k[0] for k in keys]]["input_ids"]  # one fetch for the batch
+        return [{"input_ids": r, "mask_seed": k[1]} for r, k in zip(rows, keys)]
+
+
+class BatchStream:
+    """Endless micro-batches over epochs of a packed dataset, moved to the device."""
+
+    def __init__(self, loader: DataLoader, device: torch.device, epoch: int = 0, offset: int = 0) -> None:
+        self.loader = loader
+        self.sampler: EpochBatchSampler = loader.batch_sampler
+        self.device = device
+        self.epoch = epoch
+        self.offset = offset  # micro-batches already taken in this epoch
+        self._it = None
+
+    def _start_epoch(self) -> None:
+        self.sampler.epoch, self.sampler.skip = self.epoch, self.offset
+        # the loader's generator only seeds workers; reseeding it per epoch keeps worker
+        # seeds reproducible without touching torch's global RNG (which dropout uses)
+        self.loader.generator.manual_seed(self.sampler.seed * 100_003 + self.epoch)
+        self._it = iter(self.loader)
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._it is None:
+            self._start_epoch()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.epoch, self.offset = self.epoch + 1, 0
+            self._start_epoch()
+            batch = next(self._it)
+        self.offset += 1
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, Any], world: int, saved_world: int) -> None:
+        """Continue where ``state`` stood; with another number of processes the position
+        in the epoch is kept by samples seen."""
+        if state.get("streaming"):
+            raise ConfigError("The checkpoint was written with data.streaming=true; resume with "
+                              "the same setting.")
+        offset = state["offset"]
+        if saved_world != world:
+            offset = offset * saved_world // world
+            log.warning("Resuming with %d process(es) from a checkpoint written by %d: the data "
+                        "position is kept by samples seen, but the run will not match an "
+                        "uninterrupted one exactly.", world, saved_world)
+        self.epoch, self.offset, self._it = state["epoch"], offset, None
+
+
+def training_stream(cfg, collator: MLMCollator, train_set, accelerator):
+    """The stream of micro-batches of this rank: ``BatchStream`` in map mode,
+    ``StreamingBatches`` when ``data.streaming``.
+
+    Our own sampler (not accelerate's prepared loader, which collates a batch ahead)
+    shards by rank and gives every row its own mask seed, so a resumed run sees the same
+    batches with the same masks, with or without dataloader workers.
+    """
+    tc, device = cfg.train, accelerator.device
+    collate = DropFullAttentionMask(collator)
+    if cfg.data.streaming:
+        from mlmkit.data.streaming import StreamingBatches
+
+        return StreamingBatches(train_set, collate, tc.num_workers, device, device.type == "cuda")
+    loader = DataLoader(
+        KeyedRows(train_set),
+        batch_sampler=EpochBatchSampler(len(train_set), tc.batch_size, accelerator.process_index,
+                                        accelerator.num_processes, tc.seed),
+        collate_fn=collate,
+        num_workers=tc.num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=False,
+        prefetch_factor=4 if tc.num_workers > 0 else None,
+        generator=torch.Generator(),
+    )
+    return BatchStream(loader, device)

@@ -1,0 +1,259 @@
+"""Setting up a run, in the order ``Trainer`` calls these: the run dir and the accelerator
+(``start``), the tokenizer and data (``prepare_data``), the engine's batch checks
+(``check_engine``), then the model with its objective, optimizer and schedule
+(``build_model_parts``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator, PartialState
+from accelerate.utils import ProjectConfiguration, broadcast_object_list, set_seed
+
+from mlmkit.config import Config, parse_duration
+from mlmkit.data.corpus import (
+    corpus_fingerprint,
+    load_corpus,
+    prepare_datasets,
+    warn_small_validation,
+)
+from mlmkit.data.tokenizer import get_tokenizer
+from mlmkit.errors import ConfigError, DataError
+from mlmkit.masking.collator import MLMCollator
+from mlmkit.model.bert import MaskedLM, build_model, count_parameters, resolve_attn_implementation
+from mlmkit.model.loading import save_run_model_spec
+from mlmkit.training.budget import Budget
+from mlmkit.training.checkpoint import resolve_resume
+from mlmkit.training.optim import build_optimizer, build_scheduler
+from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, reference_rate
+from mlmkit.training.runtime import (
+    apply_speed_settings,
+    compile_encoder,
+    resolve_precision,
+    runs_on_cpu,
+)
+from mlmkit.training.tracking import tracker_setup
+
+log = logging.getLogger("mlmkit")
+
+
+def shared_run_dir(run_dir: Path) -> Path:
+    """All ranks use the main process's run dir (Hydra resolves it once per rank)."""
+    state = PartialState()
+    if state.num_processes == 1:
+        return run_dir
+    obj = [str(run_dir)]
+    broadcast_object_list(obj, from_process=0)
+    if obj[0] != str(run_dir):
+        log.warning("Using the main process's run dir %s (this rank resolved %s)", obj[0], run_dir)
+    return Path(obj[0])
+
+
+def check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot write to the run dir {str(run_dir)!r} ({exc.strerror}); "
+            "set hydra.run.dir to a writable folder."
+        ) from None
+
+
+def setup_logging(run_dir: Path, is_main: bool) -> None:
+    log.setLevel(logging.INFO if is_main else logging.WARNING)
+    log.propagate = False
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file save/load chatter
+    # Tied weights (embeddings = output projection) are stored once; accelerate says so on
+    # every save, which is expected for BERT.
+    logging.getLogger("accelerate.utils.other").addFilter(
+        lambda record: "Removed shared tensor" not in record.getMessage()
+    )
+    for h in list(log.handlers):
+        log.removeHandler(h)
+    fmt = logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S")
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    log.addHandler(stream)
+    if is_main:
+        fh = logging.FileHandler(run_dir / "train.log")
+        fh.setFormatter(fmt)
+        log.addHandler(fh)
+
+
+def resume_point(run_dir: Path, resume: str | None) -> Path | None:
+    """The checkpoint to start from, decided before any expensive work; a run dir that
+    already holds a run is refused unless the run is resumed."""
+    ckpt_dir = run_dir / "checkpoints"
+    resume_from = resolve_resume(resume, ckpt_dir)
+    previous = [p for p in (run_dir / "metrics.jsonl", ckpt_dir, run_dir / "final") if p.exists()]
+    if resume_from is None and previous and resume != "auto":
+        raise ConfigError(
+            f"The run dir {str(run_dir)!r} already holds a run ({previous[0].name}); set "
+            "train.resume=auto to continue it, or choose a new hydra.run.dir."
+        )
+    return resume_from
+
+
+def start(cfg: Config, run_dir: Path) -> tuple[Accelerator, Path, str, Path | None]:
+    """(accelerator, the shared run dir, precision, checkpoint to resume from): the run
+    dir checked and logging to it, speed settings applied (``runtime``), seeds set."""
+    tc = cfg.train
+    use_cpu = runs_on_cpu()  # several CPU processes talk over gloo
+    state = PartialState(cpu=use_cpu)
+    run_dir = shared_run_dir(Path(run_dir))
+    if state.is_main_process:
+        check_writable(run_dir)
+    state.wait_for_everyone()
+    setup_logging(run_dir, state.is_main_process)
+    resume_from = resume_point(run_dir, tc.resume)
+    apply_speed_settings(state.device.type, tc.reuse_cpu_memory)
+    precision = resolve_precision(tc.precision, use_cpu=state.device.type == "cpu")
+    log_with, project = tracker_setup(cfg.logger, run_dir)
+    accelerator = Accelerator(
+        cpu=use_cpu,
+        mixed_precision=precision,
+        step_scheduler_with_optimizer=False,  # the loop steps the scheduler once per optimizer step
+        log_with=log_with,
+        project_config=ProjectConfiguration(**project),
+    )
+    set_seed(tc.seed)
+    log.info("Run dir %s | %d process(es) on %s | precision %s", run_dir, accelerator.num_processes,
+             accelerator.device.type, precision)
+    return accelerator, run_dir, precision, resume_from
+
+
+@dataclass
+class Data:
+    tokenizer: Any
+    train_set: Any  # packed blocks (map mode) or a StreamingBlocks
+    val_set: Any
+    baseline_set: Any  # where the most frequent token is counted
+
+
+def prepare_data(cfg: Config, accelerator: Accelerator) -> Data:
+    """The tokenizer and data; the main process of each node prepares, the others reuse."""
+    if cfg.data.streaming:
+        return _prepare_streaming(cfg, accelerator)
+    cache_dir = Path(cfg.paths.cache_dir).expanduser()
+    fingerprint = corpus_fingerprint(cfg.data)
+    corpus = {}
+
+    def corpus_texts():  # read only when a tokenizer must be trained
+        corpus["loaded"] = load_corpus(cfg.data)
+        for rows in corpus["loaded"]["train"].iter(batch_size=1000):
+            yield from rows["text"]
+
+    with accelerator.local_main_process_first():
+        tokenizer = get_tokenizer(cfg.tokenizer, corpus_texts, fingerprint, cache_dir,
+                                  init_from=cfg.model.init_from)
+        packed = prepare_datasets(cfg.data, tokenizer, cache_dir, corpus=corpus.get("loaded"),
+                                  fingerprint=fingerprint)
+    train_set, val_set = packed["train"], packed["validation"]
+    world, batch_size = accelerator.num_processes, cfg.train.batch_size
+    if len(train_set) < batch_size * world:
+        raise DataError(
+            f"The training set has {len(train_set)} blocks of {cfg.data.max_seq_length} tokens, "
+            f"fewer than one batch ({batch_size} x {world} processes); lower train.batch_size "
+            "or add text."
+        )
+    log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
+             len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
+    warn_small_validation(len(val_set), batch_size)
+    return Data(tokenizer, train_set, val_set, train_set)
+
+
+def _prepare_streaming(cfg: Config, accelerator: Accelerator) -> Data:
+    from mlmkit.data import streaming
+
+    cache_dir = Path(cfg.paths.cache_dir).expanduser()
+    tc = cfg.train
+    with accelerator.local_main_process_first():
+        tokenizer = get_tokenizer(cfg.tokenizer, lambda: streaming.iter_texts(cfg.data),
+                                  corpus_fingerprint(cfg.data), cache_dir, init_from=cfg.model.init_from)
+        train_set, val_set, baseline_set = streaming.setup_streaming(
+            cfg.data, tokenizer, tc.batch_size, accelerator.process_index, accelerator.num_processes,
+            tc.num_workers, tc.seed)
+    log.info("Data: streamed, %d validation blocks of %d tokens; vocab %d", len(val_set),
+             cfg.data.max_seq_length, len(tokenizer))
+    warn_small_validation(len(val_set), tc.batch_size)
+    return Data(tokenizer, train_set, val_set, baseline_set)
+
+
+def check_engine(accelerator: Accelerator, cfg: Config) -> int:
+    """The accumulation steps of the run, checked against the engine (DeepSpeed takes the
+    micro-batch and accumulation from its own config)."""
+    tc, world = cfg.train, accelerator.num_processes
+    accum = tc.accumulation_steps(world)
+    if accelerator.distributed_type.value == "DEEPSPEED":
+        if accum > 1:
+            raise ConfigError(
+                f"With DeepSpeed, accumulate in DeepSpeed's own config (gradient_accumulation_steps) "
+                f"and keep train.grad_accum_steps=1 (this run derives {accum}); lower "
+                "train.global_batch_size or raise train.batch_size."
+            )
+        # No dataloader goes through accelerate's prepare (the loop feeds its own batches),
+        # so DeepSpeed takes the micro-batch from its config.
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        micro = ds_config.get("train_micro_batch_size_per_gpu", "auto")
+        if micro == "auto":
+            ds_config["train_micro_batch_size_per_gpu"] = tc.batch_size
+        elif micro != tc.batch_size:
+            raise ConfigError(
+                f"The DeepSpeed config sets train_micro_batch_size_per_gpu={micro} but "
+                f"train.batch_size={tc.batch_size}; make them equal, or set the DeepSpeed one to auto."
+            )
+    log.info("Batch: %d sequences per optimizer step = %d per device x %d process(es) x %d "
+             "accumulation step(s)", tc.batch_size * world * accum, tc.batch_size, world, accum)
+    return accum
+
+
+@dataclass
+class ModelParts:
+    model: Any  # the plain BertForMaskedLM
+    objective: MaskedLM
+    optimizer: Any
+    budget: Budget
+    scheduler: Any
+    meter: ThroughputMeter
+
+
+def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
+                      run_dir: Path) -> ModelParts:
+    """The model (its config and tokenizer saved to ``<run>/model/``), the objective, the
+    optimizer, the budget and the schedule against it, and the MFU meter."""
+    tc, device = cfg.train, accelerator.device
+    attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
+    model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn)
+    log.info("Model %s: %.2fM parameters (%.2fM without embeddings), attention %s", cfg.model.name,
+             count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6, attn)
+    if accelerator.is_main_process:  # config and tokenizer, so any checkpoint can be loaded
+        save_run_model_spec(run_dir, model, tokenizer)
+    if tc.compile:
+        compile_encoder(model)
+    block_tokens = tc.batch_size * cfg.data.max_seq_length  # one micro-batch's products
+    shapes = model_matmul_shapes(model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens))
+    peak_rate, peak_source = reference_rate(device, precision, shapes)
+    meter = ThroughputMeter(model.config, cfg.data.max_seq_length, peak_rate * accelerator.num_processes)
+    log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
+    objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction)
+    optimizer = build_optimizer(objective, cfg.optim, device.type)
+    budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=budget.lr_factor)
+    return ModelParts(model, objective, optimizer, budget, scheduler, meter)
+
+
+def build_collator(cfg: Config, tokenizer, rank: int) -> MLMCollator:
+    m = cfg.masking
+    return MLMCollator(
+        tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
+        seed=cfg.train.seed * 1000 + rank, strategy=m.strategy, span_p=m.span_p,
+        span_max_words=m.span_max_words, apply_mask=not m.on_device,
+        pad_to_multiple_of=cfg.data.pad_to_multiple_of if cfg.data.packing == "line_by_line" else None,
+    )

@@ -1,0 +1,52 @@
+"""Stop requests: SIGTERM, SIGINT and SIGUSR1 (SLURM's warning) end the run cleanly."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import torch
+
+
+class StopSignals:
+    """Turns SIGTERM, SIGINT and SIGUSR1 (SLURM's warning) into a request to stop cleanly.
+
+    The loop checks ``requested`` after each optimizer step, saves a checkpoint and exits
+    with ``Preempted.exit_code``. A second SIGINT interrupts at once.
+    """
+
+    SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                if hasattr(signal, name):
+                    sig = getattr(signal, name)
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def requested(self, accelerator) -> bool:
+        """True on every rank once any rank got a signal (ranks must stop at one step).
+        With several processes this is an all-reduce, once per optimizer step."""
+        if accelerator.num_processes == 1:
+            return self.received is not None
+        flag = torch.tensor(float(self.received is not None), device=accelerator.device)
+        return bool(accelerator.reduce(flag, reduction="sum") > 0)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else "a signal"
