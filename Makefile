@@ -49,10 +49,10 @@ sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/
 	$(BIN)/python -m mlmkit sweep $(ARGS)
 
 test: venv  ## the test suite (CPU, a few minutes)
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=12 $(ARGS)
 
-test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~25 min on 2 cores)
-	$(BIN)/python -m pytest -q -m long $(ARGS)
+test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~20 min on 2 cores)
+	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
