@@ -1,4 +1,4 @@
-"""python -m mlmkit eval and the metric modules shipped for offline use."""
+"""mlmkit eval (the training loop's own evaluation) and the metric modules shipped for offline use."""
 
 from __future__ import annotations
 
@@ -36,12 +36,6 @@ def test_metric_modules_load_offline_and_compute(monkeypatch):
     assert mcc.compute(predictions=[1, 1, 1], references=[1, 0, 1])["matthews_correlation"] == 0.0
     assert mcc.compute(predictions=[0, 1, 2], references=[0, 1, 2])["matthews_correlation"] == pytest.approx(1.0)
     assert mcc.compute(predictions=[1, 0], references=[0, 1])["matthews_correlation"] == pytest.approx(-1.0)
-    mlm = load_metric("masked_lm")
-    mlm.add_batch(losses=[1.0, 3.0], predictions=[[7, 4], [5, 6]], references=[4, 5])
-    mlm.add_batch(losses=[2.0], predictions=[[9, 8]], references=[9])
-    out = mlm.compute()
-    assert out["loss"] == pytest.approx(2.0) and out["perplexity"] == pytest.approx(math.exp(2.0))
-    assert out["accuracy"] == pytest.approx(2 / 3) and out["top2_accuracy"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="ships"):
         load_metric("bleu")
 

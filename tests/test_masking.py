@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlmkit.config import MaskingConfig
+from mlmkit.config import STRATEGIES, MaskingConfig
 from mlmkit.data.corpus import builtin_documents, pack_ids
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
-
-STRATEGIES = ["bernoulli", "whole_word", "span", "fixed"]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """``mlmkit eval checkpoint=<run dir | final/ | checkpoints/step_*> [settings]``: the MLM
-figures of a model (``mlmkit.evaluation.saved``; settings: conf/evaluate.yaml)."""
+figures of a model (``mlmkit.evaluation.mlm.run_evaluation``: the training loop's own
+evaluation; settings: conf/evaluate.yaml)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def main() -> None:
     def run(cfg: DictConfig) -> None:
         from accelerate import PartialState
 
-        from mlmkit.evaluation.saved import TOP_K, run_evaluation
+        from mlmkit.evaluation.mlm import run_evaluation
 
         results = []
         exit_on_error(lambda: results.append(run_evaluation(to_config(cfg, EvalConfig))))
@@ -25,7 +26,7 @@ def main() -> None:
         if PartialState().is_main_process:
             print(f"{result['checkpoint']}: {result['tokens']} masked tokens in {result['blocks']} "
                   f"blocks of {result['max_seq_length']}")
-            for key in ("loss", "perplexity", "accuracy", f"top{TOP_K}_accuracy"):
+            for key in ("loss", "perplexity", "accuracy", "top5_accuracy"):
                 print(f"  {key:<15} {result[key]:.4f}")
 
     run()

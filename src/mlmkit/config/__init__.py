@@ -1,6 +1,6 @@
 """Configuration: the typed schema of conf/ (``schema``: every setting, its meaning, unit
-and checks) and Hydra composition (``compose``: conf/ + the command line -> a checked
-``Config``). Library code takes these objects, never a DictConfig."""
+and checks, in one place) and Hydra composition (``compose``: conf/ + the command line ->
+a checked ``Config``). Library code takes these objects, never a DictConfig."""
 
 from mlmkit.config.compose import (
     CONFIG_MODULE,
@@ -10,6 +10,8 @@ from mlmkit.config.compose import (
     to_config,
 )
 from mlmkit.config.schema import (
+    PRECISIONS,
+    STRATEGIES,
     TRACKERS,
     Config,
     DataConfig,
@@ -24,6 +26,8 @@ from mlmkit.config.schema import (
     TaskConfig,
     TokenizerConfig,
     TrainConfig,
+    check_masking,
+    check_precision,
     parse_duration,
 )
 
@@ -38,12 +42,16 @@ __all__ = [
     "MaskingConfig",
     "ModelConfig",
     "OptimConfig",
+    "PRECISIONS",
     "PathsConfig",
+    "STRATEGIES",
     "SourceConfig",
     "TRACKERS",
     "TaskConfig",
     "TokenizerConfig",
     "TrainConfig",
+    "check_masking",
+    "check_precision",
     "launch_time",
     "parse_duration",
     "register_configs",

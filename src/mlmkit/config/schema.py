@@ -22,6 +22,30 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# Choices that several settings share, named once.
+STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")  # masking.strategy
+PRECISIONS = ("auto", "no", "fp16", "bf16")  # train.precision, and precision= of eval and finetune
+
+
+def check_precision(value: str, setting: str) -> None:
+    _check(value in PRECISIONS, f"{setting} must be auto, no, fp16 or bf16, got {value!r}.")
+
+
+def check_masking(mlm_probability: float, mask_replace_prob: float, random_replace_prob: float,
+                  strategy: str = "bernoulli", span_p: float = 0.2, span_max_words: int = 10) -> None:
+    """The masking settings' ranges, for ``MaskingConfig`` and for an ``MLMCollator`` made
+    directly in Python (the one place they are checked)."""
+    _check(0.0 < mlm_probability < 1.0, f"masking.mlm_probability must be in (0, 1), got {mlm_probability}.")
+    _check(0.0 <= mask_replace_prob <= 1.0 and 0.0 <= random_replace_prob <= 1.0,
+           "masking.mask_replace_prob and masking.random_replace_prob must be in [0, 1].")
+    _check(mask_replace_prob + random_replace_prob <= 1.0 + 1e-9,
+           "masking.mask_replace_prob + masking.random_replace_prob must not exceed 1 "
+           f"(got {mask_replace_prob} + {random_replace_prob}).")
+    _check(strategy in STRATEGIES, f"masking.strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}.")
+    _check(0.0 < span_p <= 1.0, f"masking.span_p must be in (0, 1], got {span_p}.")
+    _check(span_max_words >= 1, "masking.span_max_words must be at least 1.")
+
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -247,29 +271,11 @@ class MaskingConfig:
     eval_seed: int = 1234
 
     def __post_init__(self) -> None:
-        for key in ("mlm_probability", "eval_mlm_probability"):
+        check_masking(self.mlm_probability, self.mask_replace_prob, self.random_replace_prob,
+                      self.strategy, self.span_p, self.span_max_words)
+        for key in ("eval_mlm_probability", "mlm_probability_end"):
             v = getattr(self, key)
-            _check(0.0 < v < 1.0, f"masking.{key} must be in (0, 1), got {v}.")
-        if self.mlm_probability_end is not None:
-            _check(
-                0.0 < self.mlm_probability_end < 1.0,
-                f"masking.mlm_probability_end must be in (0, 1), got {self.mlm_probability_end}.",
-            )
-        _check(
-            0.0 <= self.mask_replace_prob <= 1.0 and 0.0 <= self.random_replace_prob <= 1.0,
-            "masking.mask_replace_prob and masking.random_replace_prob must be in [0, 1].",
-        )
-        _check(
-            self.mask_replace_prob + self.random_replace_prob <= 1.0 + 1e-9,
-            "masking.mask_replace_prob + masking.random_replace_prob must not exceed 1 "
-            f"(got {self.mask_replace_prob} + {self.random_replace_prob}).",
-        )
-        _check(
-            self.strategy in ("bernoulli", "whole_word", "span", "fixed"),
-            f"masking.strategy must be bernoulli, whole_word, span or fixed, got {self.strategy!r}.",
-        )
-        _check(0.0 < self.span_p <= 1.0, f"masking.span_p must be in (0, 1], got {self.span_p}.")
-        _check(self.span_max_words >= 1, "masking.span_max_words must be at least 1.")
+            _check(v is None or 0.0 < v < 1.0, f"masking.{key} must be in (0, 1), got {v}.")
 
     def probability_at(self, step: int, total_steps: int) -> float:
         """The mask rate at optimizer step ``step`` of ``total_steps``."""
@@ -358,10 +364,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, f"train.batch_size must be at least 1, got {self.batch_size}.")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be at least 1.")
-        _check(
-            self.precision in ("auto", "no", "fp16", "bf16"),
-            f"train.precision must be auto, no, fp16 or bf16, got {self.precision!r}.",
-        )
+        check_precision(self.precision, "train.precision")
         _check(self.log_every >= 1, "train.log_every must be at least 1.")
         _check(self.eval_every >= 0, "train.eval_every must not be negative.")
         _check(self.save_every >= 0, "train.save_every must not be negative.")
@@ -475,8 +478,7 @@ class EvalConfig:
         _check(bool(self.checkpoint),
                "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
-        _check(self.precision in ("auto", "no", "fp16", "bf16"),
-               f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
+        check_precision(self.precision, "precision")
 
 
 @dataclass
@@ -506,7 +508,7 @@ class TaskConfig:
         from mlmkit.evaluation.metric_modules import METRICS
 
         for m in self.metrics:
-            _check(m in METRICS and m != "masked_lm",
+            _check(m in METRICS,
                    f"task.metrics: {m!r} is not a classification metric shipped with mlmkit "
                    "(accuracy, matthews_correlation).")
 
@@ -540,5 +542,4 @@ class FinetuneConfig:
                "batch_size, epochs and lr must be positive.")
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
         _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
-        _check(self.precision in ("auto", "no", "fp16", "bf16"),
-               f"precision must be auto, no, fp16 or bf16, got {self.precision!r}.")
+        check_precision(self.precision, "precision")

@@ -1,11 +1,17 @@
-"""Evaluation with fixed masks, and the run's metrics.jsonl."""
+"""The one MLM evaluation: the training loop's eval events and ``mlmkit eval`` of a saved
+model both come from ``evaluate`` over the same fixed masks (``fixed_eval_batches``):
+loss, perplexity, masked-token accuracy and top-5 accuracy over the chosen tokens."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from mlmkit.config import EvalConfig
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 
 EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
@@ -87,7 +93,7 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         out = model(**batch)  # the prepared model runs under the run's autocast
         valid = out["targets"] != IGNORE_INDEX
         # top-1 is the first of the top-5 of the fp32 logits, so ties (frequent in bf16 early
-        # in training) break as in ``mlmkit eval``
+        # in training) break the same way in every evaluation
         top5 = out["logits"].float().topk(min(5, out["logits"].size(-1)), dim=-1).indices
         hit1 = (top5[:, 0] == out["targets"]) & valid
         hit5 = (top5 == out["targets"][:, None]).any(-1) & valid
@@ -109,3 +115,63 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         "eval_top5_accuracy": top5 / n,
         "eval_tokens": int(n),
     }
+
+
+# ---- mlmkit eval: the same evaluation of a saved model ------------------------------------
+
+def eval_dataset(cfg: EvalConfig, tokenizer):
+    """The packed blocks to evaluate: ``cfg.files`` whole, or the validation split of ``cfg.data``."""
+    import datasets
+
+    from mlmkit.data.corpus import load_files, pack_corpus, prepare_datasets, resolve_files
+
+    if cfg.files:
+        docs = load_files(resolve_files(cfg.files, "files"), cfg.data, "files")
+        blocks = pack_corpus(datasets.DatasetDict({"validation": docs}), tokenizer,
+                             cfg.data.max_seq_length, cfg.data.num_proc, cfg.data.packing)["validation"]
+        if cfg.data.max_eval_samples is not None and len(blocks) > cfg.data.max_eval_samples:
+            blocks = blocks.select(range(cfg.data.max_eval_samples))
+        blocks = blocks.with_format("torch")
+    else:
+        blocks = prepare_datasets(cfg.data, tokenizer, Path(cfg.paths.cache_dir).expanduser())["validation"]
+    if len(blocks) == 0:
+        from mlmkit.errors import DataError
+
+        raise DataError(f"The evaluation text packs into zero blocks of {cfg.data.max_seq_length} "
+                        "tokens; add text or lower data.max_seq_length.")
+    return blocks
+
+
+def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
+    """``mlmkit eval``: evaluate ``cfg.checkpoint`` as the training loop does (``evaluate``);
+    returns the figures (``loss``, ``perplexity``, ``accuracy``, ``top5_accuracy``,
+    ``tokens``, ...) and writes them to ``cfg.output`` if set."""
+
+    from accelerate import Accelerator
+
+    from mlmkit.errors import ConfigError
+    from mlmkit.model.bert import MaskedLM
+    from mlmkit.model.loading import load_model_and_tokenizer
+    from mlmkit.training.runtime import resolve_precision, runs_on_cpu
+
+    use_cpu = runs_on_cpu()
+    precision = resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision")
+    accelerator = Accelerator(cpu=use_cpu, mixed_precision=precision)
+    with accelerator.local_main_process_first():
+        model, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
+        if cfg.data.max_seq_length > model.config.max_position_embeddings:
+            raise ConfigError(
+                f"data.max_seq_length ({cfg.data.max_seq_length}) is longer than the model's "
+                f"{model.config.max_position_embeddings} positions; lower data.max_seq_length."
+            )
+        blocks = eval_dataset(cfg, tokenizer)
+    batches = fixed_eval_batches(blocks, tokenizer, cfg.masking, cfg.batch_size)
+    objective = accelerator.prepare(MaskedLM(model))
+    figures = evaluate(accelerator, objective, batches)  # the figures of the training loop's eval
+    result = {"checkpoint": str(resolved), "blocks": len(blocks), "max_seq_length": cfg.data.max_seq_length,
+              **{key.removeprefix("eval_"): value for key, value in figures.items()}}
+    if accelerator.is_main_process and cfg.output:
+        out = Path(cfg.output).expanduser()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    return result

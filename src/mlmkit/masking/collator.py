@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
+from mlmkit.config.schema import check_masking
 from mlmkit.errors import ConfigError
 
 IGNORE_INDEX = -100
-STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")
 
 
 def continuation_lookup(tokenizer, size: int) -> torch.Tensor:
@@ -87,20 +87,9 @@ class MLMCollator:
         span_max_words: int = 10,
         apply_mask: bool = True,
     ) -> None:
-        self._check_probability(mlm_probability)
-        if not (0.0 <= mask_replace_prob <= 1.0 and 0.0 <= random_replace_prob <= 1.0):
-            raise ConfigError("mask_replace_prob and random_replace_prob must be in [0, 1].")
-        if mask_replace_prob + random_replace_prob > 1.0 + 1e-9:
-            raise ConfigError(
-                "mask_replace_prob + random_replace_prob must not exceed 1 "
-                f"(got {mask_replace_prob} + {random_replace_prob})."
-            )
+        check_masking(mlm_probability, mask_replace_prob, random_replace_prob, strategy, span_p, span_max_words)
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ConfigError("pad_to_multiple_of must be a positive integer.")
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"masking.strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}.")
-        if not 0.0 < span_p <= 1.0 or span_max_words < 1:
-            raise ConfigError("masking.span_p must be in (0, 1] and masking.span_max_words at least 1.")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
             raise ConfigError("The tokenizer needs a [MASK] and a [PAD] token for masked-LM training.")
 
@@ -133,14 +122,9 @@ class MLMCollator:
         self._worker_key: tuple[int, int] | None = None
         self._device_tables: dict[torch.device, tuple] = {}
 
-    @staticmethod
-    def _check_probability(p: float) -> None:
-        if not 0.0 < p < 1.0:
-            raise ConfigError(f"mlm_probability must be in (0, 1), got {p}.")
-
     def set_mlm_probability(self, p: float) -> None:
         """Change the rate between batches (a mask-rate schedule)."""
-        self._check_probability(p)
+        check_masking(p, self.mask_replace_prob, self.random_replace_prob)
         self.mlm_probability = float(p)
 
     # -- reproducibility --------------------------------------------------------------
