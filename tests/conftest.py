@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from runs import run_train
+
+# the shared helpers beside this file (runs.py, batches.py) import as top-level modules
+# from the test files in the subfolders too
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import run_train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

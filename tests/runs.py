@@ -55,3 +55,13 @@ def assert_same_weights(a: dict, b: dict) -> None:
     for name, tensor in b.items():
         diff = (a[name].float() - tensor.float()).abs().max()
         assert diff <= RESUME_RTOL * tensor.float().abs().max() + 1e-12, name
+
+
+def run_finetune(*overrides: str, check: bool = True):
+    """``mlmkit finetune`` with ``overrides``, from the checkout."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "mlmkit", "finetune", *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"finetune failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc

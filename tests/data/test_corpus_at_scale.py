@@ -8,11 +8,13 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import shared_file
-from runs import assert_same_losses
+from runs import (
+    ROOT,  # noqa: E402
+    assert_same_losses,
+)
 
 import mlmkit.data.corpus as data_mod
 from mlmkit.config import DataConfig, SourceConfig
@@ -26,7 +28,6 @@ from mlmkit.data.corpus import (
 )
 from mlmkit.errors import DataError
 
-ROOT = Path(__file__).resolve().parents[1]
 HUB_PRESETS = {"wikitext103": "Salesforce/wikitext", "wiki_books": "wikimedia/wikipedia",
                "c4": "allenai/c4", "fineweb_edu": "HuggingFaceFW/fineweb-edu"}
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
+from runs import ROOT
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "accelerate"
+CONF = ROOT / "conf" / "accelerate"
 
 EXPECTED = {  # file -> (distributed_type, processes, machines)
     "single_gpu": ("NO", 1, 1),

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from runs import ROOT
 
 from mlmkit.config import Config, register_configs, to_config
 from mlmkit.errors import ConfigError
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = ROOT / "conf"
 OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
 OTHER_PRIMARY = ("evaluate", "finetune")  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
