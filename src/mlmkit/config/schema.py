@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from mlmkit.errors import ConfigError
+from mlmkit.evaluation.metric_modules import METRICS
 
 
 def _check(cond: bool, message: str) -> None:
@@ -505,8 +506,6 @@ class TaskConfig:
         _check(len(self.labels) >= 2, "task.labels must list at least two label values.")
         _check(self.header or len(self.column_names) > 0,
                "task.header=false needs task.column_names=[...] naming the TSV columns.")
-        from mlmkit.evaluation.metric_modules import METRICS
-
         for m in self.metrics:
             _check(m in METRICS,
                    f"task.metrics: {m!r} is not a classification metric shipped with mlmkit "

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
-from mlmkit.config import DataConfig
+from mlmkit.config import DataConfig, SourceConfig
 from mlmkit.data.tokenizer import tokenizer_fingerprint
 from mlmkit.errors import DataError, MLMKitError
 
@@ -425,8 +425,6 @@ def _source_identity(src, cfg: DataConfig) -> dict:
 
 def corpus_fingerprint(cfg: DataConfig) -> str:
     """A hash of the corpus's identity: files (with size and mtime), hub names, mix weights."""
-    from mlmkit.config import SourceConfig
-
     if cfg.source == "builtin":
         ident = _source_identity(SourceConfig(kind="builtin"), cfg)
     elif cfg.source == "hub":

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from mlmkit.data.streaming import StreamingBatches
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.bert import prediction_positions
@@ -148,8 +149,6 @@ def training_stream(cfg, collator: MLMCollator, train_set, accelerator):
     tc, device = cfg.train, accelerator.device
     collate = DropFullAttentionMask(collator)
     if cfg.data.streaming:
-        from mlmkit.data.streaming import StreamingBatches
-
         return StreamingBatches(train_set, collate, tc.num_workers, device, device.type == "cuda")
     loader = DataLoader(
         KeyedRows(train_set),

@@ -28,8 +28,14 @@ from typing import Any
 
 import torch
 
-from mlmkit.config import FinetuneConfig, TaskConfig
-from mlmkit.errors import DataError
+from mlmkit.config import FinetuneConfig, OptimConfig, TaskConfig
+from mlmkit.errors import ConfigError, DataError
+from mlmkit.evaluation.metric_modules import load_metric
+from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
+from mlmkit.model.loading import load_model_and_tokenizer
+from mlmkit.training.metrics_log import MetricsLog
+from mlmkit.training.optim import build_optimizer, build_scheduler
+from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
 log = logging.getLogger("mlmkit")
 
@@ -112,8 +118,6 @@ def build_classifier(cfg: FinetuneConfig):
     """``(BertForSequenceClassification, tokenizer, source path)`` for ``cfg``."""
     from transformers import BertForSequenceClassification
 
-    from mlmkit.model.loading import load_model_and_tokenizer
-
     mlm, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
     config = mlm.config.__class__.from_dict(mlm.config.to_dict())
     config.num_labels = len(cfg.task.labels)
@@ -121,8 +125,6 @@ def build_classifier(cfg: FinetuneConfig):
     config._attn_implementation = "sdpa"
     torch.manual_seed(cfg.seed)  # pooler and classifier init: the same for both inits
     if cfg.pooling == "mean":
-        from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
-
         model = MeanPoolBertForSequenceClassification(config)
     else:
         model = BertForSequenceClassification(config)
@@ -130,8 +132,6 @@ def build_classifier(cfg: FinetuneConfig):
         missing, unexpected = model.bert.load_state_dict(mlm.bert.state_dict(), strict=False)
         assert not unexpected and all(k.startswith("pooler.") for k in missing), (missing, unexpected)
     if cfg.max_seq_length > config.max_position_embeddings:
-        from mlmkit.errors import ConfigError
-
         raise ConfigError(f"max_seq_length ({cfg.max_seq_length}) is longer than the model's "
                           f"{config.max_position_embeddings} positions; lower max_seq_length.")
     return model, tokenizer, resolved
@@ -153,8 +153,6 @@ def predict(accelerator, model, loader) -> tuple[list[int], list[int]]:
 
 
 def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, float]:
-    from mlmkit.evaluation.metric_modules import load_metric
-
     out: dict[str, float] = {}
     for name in task.metrics:
         out.update(load_metric(name).compute(predictions=preds, references=refs))
@@ -196,11 +194,6 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
-
-    from mlmkit.config import OptimConfig
-    from mlmkit.training.metrics_log import MetricsLog
-    from mlmkit.training.optim import build_optimizer, build_scheduler
-    from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
     run_dir = Path(run_dir)
     use_cpu = runs_on_cpu()

@@ -12,7 +12,12 @@ from typing import Any
 import torch
 
 from mlmkit.config import EvalConfig
+from mlmkit.data.corpus import load_files, pack_corpus, prepare_datasets, resolve_files
+from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
+from mlmkit.model.bert import MaskedLM
+from mlmkit.model.loading import load_model_and_tokenizer
+from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
 EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
 
@@ -123,8 +128,6 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
     """The packed blocks to evaluate: ``cfg.files`` whole, or the validation split of ``cfg.data``."""
     import datasets
 
-    from mlmkit.data.corpus import load_files, pack_corpus, prepare_datasets, resolve_files
-
     if cfg.files:
         docs = load_files(resolve_files(cfg.files, "files"), cfg.data, "files")
         blocks = pack_corpus(datasets.DatasetDict({"validation": docs}), tokenizer,
@@ -135,8 +138,6 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
     else:
         blocks = prepare_datasets(cfg.data, tokenizer, Path(cfg.paths.cache_dir).expanduser())["validation"]
     if len(blocks) == 0:
-        from mlmkit.errors import DataError
-
         raise DataError(f"The evaluation text packs into zero blocks of {cfg.data.max_seq_length} "
                         "tokens; add text or lower data.max_seq_length.")
     return blocks
@@ -148,11 +149,6 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
     ``tokens``, ...) and writes them to ``cfg.output`` if set."""
 
     from accelerate import Accelerator
-
-    from mlmkit.errors import ConfigError
-    from mlmkit.model.bert import MaskedLM
-    from mlmkit.model.loading import load_model_and_tokenizer
-    from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
     use_cpu = runs_on_cpu()
     precision = resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision")

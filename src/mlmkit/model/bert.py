@@ -11,7 +11,7 @@ from torch import nn
 from mlmkit.config import ModelConfig
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX
-from mlmkit.model.kernels import cross_entropy_sum
+from mlmkit.model.kernels import cross_entropy_sum, register_cpu_attention
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,6 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
     if device_type == "cuda" and precision in ("bf16", "fp16") and flash_attn_available():
         return "flash_attention_2"
     if device_type == "cpu" and precision == "bf16":
-        from mlmkit.model.kernels import register_cpu_attention
-
         return register_cpu_attention()
     return "sdpa"
 

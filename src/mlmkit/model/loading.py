@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlmkit.data.tokenizer import load_tokenizer
 from mlmkit.errors import CheckpointError, ConfigError
+from mlmkit.model.bert import load_pretrained
 from mlmkit.training.checkpoint import is_checkpoint, list_checkpoints
 
 RUN_MODEL_DIR = "model"  # <run dir>/model: config.json and the tokenizer
@@ -46,9 +48,6 @@ def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> Path:
 def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
                              attn_implementation: str = "sdpa"):
     """``(BertForMaskedLM, tokenizer, resolved path)`` for a model dir, run dir or checkpoint."""
-    from mlmkit.data.tokenizer import load_tokenizer
-    from mlmkit.model.bert import load_pretrained
-
     resolved = resolve_model_path(path, setting)
     if not is_checkpoint(resolved):
         model = load_pretrained(str(resolved), attn_implementation)

@@ -15,6 +15,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import ProjectConfiguration, broadcast_object_list, set_seed
 
 from mlmkit.config import Config, parse_duration
+from mlmkit.data import streaming
 from mlmkit.data.corpus import (
     corpus_fingerprint,
     load_corpus,
@@ -170,8 +171,6 @@ def prepare_data(cfg: Config, accelerator: Accelerator) -> Data:
 
 
 def _prepare_streaming(cfg: Config, accelerator: Accelerator) -> Data:
-    from mlmkit.data import streaming
-
     cache_dir = Path(cfg.paths.cache_dir).expanduser()
     tc = cfg.train
     with accelerator.local_main_process_first():
