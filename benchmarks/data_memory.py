@@ -38,14 +38,14 @@ os.environ["HF_DATASETS_CACHE"] = sys.argv[3] + "/hf"
 import datasets
 datasets.disable_progress_bars()
 from mlmkit.config import DataConfig, TokenizerConfig
-from mlmkit.data.corpus import builtin_documents
+from mlmkit.data.sources import builtin_documents
 from mlmkit.data.tokenizer import train_wordpiece
 mode, folder, tmp, num_proc, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 tok = train_wordpiece(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), builtin_documents())
 files = sorted(str(p) for p in __import__("pathlib").Path(folder).glob("*.txt"))
 t0 = time.perf_counter()
 if mode == "map":
-    from mlmkit.data.corpus import prepare_datasets
+    from mlmkit.data.packing import prepare_datasets
     cfg = DataConfig(source="files", train_files=files, num_proc=num_proc)
     packed = prepare_datasets(cfg, tok, tmp + "/cache")
     n = len(packed["train"])

@@ -7,7 +7,7 @@ WordPiece tokenizer and the same ``num_proc`` go through:
   line_by_line): ``datasets.map`` calling the tokenizer with special-tokens masks, then a
   second ``datasets.map`` with ``group_texts`` concatenating every column and cutting it
   into max_seq_length blocks;
-- mlmkit: ``mlmkit.data.corpus.pack_corpus`` (one map: offsets-free batch encoding, packing into
+- mlmkit: ``mlmkit.data.packing.pack_corpus`` (one map: offsets-free batch encoding, packing into
   [CLS] ... [SEP] blocks, int32 ids only).
 
 Both write their Arrow results to a temporary datasets cache and neither reuses a cache.
@@ -90,7 +90,8 @@ def main() -> None:
         import datasets
 
         from mlmkit.config import DataConfig, TokenizerConfig
-        from mlmkit.data.corpus import builtin_documents, load_corpus, pack_corpus
+        from mlmkit.data.packing import pack_corpus
+        from mlmkit.data.sources import builtin_documents, load_corpus
         from mlmkit.data.tokenizer import train_wordpiece
 
         datasets.disable_progress_bars()
@@ -124,7 +125,7 @@ def main() -> None:
 
         # The whole map-mode preparation twice: read the files, tokenize, pack, save the
         # cache; then the same settings again, which only loads the cache.
-        from mlmkit.data.corpus import prepare_datasets
+        from mlmkit.data.packing import prepare_datasets
 
         cfg = DataConfig(source="files", train_files=[str(f) for f in files], num_proc=args.num_proc,
                          max_seq_length=args.max_seq_length)

@@ -94,7 +94,8 @@ def tokenizer_and_data(cfg: Config):
     """The tokenizer and packed datasets ``mlmkit.train`` uses for ``cfg`` (cached on disk)."""
     from pathlib import Path
 
-    from mlmkit.data.corpus import corpus_fingerprint, load_corpus, prepare_datasets
+    from mlmkit.data.packing import prepare_datasets
+    from mlmkit.data.sources import corpus_fingerprint, load_corpus
     from mlmkit.data.tokenizer import get_tokenizer
 
     cache = Path(cfg.paths.cache_dir)

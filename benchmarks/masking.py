@@ -18,7 +18,8 @@ import time
 import torch
 
 from mlmkit.config import ModelConfig, TokenizerConfig
-from mlmkit.data.corpus import builtin_documents, pack_ids
+from mlmkit.data.packing import pack_ids
+from mlmkit.data.sources import builtin_documents
 from mlmkit.data.tokenizer import train_wordpiece
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.bert import MaskedLM, build_model

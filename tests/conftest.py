@@ -38,7 +38,7 @@ def cache_dir(tmp_path_factory) -> Path:
 def tokenizer():
     """A WordPiece tokenizer trained on the built-in corpus (a few seconds)."""
     from mlmkit.config import TokenizerConfig
-    from mlmkit.data.corpus import builtin_documents
+    from mlmkit.data.sources import builtin_documents
     from mlmkit.data.tokenizer import train_wordpiece
 
     return train_wordpiece(TokenizerConfig(vocab_size=2000, max_train_chars=2_000_000), builtin_documents())

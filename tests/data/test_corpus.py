@@ -8,13 +8,8 @@ import pytest
 from conftest import shared_file
 
 from mlmkit.config import DataConfig
-from mlmkit.data.corpus import (
-    builtin_documents,
-    load_corpus,
-    pack_ids,
-    prepare_datasets,
-    resolve_files,
-)
+from mlmkit.data.packing import pack_ids, prepare_datasets
+from mlmkit.data.sources import builtin_documents, load_corpus, resolve_files
 from mlmkit.errors import DataError
 
 
@@ -114,7 +109,7 @@ def test_prepare_packs_and_caches(tmp_path, tokenizer, monkeypatch):
     assert int(block[0]) == tokenizer.cls_token_id and int(block[-1]) == tokenizer.sep_token_id
     assert len(packed["validation"]) > 10
     # the second call reads the cache and tokenizes nothing
-    import mlmkit.data.corpus as data_mod
+    import mlmkit.data.packing as data_mod
 
     def boom(*a, **k):
         raise AssertionError("tokenized again despite the cache")

@@ -16,16 +16,10 @@ from runs import (
     assert_same_losses,
 )
 
-import mlmkit.data.corpus as data_mod
+import mlmkit.data.packing as data_mod
 from mlmkit.config import DataConfig, SourceConfig
-from mlmkit.data.corpus import (
-    MAX_LINE_BYTES,
-    iter_txt,
-    load_corpus,
-    pack_lines,
-    prepare_datasets,
-    warn_small_validation,
-)
+from mlmkit.data.packing import pack_lines, prepare_datasets, warn_small_validation
+from mlmkit.data.sources import MAX_LINE_BYTES, iter_txt, load_corpus
 from mlmkit.errors import DataError
 
 HUB_PRESETS = {"wikitext103": "Salesforce/wikitext", "wiki_books": "wikimedia/wikipedia",

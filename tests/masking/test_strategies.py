@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mlmkit.config import STRATEGIES, MaskingConfig
-from mlmkit.data.corpus import builtin_documents, pack_ids
+from mlmkit.data.packing import pack_ids
+from mlmkit.data.sources import builtin_documents
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 

@@ -38,18 +38,16 @@ import numpy as np
 import torch
 
 from mlmkit.config import DataConfig, SourceConfig
-from mlmkit.data.corpus import (
+from mlmkit.data.packing import encode, pack_concat, pack_lines
+from mlmkit.data.sources import (
     SPLIT_SEED,
     TEXT_EXTENSIONS,
     builtin_documents,
     check_not_binary,
-    encode,
     hub_error,
     iter_txt,
     load_hub,
     mix_probabilities,
-    pack_concat,
-    pack_lines,
     resolve_files,
     warn_txt_stats,
 )

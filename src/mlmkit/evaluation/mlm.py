@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from mlmkit.config import EvalConfig
-from mlmkit.data.corpus import load_files, pack_corpus, prepare_datasets, resolve_files
+from mlmkit.data.packing import pack_corpus, prepare_datasets
+from mlmkit.data.sources import load_files, resolve_files
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.model.bert import MaskedLM

@@ -16,12 +16,8 @@ from accelerate.utils import ProjectConfiguration, broadcast_object_list, set_se
 
 from mlmkit.config import Config, parse_duration
 from mlmkit.data import streaming
-from mlmkit.data.corpus import (
-    corpus_fingerprint,
-    load_corpus,
-    prepare_datasets,
-    warn_small_validation,
-)
+from mlmkit.data.packing import prepare_datasets, warn_small_validation
+from mlmkit.data.sources import corpus_fingerprint, load_corpus
 from mlmkit.data.tokenizer import get_tokenizer
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import MLMCollator

@@ -1,20 +1,8 @@
-"""Raw text to packed blocks of token ids (map mode; streaming is ``streaming.py``).
+"""Corpora as documents: ``load_corpus(cfg)`` gives a ``datasets.DatasetDict`` with ``train``
+and ``validation`` splits (one ``text`` column) from the built-in corpus, local files
+(text, JSON lines, Parquet, CSV), a Hugging Face dataset, or several of these interleaved
+with weights; ``corpus_fingerprint`` names what was read, for the caches."""
 
-Two steps, each usable on its own:
-
-1. ``load_corpus(cfg)``: a ``datasets.DatasetDict`` with ``train`` and ``validation``
-   splits of documents (one ``text`` column), from the built-in corpus, local files, a
-   Hugging Face dataset, or several of these interleaved with weights.
-2. ``pack_corpus(corpus, tokenizer, max_seq_length)``: tokenize with the fast tokenizer
-   (``datasets.map``, batched, in parallel) and pack in the same pass. ``concatenate``:
-   blocks of exactly ``max_seq_length`` ids, ``[CLS] doc1 [SEP] doc2 [SEP] ... [SEP]``;
-   documents longer than a block run on into the next one, so no text is dropped except
-   the tail of each map batch that does not fill a block. ``line_by_line``: one
-   ``[CLS] doc [SEP]`` per document, longer ones split into several, padded at collation.
-
-``prepare_datasets`` does both and caches the packed result on disk, keyed by
-everything that changes it.
-"""
 
 from __future__ import annotations
 
@@ -24,16 +12,12 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 from mlmkit.config import DataConfig, SourceConfig
-from mlmkit.data.tokenizer import tokenizer_fingerprint
 from mlmkit.errors import DataError, MLMKitError
 
 log = logging.getLogger(__name__)
@@ -451,165 +435,3 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
 # ----------------------------------------------------------------------------------------
 
 
-def pack_ids(docs: list[list[int]], cls_id: int, sep_id: int, max_seq_length: int) -> list[list[int]]:
-    """Concatenate documents (each followed by [SEP]) and cut into [CLS] ... [SEP] blocks.
-
-    Every block has exactly ``max_seq_length`` ids; the tail that does not fill a block is
-    dropped.
-    """
-    return pack_concat(docs, cls_id, sep_id, max_seq_length)[0].tolist()
-
-
-def pack_concat(docs, cls_id: int, sep_id: int, max_seq_length: int, carry=()):
-    """(blocks as an int32 array of shape [n, max_seq_length], the ids left over).
-
-    ``carry`` (ids left over from the previous call) starts the stream, so a caller that
-    passes the leftover back in loses no text at batch boundaries (streaming does).
-    """
-    import numpy as np
-
-    body = max_seq_length - 2
-    stream: list[int] = list(carry)
-    for ids in docs:
-        if ids:
-            stream.extend(ids)
-            stream.append(sep_id)
-    n = len(stream) // body
-    flat = np.asarray(stream, dtype=np.int32)
-    blocks = np.empty((n, max_seq_length), dtype=np.int32)
-    blocks[:, 0] = cls_id
-    blocks[:, -1] = sep_id
-    blocks[:, 1:-1] = flat[: n * body].reshape(n, body)
-    return blocks, stream[n * body:]
-
-
-def pack_lines(docs, cls_id: int, sep_id: int, max_seq_length: int) -> list[list[int]]:
-    """One sequence per document, ``[CLS] doc [SEP]``; a longer document becomes several
-    sequences (the last one shorter), never dropped and never merged with another."""
-    body = max_seq_length - 2
-    out = []
-    for ids in docs:
-        for i in range(0, len(ids), body):
-            out.append([cls_id, *ids[i:i + body], sep_id])
-    return out
-
-
-def encode(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, without special tokens, offsets or masks (the fast path)."""
-    backend = tokenizer.backend_tokenizer
-    return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
-
-
-def _tokenize_and_pack(batch: dict, tokenizer, max_seq_length: int, packing: str = "concatenate") -> dict:
-    ids = encode(tokenizer, batch["text"])
-    if packing == "line_by_line":
-        return {"input_ids": pack_lines(ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length)}
-    return {"input_ids": pack_concat(ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length)[0]}
-
-
-def _auto_num_proc(n_docs: int, requested: int | None) -> int:
-    if requested is not None:
-        return requested
-    if n_docs < 20_000:  # worker start-up costs more than it saves on small corpora
-        return 1
-    return max(1, min(8, os.cpu_count() or 1))
-
-
-def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = None,
-                packing: str = "concatenate", cache_files: bool = True):
-    """Tokenize and pack every split of ``corpus`` into blocks of ``max_seq_length`` ids.
-
-    One pass per split (tokenize and pack in the same batch), int32 ids, no attention
-    masks or token type ids: everything else is derived from the ids at collation.
-    """
-    import datasets
-
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
-    packed = {}
-    for split, ds in corpus.items():
-        procs = _auto_num_proc(len(ds), num_proc)
-        if procs > 1:
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        packed[split] = ds.map(
-            partial(_tokenize_and_pack, tokenizer=tokenizer, max_seq_length=max_seq_length,
-                    packing=packing),
-            batched=True,
-            batch_size=1000,
-            num_proc=procs if procs > 1 else None,
-            remove_columns=ds.column_names,
-            features=features,
-            load_from_cache_file=cache_files,
-            desc=f"Tokenizing and packing {split}",
-        )
-    return datasets.DatasetDict(packed)
-
-
-def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str:
-    """The packed dataset's cache key: everything that changes the blocks."""
-
-
-    key_src = json.dumps({
-        "corpus": fingerprint or corpus_fingerprint(cfg),
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-        "max_seq_length": cfg.max_seq_length,
-        "packing": cfg.packing,
-        "pack": PACK_VERSION,
-    }, sort_keys=True)
-    return hashlib.sha256(key_src.encode()).hexdigest()[:16]
-
-
-def check_packed(packed, cfg: DataConfig) -> None:
-    for split in ("train", "validation"):
-        if len(packed[split]) == 0:
-            setting = "data.train_files" if split == "train" else "data.validation_files"
-            raise DataError(
-                f"The {split} split packs into zero blocks of {cfg.max_seq_length} tokens; "
-                f"add text ({setting}) or lower data.max_seq_length."
-            )
-
-
-def warn_small_validation(n_rows: int, batch_size: int) -> bool:
-    """Warn (with the count) when the validation set is smaller than one batch."""
-    if n_rows < batch_size:
-        log.warning("The validation set has %d sequences, fewer than one batch (%d): evaluation "
-                    "figures will be noisy; add validation text (data.validation_files or "
-                    "data.validation_split).", n_rows, batch_size)
-        return True
-    return False
-
-
-def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, corpus=None,
-                     fingerprint: str | None = None):
-    """Packed train/validation datasets, from the disk cache when nothing changed.
-
-    The cache is written under a temporary name and renamed when complete, and only once
-    both splits hold blocks, so an error or an interrupt never leaves a partial entry.
-    """
-    import datasets
-
-    key = cache_key(cfg, tokenizer, fingerprint)
-    target = Path(cache_dir) / "data" / key
-    if cfg.cache and (target / "dataset_dict.json").is_file():
-        log.info("Using cached packed dataset %s", target)
-        packed = datasets.load_from_disk(str(target))
-    else:
-        if corpus is None:
-            corpus = load_corpus(cfg)
-        packed = pack_corpus(corpus, tokenizer, cfg.max_seq_length, cfg.num_proc, cfg.packing)
-        check_packed(packed, cfg)
-        if cfg.cache:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-            try:
-                packed.save_to_disk(str(tmp))
-                os.replace(tmp, target)
-            except OSError:
-                pass  # a full disk or a concurrent writer: train from memory, cache next time
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            if (target / "dataset_dict.json").is_file():
-                packed = datasets.load_from_disk(str(target))
-    check_packed(packed, cfg)
-    if cfg.max_eval_samples is not None and len(packed["validation"]) > cfg.max_eval_samples:
-        packed["validation"] = packed["validation"].select(range(cfg.max_eval_samples))
-    return packed.with_format("torch")
