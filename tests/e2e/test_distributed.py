@@ -85,6 +85,14 @@ def launch_engine(config: str, run_dir: Path, cache_dir: Path, *overrides: str) 
 ENGINE_ARGS = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train.eval_every=5"]
 
 
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory, cache_dir) -> Path:
+    """A two-process DDP run of ENGINE_ARGS: the reference the FSDP and DeepSpeed runs follow."""
+    run = tmp_path_factory.mktemp("ddp") / "run"
+    launch_two(run, cache_dir, *ENGINE_ARGS)
+    return run
+
+
 def assert_same_losses(a: Path, b: Path, rel: float) -> None:
     x, y = events(a, "train"), events(b, "train")
     assert [e["step"] for e in x] == [e["step"] for e in y] == list(range(1, 11))
@@ -100,15 +108,14 @@ def resume_from_step_5(run: Path, resumed: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, cache_dir):
+def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, cache_dir, ddp_reference):
     """FSDP2 (full shard per BertLayer, sharded state dicts): the same losses as DDP, each rank
     writes its shard, a resumed run continues exactly, and final/ holds the gathered weights."""
     import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    launch_two(ddp, cache_dir, *ENGINE_ARGS)
+    ddp, fsdp = ddp_reference, tmp_path / "fsdp"
     launch_engine("fsdp", fsdp, cache_dir, *ENGINE_ARGS)
     assert_same_losses(ddp, fsdp, rel=1e-4)
 
@@ -138,15 +145,15 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(tmp_path, cache_dir):
+def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(tmp_path, cache_dir,
+                                                                             ddp_reference):
     """DeepSpeed ZeRO-2 and ZeRO-3 (DeepSpeed's CPU accelerator): the same losses as DDP, each
     rank writes its partition, ZeRO-3 resumes exactly, and final/ is the plain model."""
     pytest.importorskip("deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')")
     import torch
     from safetensors.torch import load_file
 
-    ddp = tmp_path / "ddp"
-    launch_two(ddp, cache_dir, *ENGINE_ARGS)
+    ddp = ddp_reference
     ddp_final = load_file(ddp / "final" / "model.safetensors")
     for stage in (2, 3):
         run = tmp_path / f"zero{stage}"

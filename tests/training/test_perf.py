@@ -55,26 +55,28 @@ def test_throughput_meter_and_peak_memory():
     assert peak_memory_gb(torch.device("cpu")) > 0.01  # this process holds torch at least
 
 
-def test_in_run_mfu_reference_takes_the_benchmarks_best_matmul_size(monkeypatch):
-    """On a CPU the 1,024-square bf16 product can run at about half the 2,048-square rate;
-    the run's MFU reference must be the best size, as in ``make bench``, or MFU reads double."""
+def test_in_run_mfu_reference_times_the_benchmarks_squares_and_the_models_products(monkeypatch):
+    """On a CPU the 1,024-square bf16 product can run at about half the 2,048-square rate:
+    the run's reference takes the best of both sizes, as ``make bench`` does, and of the
+    model's own products, within a time limit."""
     from mlmkit.training import perf
 
-    measure = perf.measure_matmul_rate
-    by_size = {1024: 1.0e12, 2048: 1.8e12}
+    timed = {}
 
-    def fake(dtype, device, n=None, min_seconds=0.5, repeats=3):
-        return measure(dtype, device, None, min_seconds, repeats) if n is None else by_size[n]
+    def fake(products, device, min_seconds, repeats, max_seconds=None):
+        timed.update(flops=sorted({f for f, _ in products}), max_seconds=max_seconds)
+        return 1.8e12
 
-    monkeypatch.setattr(perf, "measure_matmul_rate", fake)
+    monkeypatch.setattr(perf, "_best_rate", fake)
     monkeypatch.setattr(perf, "cpu_has_bf16", lambda: True)
     perf.reference_rate.cache_clear()
     try:
-        rate, how = perf.reference_rate(torch.device("cpu"), "bf16")
-        assert perf.measure_matmul_rate(torch.bfloat16, "cpu") == rate == 1.8e12  # as the benchmarks
-        assert "bfloat16" in how
+        rate, how = perf.reference_rate(torch.device("cpu"), "bf16", ((64, 32, 128),))
     finally:
         perf.reference_rate.cache_clear()
+    assert rate == 1.8e12 and "bfloat16" in how
+    assert timed["flops"] == sorted({2.0 * 1024**3, 2.0 * 2048**3, 2.0 * 64 * 32 * 128})
+    assert 0 < timed["max_seconds"] <= 2.0
 
 
 def _timed_linear_rate(shapes, dtype, seconds=0.3):
@@ -145,7 +147,7 @@ def test_emulated_bf16_is_never_timed_and_is_named(monkeypatch, caplog):
     timed = []
     real = perf._best_rate
     monkeypatch.setattr(perf, "_best_rate", lambda products, *a, **k: (
-        timed.append(products[0][1]().dtype), real(products, *a, **k))[1])
+        timed.extend(fn().dtype for _, fn in products), real(products, *a, **k))[1])
     perf.reference_rate.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="mlmkit"):

@@ -91,20 +91,26 @@ def chip_bf16_peak(device: torch.device | str | None = None) -> tuple[float, str
 def _best_rate(products, device: torch.device, min_seconds: float, repeats: int,
                max_seconds: float | None = None) -> float:
     """The best FLOP/s of ``products`` (a list of ``(flops, fn)``), each timed ``repeats``
-    times for at least ``min_seconds`` (and at least one call) after a warm-up call; no
-    product is started after ``max_seconds``."""
+    times for at least ``min_seconds`` (and at least one call) after a warm-up call; after
+    ``max_seconds`` (a busy machine can slow the products tenfold) nothing more is timed."""
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     best, begin = 0.0, time.perf_counter()
+
+    def out_of_time() -> bool:
+        return max_seconds is not None and best > 0 and time.perf_counter() - begin > max_seconds
+
     for flops, fn in products:
-        if max_seconds is not None and best and time.perf_counter() - begin > max_seconds:
+        if out_of_time():
             break
         fn()  # warm-up (kernel selection, page faults)
         sync()
         for _ in range(repeats):
+            if out_of_time():
+                break
             count, start = 0, time.perf_counter()
             while True:
                 fn()
@@ -129,11 +135,20 @@ def measure_matmul_rate(dtype: torch.dtype = torch.bfloat16, device: torch.devic
     """
     device = torch.device(device)
     if n is None:
-        sizes = (8192,) if device.type == "cuda" else (1024, 2048)
-        return max(measure_matmul_rate(dtype, device, k, min_seconds, repeats) for k in sizes)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    return _best_rate([(2.0 * n**3, lambda: torch.mm(a, b))], device, min_seconds, repeats)
+        return _best_rate(square_products(dtype, device), device, min_seconds, repeats)
+    return _best_rate(square_products(dtype, device, (n,)), device, min_seconds, repeats)
+
+
+def square_products(dtype: torch.dtype, device: torch.device, sizes: tuple[int, ...] | None = None):
+    """``(flops, fn)`` of square products: by default 2,048 and 1,024 on a CPU (which of them
+    runs the matrix units fastest depends on the caches), 8,192 on a GPU."""
+    sizes = sizes or ((8192,) if device.type == "cuda" else (2048, 1024))
+    products = []
+    for n in sizes:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        products.append((2.0 * n**3, lambda a=a, b=b: torch.mm(a, b)))
+    return products
 
 
 def model_matmul_shapes(config, tokens: int, predicted: int) -> tuple[tuple[int, int, int], ...]:
@@ -153,6 +168,11 @@ def measure_shapes_rate(shapes, dtype: torch.dtype, device: torch.device | str =
     gradient ``g^T @ x``. Smallest first; none is started after ``max_seconds`` (the largest
     behave as the large squares of ``measure_matmul_rate`` do)."""
     device = torch.device(device)
+    return _best_rate(shape_products(shapes, dtype, device), device, min_seconds, repeats, max_seconds)
+
+
+def shape_products(shapes, dtype: torch.dtype, device: torch.device):
+    """``(flops, fn)`` of the three products of each ``(m, k, n)``, smallest first."""
     products = []
     for m, k, n in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
         x = torch.randn(m, k, device=device).to(dtype)
@@ -162,7 +182,7 @@ def measure_shapes_rate(shapes, dtype: torch.dtype, device: torch.device | str =
         products += [(flops, lambda x=x, w=w: torch.mm(x, w.t())),
                      (flops, lambda g=g, w=w: torch.mm(g, w)),
                      (flops, lambda g=g, x=x: torch.mm(g.t(), x))]
-    return _best_rate(products, device, min_seconds, repeats, max_seconds)
+    return products
 
 
 def compute_dtype(device: torch.device, precision: str) -> torch.dtype:
@@ -185,7 +205,7 @@ def reference_rate(device: torch.device, precision: str,
     the run's compute dtype (``compute_dtype``), over the squares the benchmarks use and
     the model's own products (``shapes``, from ``model_matmul_shapes``), so that it bounds
     every matmul the run makes: on some CPUs a small product of the model's shape runs
-    faster than any large square. Under about 2 s on a CPU.
+    faster than any large square. About 1.5 s on a CPU.
     """
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         known = chip_bf16_peak(device)
@@ -193,10 +213,10 @@ def reference_rate(device: torch.device, precision: str,
             return known[0], f"{known[1]} dense bf16 peak (datasheet)"
     dtype = compute_dtype(device, precision) if device.type in ("cuda", "cpu") else torch.float32
     # the squares of the benchmarks (on a CPU a 1,024-square product can run at about half
-    # the 2,048-square rate), with shorter timings, and the model's own products
-    rate = measure_matmul_rate(dtype, device, min_seconds=0.03, repeats=6)  # many short: shared CPUs are noisy
-    if shapes:
-        rate = max(rate, measure_shapes_rate(shapes, dtype, device, max_seconds=1.0))
+    # the 2,048-square rate) and the model's own products; many short timings (a shared CPU
+    # is noisy), squares first, within about 1.5 s in all
+    products = square_products(dtype, device) + shape_products(shapes, dtype, device)
+    rate = _best_rate(products, device, min_seconds=0.03, repeats=4, max_seconds=1.5)
     name = str(dtype).replace("torch.", "")
     how = f"measured {name} matmul rate on this {device.type}"
     if device.type == "cpu" and precision == "bf16" and dtype == torch.float32:
