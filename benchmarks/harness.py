@@ -205,14 +205,9 @@ def flops_per_token(cfg: Config, vocab: int, predicted_share: float) -> float:
 
 
 def machine() -> str:
-    import platform
+    from mlmkit.training.runtime import cpu_has_bf16, cpu_name
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    kind = "bf16 hardware" if cpu_has_bf16() else "no bf16 hardware (bf16 emulated)"
+    return f"{cpu_name()} ({kind}), {torch.get_num_threads()} threads, torch {torch.__version__}"

@@ -132,17 +132,22 @@ def compile_encoder(model) -> None:
     model.bert.compile()
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows elsewhere."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def describe_cpu() -> str:
     """One line: the CPU, its cores, and whether bf16 runs on hardware here."""
     import os
-    import platform
 
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    name = cpu_name()
     kind = ("bf16 hardware (AVX512-BF16/AMX): precision=auto trains in bf16" if cpu_has_bf16() else
             "no bf16 hardware in use (AVX2-class): precision=auto trains in fp32, bf16 is emulated")
     return (f"{name}, {os.cpu_count()} cores, torch kernels {torch.backends.cpu.get_cpu_capability()}; "
