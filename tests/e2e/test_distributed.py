@@ -34,10 +34,14 @@ def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.C
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def launch_two(run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False
+               ) -> subprocess.CompletedProcess:
+    """Two CPU processes: ``accelerate launch train.py ...``, or with ``as_module``
+    ``accelerate launch -m mlmkit train ...`` (the installed package's way)."""
     accelerate = Path(sys.executable).with_name("accelerate")
+    script = ["-m", "mlmkit", "train"] if as_module else [str(ROOT / "train.py")]
     cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"), *TINY,
+           "--mixed_precision", "no", "--dynamo_backend", "no", *script, *TINY,
            f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
     return run_launch(cmd, timeout=900)
 
@@ -47,7 +51,7 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
     """2 processes x batch 8 = 1 process x batch 16: same rows, masks and normalisation."""
     one, two = tmp_path / "one", tmp_path / "two"
     run_train(one, cache_dir, *COMMON, "train.batch_size=16")
-    launch_two(two, cache_dir, *COMMON, "train.batch_size=8")
+    launch_two(two, cache_dir, *COMMON, "train.batch_size=8", as_module=True)
     a, b = events(one, "train"), events(two, "train")
     assert [e["step"] for e in a] == [e["step"] for e in b] == list(range(1, 11))
     for x, y in zip(a, b):
