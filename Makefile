@@ -51,7 +51,7 @@ sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest -q --durations=12 $(ARGS)
 
-test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~20 min on 2 cores)
+test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~27 min on 2 cores)
 	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)
 
 test-fast: venv

@@ -11,28 +11,30 @@ import pytest
 from conftest import shared_file
 from runs import ROOT, run_finetune
 
-# The long test's pretraining budget: wall-clock, so that CI takes the same time on every
-# kind of CPU (bf16 hardware trains more steps in it, fp32-only CPUs fewer).
-PRETRAIN_BUDGET = "14m"
+# The long test's pretraining: 4,000 steps (about 23 minutes on 2 cores with bf16 hardware),
+# capped in wall-clock time so that a CPU without bf16 hardware (about an hour for the steps in
+# fp32) ends within CI's limit; there the cut run does not reach the accuracy that pays off.
+PRETRAIN_STEPS, PRETRAIN_CAP = 4000, "26m"
 
 
 @pytest.mark.slow
 @pytest.mark.long
 def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
     """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
-    the text of SST-2's training phrases, labels unused, for a wall-clock budget of
-    ``PRETRAIN_BUDGET``, then fine-tuned on 2,000 labelled phrases, scores higher on GLUE's
-    SST-2 dev sentences (test.tsv here) than the same fine-tuning from a random init, on
-    average over three fine-tuning seeds. About 20 minutes on 2 CPU cores of either kind.
+    the text of SST-2's training phrases, labels unused, then fine-tuned on 2,000 labelled
+    phrases, scores higher on GLUE's SST-2 dev sentences (test.tsv here) than the same
+    fine-tuning from a random init, on average over three fine-tuning seeds. About 27 minutes
+    on 2 CPU cores with bf16 hardware.
 
-    The recipe leaves the unigram plateau (about 13% masked-token accuracy) early enough for
-    a CPU without bf16 hardware, which trains in fp32 (about 2.5 steps/s on 2 cores held to
-    AVX2): blocks of 32 tokens (SST-2's phrases are short), 64 per step, 40% masking, lr 1e-3
-    decaying linearly to the end of the budget. Measured by steps while it was chosen (bf16):
-    16.5% masked-token accuracy at step 1,000, 22.3% at 1,250, 28.3% at 2,000 (decay over
-    2,000 steps); a constant lr was no faster (14.3% at 1,000, 19.6% at 1,250); 32 blocks per
-    step stayed on the plateau for 2,500 steps; 64-token blocks left it after 1,000-1,500
-    steps of twice the cost; bert-tiny did not leave it within 2,000 steps at lr 1e-3 or 3e-3.
+    Measured while the recipe was chosen (2 CPU cores): at lr 2e-3 with 15% masking,
+    bert-mini was still on the unigram plateau after 3,000 steps (12% accuracy) and
+    fine-tuned worse than a random init; at lr 1e-3 with 40% masking it leaves the plateau
+    after 1,000-1,500 steps. Three runs of this recipe reached 51-54% masked-token accuracy
+    and fine-tuned to means of 0.7412, 0.7209 and 0.7225 against 0.6923, 0.6988 and 0.6961
+    from a random init. A shorter recipe for CPUs without bf16 hardware (14 minutes of 64
+    blocks of 32 tokens, about 1,950 steps in fp32) reached 25.5% and fine-tuned worse than a
+    random init (0.6858 against 0.6988): pretraining pays off downstream only well past the
+    plateau.
     """
     sst = shared_file("glue/SST-2/train.tsv")
     import csv
@@ -45,9 +47,9 @@ def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "model=bert-mini", "masking=mask40", "optim.lr=1e-3",
-         "optim.warmup_steps=100", "data=files", f"data.train_files=[{corpus}]", "data.txt_sample_by=line",
-         "data.max_seq_length=32", "train.batch_size=64", "train.max_steps=100000",
-         f"train.max_time={PRETRAIN_BUDGET}", "train.eval_every=500", "train.save_every=0",
+         "optim.warmup_steps=200", "data=files", f"data.train_files=[{corpus}]", "data.txt_sample_by=line",
+         "data.max_seq_length=64", "train.batch_size=64", f"train.max_steps={PRETRAIN_STEPS}",
+         f"train.max_time={PRETRAIN_CAP}", "train.eval_every=1000", "train.save_every=0",
          "tokenizer.vocab_size=8192",
          "train.progress=false", "logger=none", f"paths.cache_dir={tmp_path / 'cache'}",
          f"hydra.run.dir={run}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
@@ -55,7 +57,7 @@ def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     mlm_accuracy = [e["eval_accuracy"] for e in events if e.get("event") == "eval"][-1]
     # below this the model is still on the unigram plateau, and no fine-tuning gain is expected
-    assert mlm_accuracy > 0.20, f"pretraining ended at {mlm_accuracy:.3f} masked-token accuracy"
+    assert mlm_accuracy > 0.30, f"pretraining ended at {mlm_accuracy:.3f} masked-token accuracy"
     accuracy = {"pretrained": [], "random": []}
     for seed in (0, 1, 2):
         for init in accuracy:
