@@ -147,8 +147,12 @@ def test_speed_setting_keeps_the_loss(tokenizer, setting):
 
 
 @pytest.mark.slow
-def test_compiled_encoder_keeps_the_loss_and_the_parameter_names(tokenizer):
+def test_compiled_encoder_keeps_the_loss_and_the_parameter_names(tokenizer, tmp_path, monkeypatch):
     from mlmkit.training.runtime import compile_encoder
+
+    # A kernel cache of its own: inductor's shared one under /tmp outlives the run, and a
+    # kernel built while the CPU was held to AVX2 (.ci/as-avx2) aborted a later native run.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
 
     batches = _batches(tokenizer, _packed)
     plain = _train(MaskedLM(_model(tokenizer)), batches)
