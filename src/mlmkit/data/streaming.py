@@ -95,6 +95,14 @@ def _rows(ds) -> Iterator[dict]:
         yield {k: v[0] for k, v in batch.items()}
 
 
+def _texts(ds, column: str) -> Iterator[str]:
+    """The non-empty texts of ``column`` in the rows of ``ds`` (``_rows``), stripped."""
+    for row in _rows(ds):
+        text = row.get(column)
+        if isinstance(text, str) and text.strip():
+            yield text.strip()
+
+
 class FilesSource:
     """Documents of a list of local files; position = (file index, offset in the file)."""
 
@@ -137,10 +145,7 @@ class FilesSource:
                 if start:
                     self._ds.load_state_dict(start)
                 try:
-                    for row in _rows(self._ds):
-                        text = row.get(self.column)
-                        if isinstance(text, str) and text.strip():
-                            yield text.strip()
+                    yield from _texts(self._ds, self.column)
                 finally:
                     self._ds = None
         self.pos = {"file": len(self.files), "offset": 0}
@@ -167,10 +172,7 @@ class HubSource:
         if pos is not None:
             self._ds.load_state_dict(pos)
         try:
-            for row in _rows(self._ds):
-                text = row.get(self.column)
-                if isinstance(text, str) and text.strip():
-                    yield text.strip()
+            yield from _texts(self._ds, self.column)
         except DataError:
             raise
         except Exception as exc:  # the connection dropped mid-stream
