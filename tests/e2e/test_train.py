@@ -165,3 +165,19 @@ def test_tokenizer_larger_than_init_from_embeddings_is_refused(trained_run, tmp_
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "embeddings" in proc.stderr and "tokenizer.name_or_path" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_fill_mask_command_answers_bad_input_in_one_sentence(trained_run, capsys):
+    from mlmkit.cli import main
+
+    final = str(trained_run / "final")
+    assert main(["fill-mask", final, "The [MASK] is returned."]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 5
+    for args, expected in ((["--top-k", "100000"], "--top-k must be between 1 and the vocabulary size"),
+                           (["--top-k", "0"], "--top-k must be between 1"),
+                           ([], "has no [MASK] token")):
+        text = "No mask here." if not args else "The [MASK] is returned."
+        assert main(["fill-mask", final, text, *args]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err

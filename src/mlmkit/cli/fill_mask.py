@@ -17,11 +17,14 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise DataError(f"{model_dir!r} is not a model dir (no config.json); "
-                                "pass the final/ folder of a run.")
+                        "pass the final/ folder of a run.")
     fill = pipeline("fill-mask", model=str(path), tokenizer=str(path))
     mask = fill.tokenizer.mask_token
     if mask not in text:
         raise ConfigError(f"The text has no {mask} token to fill.")
+    if not 1 <= top_k <= len(fill.tokenizer):
+        raise ConfigError(f"--top-k must be between 1 and the vocabulary size ({len(fill.tokenizer)}), "
+                          f"got {top_k}.")
     out = fill(text, top_k=top_k)
     return out[0] if out and isinstance(out[0], list) else out
 
