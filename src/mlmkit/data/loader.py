@@ -121,20 +121,22 @@ class BatchStream:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset}
+        return {"epoch": self.epoch, "offset": self.offset, "batch_size": self.sampler.batch_size}
 
     def load_state_dict(self, state: dict[str, Any], world: int, saved_world: int) -> None:
-        """Continue where ``state`` stood; with another number of processes the position
-        in the epoch is kept by samples seen."""
+        """Continue where ``state`` stood; with another number of processes or another
+        batch size the position in the epoch is kept by samples seen."""
         if state.get("streaming"):
             raise ConfigError("The checkpoint was written with data.streaming=true; resume with "
                               "the same setting.")
-        offset = state["offset"]
-        if saved_world != world:
-            offset = offset * saved_world // world
-            log.warning("Resuming with %d process(es) from a checkpoint written by %d: the data "
-                        "position is kept by samples seen, but the run will not match an "
-                        "uninterrupted one exactly.", world, saved_world)
+        offset, batch_size = state["offset"], self.sampler.batch_size
+        saved_batch = state.get("batch_size", batch_size)
+        if (saved_world, saved_batch) != (world, batch_size):
+            offset = offset * saved_world * saved_batch // (world * batch_size)
+            log.warning("Resuming with %d process(es) x %d sequences per micro-batch from a "
+                        "checkpoint written with %d x %d: the data position is kept by samples seen, "
+                        "but the run will not match an uninterrupted one exactly.", world, batch_size,
+                        saved_world, saved_batch)
         self.epoch, self.offset, self._it = state["epoch"], offset, None
 
 

@@ -14,18 +14,27 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
 
-    def truncate_after(self, step: int) -> None:
-        """Drop events after ``step`` (a resumed run rewrites them), keeping the rest."""
+    def _split(self, step: int) -> tuple[list[str], list[str]]:
+        """The lines of events up to ``step`` and after it."""
+        kept, later = [], []
         if not self.enabled or not self.path.is_file():
-            return
-        kept = []
+            return kept, later
         for line in self.path.read_text().splitlines():
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
-            if event.get("step", 0) <= step:
-                kept.append(line)
+            (kept if event.get("step", 0) <= step else later).append(line)
+        return kept, later
+
+    def events_after(self, step: int) -> list[str]:
+        return self._split(step)[1]
+
+    def truncate_after(self, step: int) -> None:
+        """Drop events after ``step`` (a resumed run rewrites them), keeping the rest."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept, _ = self._split(step)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(k + "\n" for k in kept))
         tmp.replace(self.path)

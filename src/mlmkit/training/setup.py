@@ -18,15 +18,17 @@ from mlmkit.config import Config, parse_duration
 from mlmkit.data import streaming
 from mlmkit.data.packing import prepare_datasets, warn_small_validation
 from mlmkit.data.sources import corpus_fingerprint, load_corpus
-from mlmkit.data.tokenizer import get_tokenizer
+from mlmkit.data.tokenizer import get_tokenizer, load_tokenizer
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.bert import MaskedLM, build_model, count_parameters, resolve_attn_implementation
-from mlmkit.model.loading import save_run_model_spec
+from mlmkit.model.loading import RUN_MODEL_DIR, save_run_model_spec
+from mlmkit.training import lock as run_lock
 from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint import resolve_resume
 from mlmkit.training.optim import build_optimizer, build_scheduler
 from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, reference_rate
+from mlmkit.training.resume import check_model_shape
 from mlmkit.training.runtime import (
     apply_speed_settings,
     compile_encoder,
@@ -107,6 +109,7 @@ def start(cfg: Config, run_dir: Path) -> tuple[Accelerator, Path, str, Path | No
     run_dir = shared_run_dir(Path(run_dir))
     if state.is_main_process:
         check_writable(run_dir)
+        run_lock.acquire(run_dir)  # before anything is written: one run at a time
     state.wait_for_everyone()
     setup_logging(run_dir, state.is_main_process)
     resume_from = resume_point(run_dir, tc.resume)
@@ -132,12 +135,22 @@ class Data:
     train_set: Any  # packed blocks (map mode) or a StreamingBlocks
     val_set: Any
     baseline_set: Any  # where the most frequent token is counted
+    corpus: str  # the corpus fingerprint
+    train_blocks: int | None  # map mode: blocks in the training set (None: streamed)
 
 
-def prepare_data(cfg: Config, accelerator: Accelerator) -> Data:
-    """The tokenizer and data; the main process of each node prepares, the others reuse."""
+def _tokenizer(cfg: Config, texts, fingerprint: str, cache_dir: Path, run_tokenizer: Path | None):
+    """A resumed run keeps its own tokenizer (``<run>/model/``); a new one gets ``get_tokenizer``'s."""
+    if run_tokenizer is not None:
+        return load_tokenizer(str(run_tokenizer), setting="the run's own tokenizer")
+    return get_tokenizer(cfg.tokenizer, texts, fingerprint, cache_dir, init_from=cfg.model.init_from)
+
+
+def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None = None) -> Data:
+    """The tokenizer and data; the main process of each node prepares, the others reuse.
+    ``run_tokenizer``: the tokenizer dir of a resumed run."""
     if cfg.data.streaming:
-        return _prepare_streaming(cfg, accelerator)
+        return _prepare_streaming(cfg, accelerator, run_tokenizer)
     cache_dir = Path(cfg.paths.cache_dir).expanduser()
     fingerprint = corpus_fingerprint(cfg.data)
     corpus = {}
@@ -148,8 +161,7 @@ def prepare_data(cfg: Config, accelerator: Accelerator) -> Data:
             yield from rows["text"]
 
     with accelerator.local_main_process_first():
-        tokenizer = get_tokenizer(cfg.tokenizer, corpus_texts, fingerprint, cache_dir,
-                                  init_from=cfg.model.init_from)
+        tokenizer = _tokenizer(cfg, corpus_texts, fingerprint, cache_dir, run_tokenizer)
         packed = prepare_datasets(cfg.data, tokenizer, cache_dir, corpus=corpus.get("loaded"),
                                   fingerprint=fingerprint)
     train_set, val_set = packed["train"], packed["validation"]
@@ -163,22 +175,23 @@ def prepare_data(cfg: Config, accelerator: Accelerator) -> Data:
     log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
              len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
     warn_small_validation(len(val_set), batch_size)
-    return Data(tokenizer, train_set, val_set, train_set)
+    return Data(tokenizer, train_set, val_set, train_set, fingerprint, len(train_set))
 
 
-def _prepare_streaming(cfg: Config, accelerator: Accelerator) -> Data:
+def _prepare_streaming(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None) -> Data:
     cache_dir = Path(cfg.paths.cache_dir).expanduser()
     tc = cfg.train
+    fingerprint = corpus_fingerprint(cfg.data)
     with accelerator.local_main_process_first():
-        tokenizer = get_tokenizer(cfg.tokenizer, lambda: streaming.iter_texts(cfg.data),
-                                  corpus_fingerprint(cfg.data), cache_dir, init_from=cfg.model.init_from)
+        tokenizer = _tokenizer(cfg, lambda: streaming.iter_texts(cfg.data), fingerprint, cache_dir,
+                               run_tokenizer)
         train_set, val_set, baseline_set = streaming.setup_streaming(
             cfg.data, tokenizer, tc.batch_size, accelerator.process_index, accelerator.num_processes,
             tc.num_workers, tc.seed)
     log.info("Data: streamed, %d validation blocks of %d tokens; vocab %d", len(val_set),
              cfg.data.max_seq_length, len(tokenizer))
     warn_small_validation(len(val_set), tc.batch_size)
-    return Data(tokenizer, train_set, val_set, baseline_set)
+    return Data(tokenizer, train_set, val_set, baseline_set, fingerprint, None)
 
 
 def check_engine(accelerator: Accelerator, cfg: Config) -> int:
@@ -220,15 +233,19 @@ class ModelParts:
 
 
 def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
-                      run_dir: Path) -> ModelParts:
-    """The model (its config and tokenizer saved to ``<run>/model/``), the objective, the
-    optimizer, the budget and the schedule against it, and the MFU meter."""
+                      run_dir: Path, resume_from: Path | None = None) -> ModelParts:
+    """The model (its config and tokenizer saved to ``<run>/model/`` by a new run; a resumed
+    run's model must have the shape saved there), the objective, the optimizer, the budget
+    and the schedule against it, and the MFU meter."""
     tc, device = cfg.train, accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn)
     log.info("Model %s: %.2fM parameters (%.2fM without embeddings), attention %s", cfg.model.name,
              count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6, attn)
-    if accelerator.is_main_process:  # config and tokenizer, so any checkpoint can be loaded
+    spec = run_dir / RUN_MODEL_DIR
+    if resume_from is not None and (spec / "config.json").is_file():
+        check_model_shape(spec, model.config, resume_from)
+    elif accelerator.is_main_process:  # config and tokenizer, so any checkpoint can be loaded
         save_run_model_spec(run_dir, model, tokenizer)
     if tc.compile:
         compile_encoder(model)

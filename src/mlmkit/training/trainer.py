@@ -23,7 +23,9 @@ from mlmkit.data.loader import training_stream
 from mlmkit.errors import Preempted
 from mlmkit.evaluation.mlm import evaluate, fixed_eval_batches, majority_baseline
 from mlmkit.export.final import export_final, without_tied_copies
-from mlmkit.training import setup
+from mlmkit.model.loading import RUN_MODEL_DIR
+from mlmkit.training import lock as run_lock
+from mlmkit.training import resume, setup
 from mlmkit.training.checkpoint import load_checkpoint, load_latest, save_checkpoint
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.perf import peak_memory_gb
@@ -40,10 +42,13 @@ def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
 
     Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
     """
-    trainer = Trainer(cfg, Path(run_dir))
-    trainer.resume()
-    last_eval = trainer.fit()
-    trainer.export(last_eval)
+    try:
+        trainer = Trainer(cfg, Path(run_dir))
+        trainer.resume()
+        last_eval = trainer.fit()
+        trainer.export(last_eval)
+    finally:
+        run_lock.release()  # the run dir's lock, taken at setup
     return last_eval
 
 
@@ -76,10 +81,17 @@ class Trainer:
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
         acc = self.accelerator
         self.ckpt_dir = self.run_dir / "checkpoints"
-        data = setup.prepare_data(cfg, acc)
+        # a resume is checked against the checkpoint before anything in the run dir is written
+        saved = resume.saved_loop_state(self.resume_from) if self.resume_from else {}
+        self.changed = resume.check_settings(cfg, saved.get("settings"), self.resume_from) if saved else []
+        run_tokenizer = self.run_dir / RUN_MODEL_DIR if self.resume_from else None
+        data = setup.prepare_data(cfg, acc, run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
+        if saved:
+            resume.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
+        self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
         self.accum = setup.check_engine(acc, cfg)
         self.tokenizer = data.tokenizer
-        parts = setup.build_model_parts(cfg, acc, precision, data.tokenizer, self.run_dir)
+        parts = setup.build_model_parts(cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from)
         self.model, self.meter = parts.model, parts.meter
         self.collator = setup.build_collator(cfg, data.tokenizer, acc.process_index)
         stream = training_stream(cfg, self.collator, data.train_set, acc)
@@ -107,8 +119,17 @@ class Trainer:
             else:
                 restored = load_checkpoint(self.accelerator, self.resume_from)
             self.state.load_state_dict(restored)
+            if tc.resume != "auto" and self.accelerator.is_main_process:
+                # an older checkpoint than the latest: the later continuation is abandoned
+                resume.retire_later(self.run_dir, self.resume_from, self.metrics.events_after(self.state.step))
             self.metrics.truncate_after(self.state.step)
             log.info("Resumed from %s at step %d", self.resume_from, self.state.step)
+            if self.changed:
+                log.info("Settings changed since the checkpoint, applied: %s", "; ".join(self.changed))
+            if any(change.startswith("optim.") for change in self.changed):
+                inner = getattr(self.scheduler, "scheduler", self.scheduler)
+                resume.apply_optim_settings(self.optimizer, self.scheduler, self.cfg.optim,
+                                            inner.lr_lambdas[0](inner.last_epoch))
         start_trackers(self.accelerator, self.cfg.logger, self.run_dir, asdict(self.cfg))
         if self.resume_from is None:
             self.record({"event": "baseline", "step": 0, **self.baseline})
@@ -137,7 +158,10 @@ class Trainer:
                     last_eval = self._paused(window, self.evaluate)
                 # checkpoint; a stop signal saves one and ends the run
                 stop = signals.requested(acc)
-                if (tc.save_every and state.step % tc.save_every == 0) or last or stop:
+                if tc.save_every and state.step % tc.save_every == 0 and state.bad_steps and not (last or stop):
+                    log.warning("Step %d: no checkpoint while steps are skipped as non-finite; the "
+                                "next one is saved after a good step.", state.step)
+                elif (tc.save_every and state.step % tc.save_every == 0) or last or stop:
                     self._paused(window, self.save)
                 if stop:
                     self._close_progress()
@@ -204,7 +228,8 @@ class Trainer:
         return figures
 
     def save(self) -> None:
-        path = save_checkpoint(self.accelerator, self.ckpt_dir, self.state.step, self.state.state_dict(),
+        loop_state = {**self.state.state_dict(), "settings": asdict(self.cfg), **self.data_identity}
+        path = save_checkpoint(self.accelerator, self.ckpt_dir, self.state.step, loop_state,
                                self.cfg.train.keep_last)
         log.info("Saved checkpoint %s", path)
 
