@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,14 +21,37 @@ TINY = [
 ]
 
 
-def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = True):
+def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = True,
+              file_size_limit: int | None = None):
+    """train.py with the tiny settings; ``file_size_limit``: a file cannot grow past that many
+    bytes (the write fails with EFBIG, as on a full disk)."""
     cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"paths.cache_dir={cache_dir}",
            f"hydra.run.dir={run_dir}", *overrides]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    limit = (lambda: _limit_file_size(file_size_limit)) if file_size_limit else None
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          preexec_fn=limit)
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
+
+
+def _limit_file_size(nbytes: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@contextmanager
+def limited_file_size(nbytes: int):
+    """In this process: writing a file past ``nbytes`` fails with EFBIG, as on a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.getsignal(signal.SIGXFSZ)
+    _limit_file_size(nbytes)
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 def events(run_dir: Path, kind: str) -> list[dict]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, assert_same_weights, events, run_train
+from runs import ROOT, TINY, assert_same_weights, events, limited_file_size, run_train
 
 from mlmkit.errors import CheckpointError
 from mlmkit.training.checkpoint import list_checkpoints, save_checkpoint
@@ -112,6 +112,96 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path):
     assert "No space left on device" in message and "step_0000010" in message
     assert "train.keep_last" in message
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_0000010"]  # no partial folder
+
+
+class _WritesState:
+    """An accelerator whose save_state writes weights with safetensors and optimizer state
+    with torch.save, as accelerate does."""
+
+    is_main_process = True
+
+    def wait_for_everyone(self):
+        pass
+
+    def save_state(self, path, safe_serialization=True):
+        import torch
+        from safetensors.torch import save_file
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        save_file({"w": torch.zeros(10_000)}, Path(path) / "model.safetensors")  # 40 kB
+        torch.save({"m": torch.zeros(30_000)}, Path(path) / "optimizer.bin")  # 120 kB
+
+
+@pytest.mark.parametrize("limit", [20_000, 80_000])  # the weights, or the optimizer state, too large
+def test_full_disk_in_safetensors_or_torch_keeps_the_previous_checkpoint(tmp_path, limit):
+    ckpt_dir = tmp_path / "checkpoints"
+    save_checkpoint(_WritesState(), ckpt_dir, 10, {"step": 10}, keep_last=2)
+    before = {p.name: p.read_bytes() for p in (ckpt_dir / "step_0000010").iterdir()}
+    with limited_file_size(limit), pytest.raises(CheckpointError) as info:
+        save_checkpoint(_WritesState(), ckpt_dir, 20, {"step": 20}, keep_last=2)
+    message = str(info.value)
+    assert message.startswith("Could not write the step-20 checkpoint")
+    if limit < 40_000:  # torch's own text varies with where the write stopped
+        assert "File too large" in message
+    assert "(from step_0000010, which is intact)." in message and "\n" not in message
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_0000010"]  # no partial folder
+    assert {p.name: p.read_bytes() for p in (ckpt_dir / "step_0000010").iterdir()} == before
+
+
+@pytest.mark.slow
+def test_full_disk_while_training_stops_with_one_sentence_and_resume_finishes(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    args = ["train.save_every=2", "train.eval_every=0", "train.precision=no", "train.export=false",
+            "logger=none"]
+    run_train(run, cache_dir, *args, "train.max_steps=2")
+    good = run / "checkpoints" / "step_0000002"
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    # A file cannot grow past 300 kB: the weights (240 kB) fit, the optimizer state (480 kB)
+    # fails in torch.save as on a full disk.
+    proc = run_train(run, cache_dir, *args, "train.max_steps=4", "train.resume=auto", check=False,
+                     file_size_limit=300_000)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Error: Could not write the step-4 checkpoint" in proc.stderr
+    assert "(from step_0000002, which is intact)." in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000002"]
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    run_train(run, cache_dir, *args, "train.max_steps=4", "train.resume=auto")
+    assert _train_steps(run) == [2, 4]
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_0000002", "step_0000004"]
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    """Every file mlmkit wrote into the run dir (Hydra's own .hydra/ record aside)."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and ".hydra" not in p.parts}
+
+
+@pytest.mark.slow
+def test_a_second_run_into_the_same_run_dir_is_refused_and_writes_nothing(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    args = ["train.log_every=1", "train.save_every=0", "train.eval_every=0", "train.precision=no",
+            "logger=none"]
+    first = _start(run, cache_dir, *args, "train.max_steps=400")
+    try:
+        deadline = time.time() + 120
+        while len(_train_steps(run)) < 2 and time.time() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        first.send_signal(signal.SIGSTOP)  # frozen: the run dir changes only if the second run writes
+        before = _files(run)
+        second = run_train(run, cache_dir, *args, "train.max_steps=400", "train.resume=auto",
+                           check=False)
+        assert second.returncode == 2, second.stderr[-3000:]
+        error = second.stderr.strip().splitlines()[-1]
+        assert error.startswith(f"Error: The run dir {str(run)!r} is in use by another run (pid {first.pid} on host ")
+        assert error.endswith("; wait for it to end or choose a new hydra.run.dir.")
+        assert "Traceback" not in second.stderr
+        assert _files(run) == before  # metrics.jsonl, train.log, ... untouched
+    finally:
+        first.send_signal(signal.SIGKILL)  # a crash: its lock goes with it
+        first.communicate()
+    run_train(run, cache_dir, *args, "train.max_steps=3", "train.resume=auto")
+    assert _train_steps(run) == [1, 2, 3]
 
 
 @pytest.mark.slow

@@ -14,11 +14,17 @@ from mlmkit.errors import ConfigError, DataError
 def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     from transformers import pipeline
 
+    from mlmkit.data.tokenizer import load_tokenizer
+    from mlmkit.model.bert import load_pretrained
+
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise DataError(f"{model_dir!r} is not a model dir (no config.json); "
                         "pass the final/ folder of a run.")
-    fill = pipeline("fill-mask", model=str(path), tokenizer=str(path))
+    # mlmkit's loaders: no custom code, weights from safetensors only, one sentence on failure
+    model = load_pretrained(str(path), setting="model_dir")
+    tokenizer = load_tokenizer(str(path), setting="model_dir")
+    fill = pipeline("fill-mask", model=model, tokenizer=tokenizer, trust_remote_code=False)
     mask = fill.tokenizer.mask_token
     if mask not in text:
         raise ConfigError(f"The text has no {mask} token to fill.")

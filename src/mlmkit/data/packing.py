@@ -17,12 +17,11 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from functools import partial
 from pathlib import Path
 
 from mlmkit.config import DataConfig
+from mlmkit.data import cache
 from mlmkit.data.sources import PACK_VERSION, corpus_fingerprint, load_corpus
 from mlmkit.data.tokenizer import tokenizer_fingerprint
 from mlmkit.errors import DataError
@@ -162,33 +161,67 @@ def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, c
     """Packed train/validation datasets, from the disk cache when nothing changed.
 
     The cache is written under a temporary name and renamed when complete, and only once
-    both splits hold blocks, so an error or an interrupt never leaves a partial entry.
+    both splits hold blocks, so an error or an interrupt never leaves a partial entry
+    (``cache.write_entry``); a damaged entry is deleted with a warning and packed again.
     """
-    import datasets
-
     key = cache_key(cfg, tokenizer, fingerprint)
     target = Path(cache_dir) / "data" / key
-    if cfg.cache and (target / "dataset_dict.json").is_file():
-        log.info("Using cached packed dataset %s", target)
-        packed = datasets.load_from_disk(str(target))
-    else:
+    packed = _load_cached(target) if cfg.cache else None
+    if packed is None:
         if corpus is None:
             corpus = load_corpus(cfg)
         packed = pack_corpus(corpus, tokenizer, cfg.max_seq_length, cfg.num_proc, cfg.packing)
         check_packed(packed, cfg)
         if cfg.cache:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-            try:
-                packed.save_to_disk(str(tmp))
-                os.replace(tmp, target)
-            except OSError:
-                pass  # a full disk or a concurrent writer: train from memory, cache next time
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            if (target / "dataset_dict.json").is_file():
-                packed = datasets.load_from_disk(str(target))
+            packed = _store(packed, target, cache_dir)
     check_packed(packed, cfg)
     if cfg.max_eval_samples is not None and len(packed["validation"]) > cfg.max_eval_samples:
         packed["validation"] = packed["validation"].select(range(cfg.max_eval_samples))
     return packed.with_format("torch")
+
+
+def _load_cached(target: Path):
+    """The packed dataset cached at ``target``, or None: there is none, or it was damaged
+    (then deleted with a warning). Temporary folders of stopped preparations are removed."""
+    import datasets
+
+    cache.remove_orphans(target.parent)
+    if not (target / "dataset_dict.json").is_file():
+        return None
+    damage = cache.damage(target)
+    if damage is None:
+        try:
+            packed = datasets.load_from_disk(str(target))
+        except Exception as exc:  # a cut or garbled Arrow file fails in pyarrow
+            damage = cache.reason(exc)
+        else:  # a file garbled after a whole record batch loads, with fewer rows
+            damage = _missing_rows(packed, cache.read_info(target).get("rows", {}))
+        if damage is None:
+            log.info("Using cached packed dataset %s", target)
+            return packed
+    cache.discard(target, "packed dataset", damage)
+    return None
+
+
+def _store(packed, target: Path, cache_dir):
+    """``packed`` written to the cache and read back from it (memory-mapped); on a full disk
+    a warning, and ``packed`` as it is: the run trains from memory."""
+    import datasets
+
+    try:
+        cache.write_entry(target, lambda folder: packed.save_to_disk(str(folder)),
+                          info={"rows": {split: len(ds) for split, ds in packed.items()}})
+    except OSError as exc:
+        log.warning("Could not cache the packed dataset under paths.cache_dir=%r (%s), so this "
+                    "run trains from memory; free disk space there or set paths.cache_dir to "
+                    "another folder.", str(cache_dir), cache.reason(exc))
+        return packed
+    return datasets.load_from_disk(str(target))
+
+
+def _missing_rows(packed, rows: dict[str, int]) -> str | None:
+    for split, n in rows.items():
+        found = len(packed[split]) if split in packed else 0
+        if found != n:
+            return f"its {split} split has {found} of {n} rows"
+    return None

@@ -56,14 +56,19 @@ def load_tokenizer(name_or_path: str, setting: str = "tokenizer.name_or_path"):
             f"{setting}={name_or_path!r} holds no tokenizer (no tokenizer.json, vocab.txt or "
             "tokenizer_config.json); point it at a saved Hugging Face tokenizer dir."
         )
+    if looks_local:  # before transformers reads it: no custom code
+        from mlmkit.model.safety import refuse_custom_code
+
+        refuse_custom_code(local, setting, TokenizerError)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else name_or_path,
+                                                  trust_remote_code=False)
     except Exception as exc:  # OSError, ValueError, connection errors from the hub
         where = "the local dir" if looks_local else "the Hugging Face Hub (is it reachable?)"
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
         raise TokenizerError(
-            f"Could not load a tokenizer from {setting}={name_or_path!r} via {where}: "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. "
-            "Use a local tokenizer dir, or set tokenizer.name_or_path=null to train one."
+            f"Could not load a tokenizer from {setting}={name_or_path!r} via {where} ({detail}); "
+            "use a local tokenizer dir, or set tokenizer.name_or_path=null to train one."
         ) from None
     check_special_tokens(tokenizer, f"{setting}={name_or_path!r}")
     return tokenizer

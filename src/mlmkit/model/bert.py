@@ -136,34 +136,49 @@ def silence_padded_vocab(model, n_real: int) -> None:
         bias[n_real:] = PADDED_VOCAB_BIAS
 
 
-def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa"):
-    """Load a ``BertForMaskedLM`` (safetensors only) with one clear error on failure."""
+def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", setting: str = "model.init_from"):
+    """Load a ``BertForMaskedLM`` (safetensors only, no custom code) with one clear error on
+    failure; ``setting`` names where the path came from."""
     from transformers import AutoConfig, BertForMaskedLM
+
+    from mlmkit.model.safety import refuse_custom_code, require_safetensors
 
     local = Path(name_or_path).expanduser()
     source = str(local) if local.exists() else name_or_path
+    if local.exists():  # checked before transformers opens anything in it
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"{setting}={name_or_path!r} has no config.json; point {setting} at a "
+                              "model dir with config.json and model.safetensors.")
+        refuse_custom_code(local, setting)
+        require_safetensors(local, setting)
     try:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except Exception as exc:
+        where = ("its config.json could not be read" if local.exists() else
+                 "not a local model dir, and the Hugging Face Hub could not provide it")
         raise ConfigError(
-            f"Could not load model.init_from={name_or_path!r} (not a local model dir, and the "
-            f"Hugging Face Hub could not provide it: {str(exc).splitlines()[0]}); point "
-            "model.init_from at a local dir with config.json and model.safetensors."
+            f"Could not load {setting}={name_or_path!r} ({where}: {_first_line(exc)}); point "
+            f"{setting} at a local dir with config.json and model.safetensors."
         ) from None
     if config.model_type != "bert":
         raise ConfigError(
-            f"model.init_from={name_or_path!r} is a {config.model_type!r} model; mlmkit "
-            "continues pretraining of BERT models only."
+            f"{setting}={name_or_path!r} is a {config.model_type!r} model; mlmkit loads BERT "
+            "models only."
         )
     try:
         return BertForMaskedLM.from_pretrained(
-            source, attn_implementation=attn_implementation, use_safetensors=True
+            source, attn_implementation=attn_implementation, use_safetensors=True,
+            trust_remote_code=False,
         )
     except Exception as exc:
         raise ConfigError(
-            f"Could not load weights from model.init_from={name_or_path!r}: "
-            f"{str(exc).splitlines()[0]} (mlmkit loads model.safetensors only)."
+            f"Could not load weights from {setting}={name_or_path!r}: "
+            f"{_first_line(exc)} (mlmkit loads model.safetensors only)."
         ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 class MaskedLM(nn.Module):

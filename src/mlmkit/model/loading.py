@@ -12,6 +12,7 @@ from pathlib import Path
 from mlmkit.data.tokenizer import load_tokenizer
 from mlmkit.errors import CheckpointError, ConfigError
 from mlmkit.model.bert import load_pretrained
+from mlmkit.model.safety import refuse_custom_code
 from mlmkit.training.checkpoint import is_checkpoint, list_checkpoints
 
 RUN_MODEL_DIR = "model"  # <run dir>/model: config.json and the tokenizer
@@ -50,7 +51,7 @@ def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
     """``(BertForMaskedLM, tokenizer, resolved path)`` for a model dir, run dir or checkpoint."""
     resolved = resolve_model_path(path, setting)
     if not is_checkpoint(resolved):
-        model = load_pretrained(str(resolved), attn_implementation)
+        model = load_pretrained(str(resolved), attn_implementation, setting)
         return model, load_tokenizer(str(resolved), setting), resolved
     spec = resolved.parent.parent / RUN_MODEL_DIR
     if not (spec / "config.json").is_file():
@@ -58,10 +59,12 @@ def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
             f"{setting}={str(path)!r} is a checkpoint, but its run dir has no {RUN_MODEL_DIR}/ "
             "(config and tokenizer); evaluate the run's final/ dir instead."
         )
-    return _from_checkpoint(resolved, spec, attn_implementation), load_tokenizer(str(spec), setting), resolved
+    refuse_custom_code(spec, setting)
+    model = _from_checkpoint(resolved, spec, attn_implementation, setting)
+    return model, load_tokenizer(str(spec), setting), resolved
 
 
-def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str):
+def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str, setting: str = "checkpoint"):
     from safetensors.torch import load_file
     from transformers import BertConfig, BertForMaskedLM
 
@@ -71,12 +74,27 @@ def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str):
             f"The checkpoint {str(ckpt)!r} has no model.safetensors (a sharded FSDP/DeepSpeed "
             "checkpoint); evaluate the run's final/ dir instead."
         )
-    config = BertConfig.from_pretrained(str(spec))
+    try:
+        config = BertConfig.from_pretrained(str(spec))
+        tensors = load_file(str(weights))
+    except Exception as exc:  # a cut or garbled file fails in json or in the safetensors header
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        raise CheckpointError(
+            f"{setting}: could not read the checkpoint {str(ckpt)!r} ({detail}); it is damaged, so "
+            f"point {setting} at another checkpoint or at the run's final/ dir."
+        ) from None
     config._attn_implementation = attn_implementation
     model = BertForMaskedLM(config)
     # the training objective wraps the model as .model; tied weights are stored once
-    state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    state = {k.removeprefix("model."): v for k, v in tensors.items()}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of other shapes than the run's config says
+        raise CheckpointError(
+            f"The checkpoint {str(ckpt)!r} does not match the run's model config ("
+            f"{(str(exc).strip().splitlines() or ['size mismatch'])[-1].strip()[:160]}); "
+            f"point {setting} at the run's final/ dir."
+        ) from None
     tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}  # = embeddings, bias
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:

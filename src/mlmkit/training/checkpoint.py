@@ -108,6 +108,7 @@ def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
     try:
         with open(path / LOOP_STATE) as f:
             loop_state = json.load(f)
+        check_loop_state(loop_state)
         # accelerate skips RNG states it cannot read with only a log line, which would
         # break exact resume silently; read them first (weights_only) so a bad file fails.
         rng_file = path / f"random_states_{accelerator.process_index}.pkl"
@@ -116,12 +117,38 @@ def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
 
             safe_load(rng_file)
         accelerator.load_state(str(path))
+        if not rng_file.exists():
+            log.warning("The checkpoint %s has no %s, so the resumed run draws other random numbers "
+                        "than an uninterrupted run would (exact resume is lost); continuing.",
+                        path, rng_file.name)
         return loop_state
     except Exception as exc:  # a truncated file fails in json, safetensors or torch.load
         raise CheckpointError(
-            f"Could not load checkpoint {str(path)!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
+            f"Could not load checkpoint {str(path)!r}: {load_failure(exc)}; "
             "point train.resume at another checkpoint or start a new run."
         ) from None
+
+
+def check_loop_state(state: Any) -> None:
+    """A ValueError unless ``state`` has the fields a resume reads (a file emptied or
+    rewritten by hand has not)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{LOOP_STATE} holds no JSON object")
+    wrong = [key for key, kind in (("step", int), ("tokens_seen", int), ("stream", dict))
+             if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
+    if wrong:
+        raise ValueError(f"{LOOP_STATE} lacks a valid {', '.join(wrong)}")
+
+
+def load_failure(exc: BaseException) -> str:
+    """Why a checkpoint could not be loaded, in a few words."""
+    import pickle
+
+    if isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in str(exc):
+        # torch's own message suggests weights_only=False, which would run the file's code
+        return ("a pickled file in it holds objects other than tensors and plain data, which "
+                "could run code when loaded, so it is refused")
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 def load_latest(accelerator, ckpt_dir: Path, first: Path) -> tuple[Path, dict[str, Any]]:
