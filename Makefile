@@ -57,7 +57,7 @@ test-long: venv  ## the long tests alone (pretraining that must pay off downstre
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
-bench: venv  ## Trainer (fp32, bf16) vs mlmkit: tokens/s, ratios, MFU, side by side
+bench: venv  ## Trainer (fp32; bf16 where the CPU has bf16 hardware) vs mlmkit: tokens/s, ratios, MFU
 	$(BIN)/python benchmarks/trainer_vs_mlmkit.py $(ARGS)
 
 bench-gpu: venv  ## bert-base seq 128 bf16, mlmkit vs Trainer on a CUDA GPU (ARGS=--tiny on a CPU)

@@ -192,10 +192,19 @@ def run_trainer(name: str, cfg: Config, tokenizer, train_set, warmup: int, bf16:
     return Result(name, tokens / seconds, share, steps - warmup, seconds)
 
 
+def bf16_native(device: str) -> bool:
+    """Whether ``device`` runs bf16 matmuls in hardware (a CPU without AVX512-BF16 or AMX
+    emulates them, tens of times slower than fp32)."""
+    from mlmkit.training.runtime import cpu_has_bf16
+
+    return device != "cpu" or cpu_has_bf16()
+
+
 def matmul_rates(device: str) -> dict[str, float]:
-    """bf16 and fp32 matmul rates (FLOP/s) measured now on ``device``."""
-    return {"bf16": measure_matmul_rate(torch.bfloat16, device),
-            "fp32": measure_matmul_rate(torch.float32, device)}
+    """bf16 and fp32 matmul rates (FLOP/s) measured now on ``device``; where bf16 is
+    emulated its rate is not timed (nan: one 2048-square product takes most of a minute)."""
+    bf16 = measure_matmul_rate(torch.bfloat16, device) if bf16_native(device) else float("nan")
+    return {"bf16": bf16, "fp32": measure_matmul_rate(torch.float32, device)}
 
 
 def flops_per_token(cfg: Config, vocab: int, predicted_share: float) -> float:
