@@ -7,13 +7,12 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from mlmkit.config import TokenizerConfig
-from mlmkit.errors import TokenizerError
+from mlmkit.data import cache
+from mlmkit.errors import ConfigError, TokenizerError
 
 log = logging.getLogger(__name__)
 
@@ -206,19 +205,39 @@ def get_tokenizer(
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     target = Path(cache_dir) / "tokenizers" / key
-    if (target / "tokenizer.json").is_file():
-        log.info("Using cached tokenizer %s", target)
-        return load_tokenizer(str(target), setting="the tokenizer cache")
+    cache.remove_orphans(target.parent)
+    cached = _load_cached(target)
+    if cached is not None:
+        return cached
 
     log.info("Training a %s tokenizer (vocab %d) on the training corpus", cfg.algorithm, cfg.vocab_size)
     tokenizer = train_tokenizer(cfg, texts())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
     try:
-        tokenizer.save_pretrained(str(tmp))
-        os.replace(tmp, target)  # atomic: a reader sees the whole tokenizer or none
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "tokenizer.json").is_file():
-            raise
+        cache.write_entry(target, lambda folder: tokenizer.save_pretrained(str(folder)))
+    except Exception as exc:  # a full disk: OSError, or the Rust writer's own error
+        raise ConfigError(
+            f"Could not save the trained tokenizer under paths.cache_dir={str(cache_dir)!r} "
+            f"({cache.reason(exc)}); free disk space there or set paths.cache_dir to another folder."
+        ) from None
     return tokenizer
+
+
+def _load_cached(target: Path):
+    """The tokenizer cached at ``target``, or None: there is none, or it was damaged (then
+    deleted with a warning)."""
+    if not (target / "tokenizer.json").is_file():
+        return None
+    damage = cache.damage(target)
+    if damage is None:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
+            check_special_tokens(tokenizer, f"the tokenizer cache {str(target)!r}")
+        except Exception as exc:  # a garbled file fails in json, the Rust parser or the checks
+            damage = cache.reason(exc)
+        else:
+            log.info("Using cached tokenizer %s", target)
+            return tokenizer
+    cache.discard(target, "tokenizer", damage)
+    return None

@@ -17,6 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from mlmkit.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -91,16 +93,22 @@ def save_checkpoint(accelerator, ckpt_dir: Path, step: int, loop_state: dict[str
             os.replace(tmp, final)
             for old in list_checkpoints(ckpt_dir)[:-keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
+    except (OSError, RuntimeError, SafetensorError) as exc:  # torch.save fails with RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         kept = list_checkpoints(ckpt_dir)
         raise CheckpointError(
-            f"Could not write the step-{step} checkpoint to {str(ckpt_dir)!r} ({exc.strerror or exc}); "
+            f"Could not write the step-{step} checkpoint to {str(ckpt_dir)!r} ({_reason(exc)}); "
             f"free disk space or lower train.keep_last, then resume with train.resume=auto"
             + (f" (from {kept[-1].name}, which is intact)." if kept else ".")
         ) from None
     accelerator.wait_for_everyone()
     return final
+
+
+def _reason(exc: BaseException) -> str:
+    """An OS error's text ("No space left on device"), else the first line of the message."""
+    text = getattr(exc, "strerror", None) or str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
