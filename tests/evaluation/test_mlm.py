@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import datasets
+import pytest
 import torch
 
 from mlmkit.config import MaskingConfig
@@ -21,14 +22,56 @@ def _dataset(tokenizer, n=300, length=32):
 
 def test_eval_masks_fixed_by_seed_not_by_batch_size(tokenizer):
     ds = _dataset(tokenizer)
-    masking = MaskingConfig()
+    masking = MaskingConfig(eval_min_masked_tokens=0)  # one draw
     a = fixed_eval_batches(ds, tokenizer, masking, batch_size=8)
     b = fixed_eval_batches(ds, tokenizer, masking, batch_size=32)
     assert len(a) == 38 and len(b) == 10  # 300 rows: 37 x 8 + 4, 9 x 32 + 12
     for key in ("input_ids", "labels"):
         assert torch.equal(torch.cat([x[key] for x in a]), torch.cat([x[key] for x in b]))
-    other = fixed_eval_batches(ds, tokenizer, MaskingConfig(eval_seed=99), batch_size=8)
+    other = fixed_eval_batches(ds, tokenizer, MaskingConfig(eval_seed=99, eval_min_masked_tokens=0), batch_size=8)
     assert not torch.equal(torch.cat([x["labels"] for x in a]), torch.cat([x["labels"] for x in other]))
+
+
+def _chosen(batches) -> int:
+    return sum(int((b["labels"] != -100).sum()) for b in batches)
+
+
+def test_a_small_validation_set_is_masked_again_until_10k_tokens_are_chosen(tokenizer):
+    ds = _dataset(tokenizer)  # about 1,350 chosen tokens per draw
+    one = fixed_eval_batches(ds, tokenizer, MaskingConfig(eval_min_masked_tokens=0), batch_size=32)
+    many = fixed_eval_batches(ds, tokenizer, MaskingConfig(), batch_size=32)
+    draws = len(many) // len(one)
+    assert len(many) == draws * len(one) and draws == -(-10_000 // _chosen(one))
+    assert _chosen(many) >= 10_000
+    # the first draw is the single-draw masks; each further one is another seed's
+    assert torch.equal(torch.cat([b["labels"] for b in many[:len(one)]]), torch.cat([b["labels"] for b in one]))
+    second = torch.cat([b["labels"] for b in many[len(one):2 * len(one)]])
+    assert not torch.equal(second, torch.cat([b["labels"] for b in one]))
+    capped = fixed_eval_batches(_dataset(tokenizer, n=10), tokenizer, MaskingConfig(), batch_size=32)
+    assert len(capped) == 8  # at most 8 draws of a tiny set
+
+
+def test_accuracy_comes_with_its_standard_error():
+    from accelerate import Accelerator
+
+    from mlmkit.evaluation.mlm import evaluate
+
+    class Guess(torch.nn.Module):  # predicts token 1 everywhere: right where the target is 1
+        def forward(self, input_ids, labels, attention_mask=None, **_):
+            targets = labels.reshape(-1)
+            logits = torch.zeros(targets.numel(), 5)
+            logits[:, 1] = 1.0
+            valid = targets != -100
+            return {"targets": targets, "logits": logits, "loss_sum": torch.tensor(0.0),
+                    "n_tokens": valid.sum()}
+
+    labels = torch.full((4, 10), -100)
+    labels[:, :5] = torch.tensor([1, 1, 2, 3, 4])  # 20 chosen, 8 right
+    batch = {"input_ids": torch.zeros(4, 10, dtype=torch.long), "labels": labels,
+             "attention_mask": torch.ones(4, 10)}
+    figures = evaluate(Accelerator(cpu=True), Guess(), [batch])
+    assert figures["eval_accuracy"] == 0.4 and figures["eval_tokens"] == 20
+    assert figures["eval_accuracy_stderr"] == pytest.approx((0.4 * 0.6 / 20) ** 0.5)
 
 
 def test_majority_baseline_counts_the_most_frequent_real_token(tokenizer):
@@ -93,7 +136,8 @@ def test_every_rank_runs_the_same_number_of_eval_forwards_and_counts_each_batch_
     """Under FSDP or ZeRO-3 each forward is a collective: a rank short of a batch still runs it."""
     from mlmkit.evaluation.mlm import evaluate
 
-    batches = fixed_eval_batches(_dataset(tokenizer, n=40), tokenizer, MaskingConfig(), batch_size=8)
+    batches = fixed_eval_batches(_dataset(tokenizer, n=40), tokenizer, MaskingConfig(eval_min_masked_tokens=0),
+                                 batch_size=8)
     assert len(batches) == 5
     single, model = _Ranks(0, 1), _CountingModel()
     evaluate(single, model, batches)

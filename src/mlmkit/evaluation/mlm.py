@@ -21,22 +21,29 @@ from mlmkit.model.loading import load_model_and_tokenizer
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
 EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
+EVAL_MAX_DRAWS = 8  # mask draws over a small validation set, at most
 
 
 def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dict[str, torch.Tensor]]:
-    """Mask the validation set once with ``masking.eval_seed``.
+    """Mask the validation set with ``masking.eval_seed``; again with the next seeds (up to
+    ``EVAL_MAX_DRAWS`` draws in all) while fewer than ``masking.eval_min_masked_tokens``
+    tokens are chosen.
 
     The same masks (BERT's 80-10-10 at ``masking.eval_mlm_probability``) are used at every
     evaluation and by every run with the same data and tokenizer, whatever the training
     seed, strategy or rate, so eval figures are comparable.
     """
-    collator = MLMCollator(tokenizer, mlm_probability=masking.eval_mlm_probability,
-                           seed=masking.eval_seed)  # BERT's 80-10-10, whatever the training strategy
-    # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
-    chunks = []
-    for start in range(0, len(dataset), EVAL_MASK_CHUNK):
-        rows = dataset[start:start + EVAL_MASK_CHUNK]["input_ids"]
-        chunks.append(collator([{"input_ids": r} for r in rows]))
+    chunks, chosen = [], 0
+    for draw in range(EVAL_MAX_DRAWS):
+        if draw and chosen >= masking.eval_min_masked_tokens:
+            break
+        collator = MLMCollator(tokenizer, mlm_probability=masking.eval_mlm_probability,
+                               seed=masking.eval_seed + draw)  # BERT's 80-10-10, whatever the training strategy
+        # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
+        for start in range(0, len(dataset), EVAL_MASK_CHUNK):
+            rows = dataset[start:start + EVAL_MASK_CHUNK]["input_ids"]
+            chunks.append(collator([{"input_ids": r} for r in rows]))
+            chosen += int((chunks[-1]["labels"] != IGNORE_INDEX).sum())
     batches = []
     for chunk in chunks:
         n = chunk["input_ids"].size(0)
@@ -118,6 +125,9 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         "eval_loss": loss,
         "eval_perplexity": math.exp(min(loss, 50.0)),
         "eval_accuracy": top1 / n,
+        # the binomial standard error over the chosen tokens (tokens of a block, or of the
+        # same block in several mask draws, are not quite independent: a slight underestimate)
+        "eval_accuracy_stderr": math.sqrt(top1 / n * (1.0 - top1 / n) / n),
         "eval_top5_accuracy": top5 / n,
         "eval_tokens": int(n),
     }

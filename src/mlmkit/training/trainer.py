@@ -223,8 +223,9 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         figures = evaluate(self.accelerator, self.objective, self.eval_batches)
         self.record({"event": "eval", "step": self.state.step, **figures})
-        log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f", self.state.step,
-                 figures["eval_loss"], figures["eval_perplexity"], figures["eval_accuracy"])
+        log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f ± %.4f (%d masked tokens)",
+                 self.state.step, figures["eval_loss"], figures["eval_perplexity"], figures["eval_accuracy"],
+                 figures["eval_accuracy_stderr"], figures["eval_tokens"])
         return figures
 
     def save(self) -> None:
