@@ -57,6 +57,41 @@ def test_time_budget_follows_the_shared_clock():
     assert restored.elapsed(15) == budget.elapsed(15)
 
 
+@pytest.mark.parametrize("shape,at_90", [("1-sqrt", 1 - 0.5 ** 0.5), ("linear", 0.5)])
+def test_wsd_holds_the_peak_then_decays_in_the_last_share(shape, at_90):
+    cfg = OptimConfig(warmup_steps=10, schedule="wsd", decay_fraction=0.2, decay_shape=shape)
+    factors = [lr_lambda(s, cfg, 100) for s in range(101)]
+    assert factors[9] == 1.0 and all(f == 1.0 for f in factors[10:81])  # stable to 80%
+    assert factors[90] == pytest.approx(at_90) and factors[100] == pytest.approx(0.0)
+    assert all(a > b for a, b in zip(factors[80:100], factors[81:101]))
+
+
+def test_wsd_on_a_time_budget_decays_in_the_last_share_of_the_time():
+    budget = Budget(OptimConfig(warmup_steps=0, schedule="wsd", decay_fraction=0.25, decay_shape="linear"),
+                    max_steps=None, max_time=100.0)
+    budget.sync(10, 10.0)  # 1 s per step
+    assert budget.lr_factor(70) == 1.0  # the step ends at 71 s: stable
+    assert budget.lr_factor(86) == pytest.approx(1 - 12 / 25)  # ends at 87 s, 12 s into the decay
+
+
+@pytest.mark.slow
+def test_a_wsd_run_extended_from_its_stable_phase_keeps_the_peak(tmp_path, cache_dir):
+    """Resumed from a stable-phase checkpoint with a larger budget: no second warmup, and the
+    decay moves to the last share of the new budget."""
+    run = tmp_path / "run"
+    args = ["optim.schedule=wsd", "optim.decay_fraction=0.2", "optim.warmup_steps=5", "optim.lr=1e-3",
+            "train.save_every=10", "train.eval_every=0", "train.log_every=1"]
+    run_train(run, cache_dir, *args, "train.max_steps=20")
+    run_train(run, cache_dir, *args, "train.max_steps=40",
+              f"train.resume={run / 'checkpoints' / 'step_0000010'}")
+    lrs = {e["step"]: e["lr"] for e in events(run, "train")}
+    assert sorted(lrs) == list(range(1, 41))
+    cfg = OptimConfig(warmup_steps=5, schedule="wsd", decay_fraction=0.2)
+    # the lr logged at step s is the one step s used, set after s - 1 steps
+    assert [lrs[s] for s in range(11, 41)] == pytest.approx([1e-3 * lr_lambda(s - 1, cfg, 40) for s in range(11, 41)])
+    assert all(lrs[s] == pytest.approx(1e-3) for s in range(11, 33))
+
+
 def test_global_batch_derives_accumulation():
     assert TrainConfig(batch_size=8, global_batch_size=64).accumulation_steps(world=2) == 4
     assert TrainConfig(batch_size=8, grad_accum_steps=3).accumulation_steps(world=2) == 3

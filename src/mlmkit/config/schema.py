@@ -141,6 +141,8 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 100, f"tokenizer.vocab_size must be at least 100, got {self.vocab_size}.")
         _check(self.min_frequency >= 1, "tokenizer.min_frequency must be at least 1.")
+        _check(self.max_train_chars is None or self.max_train_chars >= 1,
+               "tokenizer.max_train_chars must be at least 1 (or null for the whole corpus).")
         _check(
             self.algorithm in ("wordpiece", "bpe", "unigram"),
             f"tokenizer.algorithm must be wordpiece, bpe or unigram, got {self.algorithm!r}.",
@@ -310,8 +312,12 @@ class OptimConfig:
     # Warmup as a share of the budget instead (e.g. 0.05 with train.max_time): the schedule
     # then follows the used share of the budget, not the step count.
     warmup_fraction: float | None = None
-    schedule: str = "linear"  # decay after warmup: linear | cosine | constant
+    schedule: str = "linear"  # decay after warmup: linear | cosine | constant | wsd
     min_lr_ratio: float = 0.0  # lr at the end of decay, as a share of lr
+    # wsd (warmup-stable-decay): the peak until the last decay_fraction of the budget, then
+    # a decay of decay_shape (1-sqrt | linear) to min_lr_ratio
+    decay_fraction: float = 0.2
+    decay_shape: str = "1-sqrt"
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, f"optim.lr must be positive, got {self.lr}.")
@@ -326,9 +332,12 @@ class OptimConfig:
         _check(self.warmup_fraction is None or 0.0 <= self.warmup_fraction < 1.0,
                "optim.warmup_fraction must be in [0, 1) (or null to use optim.warmup_steps).")
         _check(
-            self.schedule in ("linear", "cosine", "constant"),
-            f"optim.schedule must be linear, cosine or constant, got {self.schedule!r}.",
+            self.schedule in ("linear", "cosine", "constant", "wsd"),
+            f"optim.schedule must be linear, cosine, constant or wsd, got {self.schedule!r}.",
         )
+        _check(0.0 < self.decay_fraction <= 1.0, f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}.")
+        _check(self.decay_shape in ("1-sqrt", "linear"),
+               f"optim.decay_shape must be 1-sqrt or linear, got {self.decay_shape!r}.")
         _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1].")
 
 
@@ -547,4 +556,10 @@ class FinetuneConfig:
                "batch_size, epochs and lr must be positive.")
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
         _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
+        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
+        _check(self.max_train_samples is None or self.max_train_samples >= 1,
+               f"max_train_samples must be at least 1 (or null for all), got {self.max_train_samples}.")
+        _check(0.0 <= self.classifier_dropout < 1.0,
+               f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}.")
+        _check(self.weight_decay >= 0, f"weight_decay must not be negative, got {self.weight_decay}.")
         check_precision(self.precision, "precision")

@@ -13,10 +13,8 @@ only synchronisation points, and extrapolated between them at the measured time 
 
 from __future__ import annotations
 
-import math
-
 from mlmkit.config import OptimConfig, parse_duration  # noqa: F401 (parse_duration re-exported)
-from mlmkit.training.optim import lr_lambda
+from mlmkit.training.optim import lr_lambda, schedule_multiplier
 
 
 class Budget:
@@ -82,11 +80,7 @@ class Budget:
             if o.warmup_steps and step < o.warmup_steps:
                 return (step + 1) / o.warmup_steps
             warm_end = 0.0
-        if o.schedule == "constant":
-            return 1.0
-        d = min(1.0, max(0.0, (p - warm_end) / max(1e-9, 1.0 - warm_end)))
-        shape = 1.0 - d if o.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * d))
-        return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * shape
+        return schedule_multiplier(o, p, warm_end)
 
     def state_dict(self) -> dict[str, float]:
         return {"tokens": self.tokens, "step_tokens": self.step_tokens, "synced_time": self.synced_time,

@@ -1,4 +1,5 @@
-"""AdamW without decay on biases and LayerNorm, and warmup-then-decay schedules."""
+"""AdamW without decay on biases and LayerNorm, and warmup-then-decay schedules (linear,
+cosine, constant, warmup-stable-decay)."""
 
 from __future__ import annotations
 
@@ -48,20 +49,35 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
     )
 
 
+def schedule_multiplier(cfg: OptimConfig, progress: float, warm_end: float) -> float:
+    """The multiplier of ``cfg.lr`` after warmup, at ``progress`` (the used share of the
+    budget, 0..1) when warmup ended at ``warm_end``.
+
+    linear and cosine decay from the end of warmup to the end of the budget; ``wsd``
+    (warmup-stable-decay) holds the peak and decays only in the last ``decay_fraction`` of
+    the budget, by ``decay_shape`` (1-sqrt, as Hägele et al. (2024) found best, or linear),
+    so a run can be extended from a checkpoint of its stable phase.
+    """
+    if cfg.schedule == "constant":
+        return 1.0
+    start = max(warm_end, 1.0 - cfg.decay_fraction) if cfg.schedule == "wsd" else warm_end
+    d = min(1.0, max(0.0, (progress - start) / max(1e-9, 1.0 - start)))
+    if cfg.schedule == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * d))
+    elif cfg.schedule == "wsd" and cfg.decay_shape == "1-sqrt":
+        shape = 1.0 - math.sqrt(d)
+    else:  # linear, or wsd with a linear decay
+        shape = 1.0 - d
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
 def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """The multiplier of ``cfg.lr`` after ``step`` optimizer steps."""
+    """The multiplier of ``cfg.lr`` after ``step`` optimizer steps of ``total_steps``."""
     warmup = min(cfg.warmup_steps, total_steps)
     if warmup and step < warmup:
         return (step + 1) / warmup
-    if cfg.schedule == "constant":
-        return 1.0
-    decay_steps = max(1, total_steps - warmup)
-    progress = min(1.0, (step - warmup) / decay_steps)
-    if cfg.schedule == "linear":
-        shape = 1.0 - progress
-    else:  # cosine
-        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+    total = max(1, total_steps)
+    return schedule_multiplier(cfg, step / total, warmup / total)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | None,
