@@ -142,3 +142,19 @@ def test_accumulated_step_equals_one_big_batch(tokenizer):
         (out["loss_sum"] / out["n_tokens"] / 2).backward()
     naive = objective.model.bert.embeddings.word_embeddings.weight.grad
     assert not torch.allclose(naive, grads[1]["model.bert.embeddings.word_embeddings.weight"], rtol=1e-3)
+
+
+def test_cpu_bf16_attention_masks_padding_as_sdpa_does(tokenizer):
+    """``mlmkit_cpu_sdpa`` gets SDPA's masks: a padded batch gives SDPA's outputs."""
+    from mlmkit.model.kernels import register_cpu_attention
+
+    model = build_model(SMALL, tokenizer).eval()
+    ids = _batch(tokenizer, n=2)["input_ids"]
+    mask = torch.ones_like(ids)
+    mask[0, 20:] = 0
+    outputs = []
+    for attn in ("sdpa", register_cpu_attention()):
+        model.set_attn_implementation(attn)
+        with torch.no_grad():
+            outputs.append(model.bert(input_ids=ids, attention_mask=mask).last_hidden_state)
+    torch.testing.assert_close(outputs[0], outputs[1])

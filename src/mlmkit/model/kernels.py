@@ -102,8 +102,14 @@ def cpu_sdpa_attention_forward(module, query, key, value, attention_mask, dropou
 
 
 def register_cpu_attention() -> str:
-    """Make ``mlmkit_cpu_sdpa`` known to transformers; returns the name."""
+    """Make ``mlmkit_cpu_sdpa`` known to transformers; returns the name.
+
+    Its masks are SDPA's (padding, and ModernBERT's sliding windows): transformers builds
+    no mask at all for an attention name without a mask function of its own.
+    """
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(CPU_ATTENTION, cpu_sdpa_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(CPU_ATTENTION, sdpa_mask)
     return CPU_ATTENTION
