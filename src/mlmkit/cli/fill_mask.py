@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from mlmkit.cli.errors import ArgumentParser
 from mlmkit.errors import ConfigError, DataError
 
 
@@ -15,6 +15,7 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     from transformers import pipeline
 
     from mlmkit.data.tokenizer import load_tokenizer
+    from mlmkit.model.architectures import fit_tokenizer
     from mlmkit.model.bert import load_pretrained
 
     path = Path(model_dir)
@@ -24,6 +25,7 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     # mlmkit's loaders: no custom code, weights from safetensors only, one sentence on failure
     model = load_pretrained(str(path), setting="model_dir")
     tokenizer = load_tokenizer(str(path), setting="model_dir")
+    fit_tokenizer(tokenizer, model)
     fill = pipeline("fill-mask", model=model, tokenizer=tokenizer, trust_remote_code=False)
     mask = fill.tokenizer.mask_token
     if mask not in text:
@@ -36,7 +38,7 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mlmkit fill-mask", description=__doc__.split("\n")[1])
+    parser = ArgumentParser(prog="mlmkit fill-mask", description=__doc__.split("\n")[1])
     parser.add_argument("model_dir", help="a model dir, e.g. outputs/<run>/final")
     parser.add_argument("text", help="text with one [MASK]")
     parser.add_argument("--top-k", type=int, default=5)

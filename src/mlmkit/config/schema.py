@@ -75,11 +75,15 @@ class ModelConfig:
     """The encoder. A preset fills in the sizes; any size can be overridden."""
 
     name: str = "bert-tiny"  # a label for the run and the model card
+    # bert: BertForMaskedLM (learned positions, post-norm, GELU FFN) | modernbert:
+    # ModernBertForMaskedLM (Warner et al., 2024: rotary positions, pre-norm, GeGLU FFN, no
+    # biases, local attention in all but every global_attn_every_n_layers-th layer)
+    architecture: str = "bert"
     num_hidden_layers: int = 2  # transformer blocks
     hidden_size: int = 128  # width of the residual stream
     num_attention_heads: int = 2  # hidden_size must be divisible by this
-    intermediate_size: int = 512  # FFN width (4x hidden in every preset)
-    max_position_embeddings: int = 512  # longest sequence the position table holds
+    intermediate_size: int = 512  # FFN width (BERT: 4x hidden; ModernBERT: the GeGLU's width)
+    max_position_embeddings: int = 512  # longest sequence (BERT: rows of the position table)
     # Dropout after attention/FFN and on attention weights. BERT used 0.1; mlmkit defaults
     # to 0.0 as cramming does (Geiping & Goldstein, 2023): single-pass pretraining rarely
     # overfits, and dropout costs time, on a CPU especially.
@@ -88,6 +92,13 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02  # std of the truncated-normal init
     type_vocab_size: int = 2  # segment embeddings (kept for BERT compatibility)
+    # ModernBERT only: the local layers' window in tokens (each token sees local_attention/2
+    # on either side), every n-th layer (the first included) attends globally, and the
+    # rotary base of the global and of the local layers.
+    local_attention: int = 128
+    global_attn_every_n_layers: int = 3
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
     # Continued pretraining: a Hugging Face model dir (or hub name) to start from.
     # Its config, weights and tokenizer are used; the size fields above are ignored.
     init_from: str | None = None
@@ -122,6 +133,13 @@ class ModelConfig:
             f"{self.attn_implementation!r}.",
         )
         _check(self.pad_vocab_multiple >= 1, "model.pad_vocab_multiple must be at least 1.")
+        _check(self.architecture in ("bert", "modernbert"),
+               f"model.architecture must be bert or modernbert, got {self.architecture!r}.")
+        _check(self.local_attention >= 2 and self.local_attention % 2 == 0,
+               f"model.local_attention must be an even number of at least 2, got {self.local_attention}.")
+        _check(self.global_attn_every_n_layers >= 1, "model.global_attn_every_n_layers must be at least 1.")
+        _check(self.global_rope_theta > 0 and self.local_rope_theta > 0,
+               "model.global_rope_theta and model.local_rope_theta must be positive.")
 
 
 @dataclass

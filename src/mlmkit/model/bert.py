@@ -1,4 +1,6 @@
-"""The encoder: a plain ``BertForMaskedLM`` on SDPA, and the training objective around it."""
+"""The encoder: a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` on SDPA
+(``model.architecture``; their parts in ``architectures``), and the training objective
+around it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from torch import nn
 from mlmkit.config import ModelConfig
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX
+from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
 from mlmkit.model.kernels import cross_entropy_sum, register_cpu_attention
 
 log = logging.getLogger(__name__)
@@ -30,26 +33,11 @@ def padded_vocab_size(tokenizer, multiple: int = 1) -> int:
 
 
 def bert_config(cfg: ModelConfig, tokenizer):
-    """A ``BertConfig`` for a preset, with the tokenizer's vocabulary (padded to a multiple of
-    ``cfg.pad_vocab_multiple``) and special ids."""
-    from transformers import BertConfig
-
-    return BertConfig(
-        vocab_size=padded_vocab_size(tokenizer, cfg.pad_vocab_multiple),
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size,
-        hidden_act="gelu",
-        hidden_dropout_prob=cfg.hidden_dropout_prob,
-        attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-        max_position_embeddings=cfg.max_position_embeddings,
-        type_vocab_size=cfg.type_vocab_size,
-        initializer_range=cfg.initializer_range,
-        layer_norm_eps=cfg.layer_norm_eps,
-        pad_token_id=tokenizer.pad_token_id,
-        is_decoder=False,
-    )
+    """The transformers config (``BertConfig`` or ``ModernBertConfig``, as
+    ``cfg.architecture`` says) for a preset, with the tokenizer's vocabulary (padded to a
+    multiple of ``cfg.pad_vocab_multiple``) and special ids."""
+    vocab_size = padded_vocab_size(tokenizer, cfg.pad_vocab_multiple)
+    return architecture(cfg.architecture).config(cfg, vocab_size, tokenizer)
 
 
 def flash_attn_available() -> bool:
@@ -81,14 +69,13 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
 
 def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
                 attn_implementation: str | None = None):
-    """``BertForMaskedLM`` from a size preset, or from ``cfg.init_from`` (continued pretraining).
+    """``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (``cfg.architecture``) from a size
+    preset, or from ``cfg.init_from`` (continued pretraining; its own architecture).
 
     Attention runs through torch SDPA (``attn_implementation="sdpa"``), bidirectional, or
     flash-attn where ``attn_implementation`` (default: ``cfg.attn_implementation``, with
     ``auto`` read as ``sdpa``) says so.
     """
-    from transformers import BertForMaskedLM
-
     attn = resolve_attn_implementation(attn_implementation or cfg.attn_implementation)
     if cfg.init_from:
         model = load_pretrained(cfg.init_from, attn)
@@ -100,15 +87,10 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
                 f"{emb} embeddings; use the tokenizer of that model (tokenizer.name_or_path=null)."
             )
         # Dropout is a recipe choice of this run, not of the checkpoint.
-        model.config.hidden_dropout_prob = cfg.hidden_dropout_prob
-        model.config.attention_probs_dropout_prob = cfg.attention_probs_dropout_prob
-        for module in model.modules():
-            if isinstance(module, nn.Dropout):
-                module.p = cfg.hidden_dropout_prob
-        for layer in model.bert.encoder.layer:
-            layer.attention.self.dropout.p = cfg.attention_probs_dropout_prob
+        parts_of(model).set_dropout(model, cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob)
     else:
-        model = BertForMaskedLM(bert_config(cfg, tokenizer))
+        masked_lm = transformers_class(architecture(cfg.architecture).masked_lm)
+        model = masked_lm(bert_config(cfg, tokenizer))
         model.set_attn_implementation(attn)
         silence_padded_vocab(model, padded_vocab_size(tokenizer))
     limit = model.config.max_position_embeddings
@@ -131,15 +113,15 @@ def silence_padded_vocab(model, n_real: int) -> None:
     predictions are those of the unpadded model (no gradient reaches those rows either),
     and a fill-mask pipeline on the exported model never proposes them.
     """
-    bias = model.cls.predictions.bias
+    bias = parts_of(model).output_bias(model)
     if bias.numel() > n_real:
         bias[n_real:] = PADDED_VOCAB_BIAS
 
 
 def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", setting: str = "model.init_from"):
-    """Load a ``BertForMaskedLM`` (safetensors only, no custom code) with one clear error on
-    failure; ``setting`` names where the path came from."""
-    from transformers import AutoConfig, BertForMaskedLM
+    """Load a ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (safetensors only, no custom
+    code) with one clear error on failure; ``setting`` names where the path came from."""
+    from transformers import AutoConfig
 
     from mlmkit.model.safety import refuse_custom_code, require_safetensors
 
@@ -160,13 +142,14 @@ def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", settin
             f"Could not load {setting}={name_or_path!r} ({where}: {_first_line(exc)}); point "
             f"{setting} at a local dir with config.json and model.safetensors."
         ) from None
-    if config.model_type != "bert":
+    if config.model_type not in ARCHITECTURES:
         raise ConfigError(
             f"{setting}={name_or_path!r} is a {config.model_type!r} model; mlmkit loads BERT "
-            "models only."
+            "and ModernBERT models only."
         )
+    masked_lm = transformers_class(architecture(config.model_type).masked_lm)
     try:
-        return BertForMaskedLM.from_pretrained(
+        return masked_lm.from_pretrained(
             source, attn_implementation=attn_implementation, use_safetensors=True,
             trust_remote_code=False,
         )
@@ -182,7 +165,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 class MaskedLM(nn.Module):
-    """The training objective around a plain ``BertForMaskedLM``.
+    """The training objective around a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM``.
 
     ``forward`` returns the *sum* of the cross-entropy over the chosen positions and
     their count (and, in eval mode, the number predicted correctly), so the loop can normalise by the number of chosen tokens in the whole
@@ -195,6 +178,7 @@ class MaskedLM(nn.Module):
         super().__init__()
         self.model = model
         self.sparse_prediction = sparse_prediction
+        self.parts = parts_of(model)  # where the encoder and the head are
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
@@ -203,11 +187,12 @@ class MaskedLM(nn.Module):
         dataloader, on the CPU) so the step needs no host-device synchronisation; without
         them they are computed here (``nonzero`` waits for the device)."""
         if self.sparse_prediction:
-            hidden = self.model.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            encoder = self.parts.encoder(self.model)
+            hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             if positions is None or targets is None:
                 positions, targets = prediction_positions(labels)
             hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
-            logits = self.model.cls(hidden)
+            logits = self.parts.head(self.model, hidden)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
             logits = logits.reshape(-1, logits.size(-1))
@@ -237,6 +222,5 @@ def prediction_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def count_parameters(model: nn.Module, embeddings: bool = True) -> int:
     n = sum(p.numel() for p in model.parameters())
     if not embeddings:
-        bert = model.bert if hasattr(model, "bert") else model
-        n -= sum(p.numel() for p in bert.embeddings.parameters())
+        n -= sum(p.numel() for p in parts_of(model).embeddings(model).parameters())
     return n

@@ -2,7 +2,7 @@
 
 A run dir holds ``model/`` (the Hugging Face config and the tokenizer, written when the run
 starts), so each ``checkpoints/step_*`` folder, which holds only weights and training
-state, can be turned back into a plain ``BertForMaskedLM``.
+state, can be turned back into a plain ``BertForMaskedLM`` (or ``ModernBertForMaskedLM``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mlmkit.data.tokenizer import load_tokenizer
 from mlmkit.errors import CheckpointError, ConfigError
+from mlmkit.model.architectures import architecture, fit_tokenizer, transformers_class
 from mlmkit.model.bert import load_pretrained
 from mlmkit.model.safety import refuse_custom_code
 from mlmkit.training.checkpoint import is_checkpoint, list_checkpoints
@@ -48,11 +49,14 @@ def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> Path:
 
 def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
                              attn_implementation: str = "sdpa"):
-    """``(BertForMaskedLM, tokenizer, resolved path)`` for a model dir, run dir or checkpoint."""
+    """``(masked-LM model, tokenizer, resolved path)`` for a model dir, run dir or checkpoint;
+    the tokenizer gives only the inputs the model takes (``fit_tokenizer``)."""
     resolved = resolve_model_path(path, setting)
     if not is_checkpoint(resolved):
         model = load_pretrained(str(resolved), attn_implementation, setting)
-        return model, load_tokenizer(str(resolved), setting), resolved
+        tokenizer = load_tokenizer(str(resolved), setting)
+        fit_tokenizer(tokenizer, model)
+        return model, tokenizer, resolved
     spec = resolved.parent.parent / RUN_MODEL_DIR
     if not (spec / "config.json").is_file():
         raise CheckpointError(
@@ -61,12 +65,14 @@ def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
         )
     refuse_custom_code(spec, setting)
     model = _from_checkpoint(resolved, spec, attn_implementation, setting)
-    return model, load_tokenizer(str(spec), setting), resolved
+    tokenizer = load_tokenizer(str(spec), setting)
+    fit_tokenizer(tokenizer, model)
+    return model, tokenizer, resolved
 
 
 def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str, setting: str = "checkpoint"):
     from safetensors.torch import load_file
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import AutoConfig
 
     weights = ckpt / "model.safetensors"
     if not weights.is_file():
@@ -75,7 +81,7 @@ def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str, setting: 
             "checkpoint); evaluate the run's final/ dir instead."
         )
     try:
-        config = BertConfig.from_pretrained(str(spec))
+        config = AutoConfig.from_pretrained(str(spec), trust_remote_code=False)
         tensors = load_file(str(weights))
     except Exception as exc:  # a cut or garbled file fails in json or in the safetensors header
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
@@ -83,8 +89,9 @@ def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str, setting: 
             f"{setting}: could not read the checkpoint {str(ckpt)!r} ({detail}); it is damaged, so "
             f"point {setting} at another checkpoint or at the run's final/ dir."
         ) from None
+    arch = architecture(config.model_type)  # bert or modernbert, else one sentence
     config._attn_implementation = attn_implementation
-    model = BertForMaskedLM(config)
+    model = transformers_class(arch.masked_lm)(config)
     # the training objective wraps the model as .model; tied weights are stored once
     state = {k.removeprefix("model."): v for k, v in tensors.items()}
     try:
@@ -95,8 +102,7 @@ def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str, setting: 
             f"{(str(exc).strip().splitlines() or ['size mismatch'])[-1].strip()[:160]}); "
             f"point {setting} at the run's final/ dir."
         ) from None
-    tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}  # = embeddings, bias
-    missing = [k for k in missing if k not in tied]
+    missing = [k for k in missing if k not in arch.tied_keys]  # = the embeddings (and bias)
     if missing or unexpected:
         raise CheckpointError(
             f"The checkpoint {str(ckpt)!r} does not match the run's model config "

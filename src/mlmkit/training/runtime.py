@@ -123,13 +123,15 @@ def reuse_freed_memory() -> bool:
 
 
 def compile_encoder(model) -> None:
-    """``torch.compile`` the encoder of a ``BertForMaskedLM`` in place (``train.compile``).
+    """``torch.compile`` the encoder of a masked-LM model in place (``train.compile``).
 
     The module compiles in place (``nn.Module.compile``), so parameter names, checkpoints
     and the exported model are those of the plain model. The head stays eager: its row
     count changes with the number of chosen positions.
     """
-    model.bert.compile()
+    from mlmkit.model.architectures import parts_of
+
+    parts_of(model).encoder(model).compile()
 
 
 def cpu_name() -> str:

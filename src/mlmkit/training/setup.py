@@ -21,6 +21,7 @@ from mlmkit.data.sources import corpus_fingerprint, load_corpus
 from mlmkit.data.tokenizer import get_tokenizer, load_tokenizer
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import MLMCollator
+from mlmkit.model.architectures import fit_tokenizer
 from mlmkit.model.bert import MaskedLM, build_model, count_parameters, resolve_attn_implementation
 from mlmkit.model.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training import lock as run_lock
@@ -224,7 +225,7 @@ def check_engine(accelerator: Accelerator, cfg: Config) -> int:
 
 @dataclass
 class ModelParts:
-    model: Any  # the plain BertForMaskedLM
+    model: Any  # the plain BertForMaskedLM or ModernBertForMaskedLM
     objective: MaskedLM
     optimizer: Any
     budget: Budget
@@ -240,6 +241,7 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     tc, device = cfg.train, accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn)
+    fit_tokenizer(tokenizer, model)  # saved and exported without token_type_ids for ModernBERT
     log.info("Model %s: %.2fM parameters (%.2fM without embeddings), attention %s", cfg.model.name,
              count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6, attn)
     spec = run_dir / RUN_MODEL_DIR

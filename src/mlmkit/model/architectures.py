@@ -1,0 +1,174 @@
+"""The encoder architectures mlmkit trains, and where each keeps its parts.
+
+The training objective, the loaders, the fine-tuning and the export reach the encoder,
+the MLM head and the output bias through ``parts_of(model)``, so they need no branch per
+architecture:
+
+- ``bert``: transformers' ``BertForMaskedLM`` (Devlin et al., 2019): learned positions,
+  post-normalisation, a GELU FFN, token type embeddings. Encoder ``.bert``, head ``.cls``.
+- ``modernbert``: transformers' ``ModernBertForMaskedLM`` (Warner et al., 2024, 'Smarter,
+  Better, Faster, Longer'): rotary positions, pre-normalisation, a GeGLU FFN, no biases
+  (but the decoder's), local attention (a sliding window) in all layers but every
+  ``global_attn_every_n_layers``-th, no token types. Encoder ``.model``, head ``.head``
+  then ``.decoder`` (tied to the input embeddings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from mlmkit.errors import ConfigError
+
+
+class Bert:
+    name = "bert"
+    masked_lm = "BertForMaskedLM"
+    sequence_classification = "BertForSequenceClassification"
+    takes_token_type_ids = True
+    # stored once: the decoder's weight is the word embeddings, its bias the head's bias
+    tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+    @staticmethod
+    def config(cfg, vocab_size: int, tokenizer):
+        from transformers import BertConfig
+
+        return BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            intermediate_size=cfg.intermediate_size,
+            hidden_act="gelu",
+            hidden_dropout_prob=cfg.hidden_dropout_prob,
+            attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+            max_position_embeddings=cfg.max_position_embeddings,
+            type_vocab_size=cfg.type_vocab_size,
+            initializer_range=cfg.initializer_range,
+            layer_norm_eps=cfg.layer_norm_eps,
+            pad_token_id=tokenizer.pad_token_id,
+            is_decoder=False,
+        )
+
+    @staticmethod
+    def encoder(model) -> nn.Module:
+        return model.bert
+
+    @staticmethod
+    def head(model, hidden):
+        return model.cls(hidden)
+
+    @staticmethod
+    def output_bias(model):
+        return model.cls.predictions.bias
+
+    @staticmethod
+    def embeddings(model) -> nn.Module:
+        return model.bert.embeddings
+
+    @staticmethod
+    def set_dropout(model, hidden: float, attention: float) -> None:
+        model.config.hidden_dropout_prob = hidden
+        model.config.attention_probs_dropout_prob = attention
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = hidden
+        for layer in model.bert.encoder.layer:
+            layer.attention.self.dropout.p = attention
+
+
+class ModernBert:
+    name = "modernbert"
+    masked_lm = "ModernBertForMaskedLM"
+    sequence_classification = "ModernBertForSequenceClassification"
+    takes_token_type_ids = False
+    tied_keys = ("decoder.weight",)
+
+    @staticmethod
+    def config(cfg, vocab_size: int, tokenizer):
+        from transformers import ModernBertConfig
+
+        return ModernBertConfig(
+            vocab_size=vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            initializer_range=cfg.initializer_range,
+            norm_eps=cfg.layer_norm_eps,
+            embedding_dropout=cfg.hidden_dropout_prob,
+            mlp_dropout=cfg.hidden_dropout_prob,
+            attention_dropout=cfg.attention_probs_dropout_prob,
+            local_attention=cfg.local_attention,
+            global_attn_every_n_layers=cfg.global_attn_every_n_layers,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": cfg.global_rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": cfg.local_rope_theta},
+            },
+            pad_token_id=tokenizer.pad_token_id,
+            cls_token_id=tokenizer.cls_token_id,
+            sep_token_id=tokenizer.sep_token_id,
+            bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id,
+            sparse_prediction=False,  # mlmkit's objective chooses the rows; the export predicts all
+            classifier_pooling="mean",  # as the published ModernBERT configs
+        )
+
+    @staticmethod
+    def encoder(model) -> nn.Module:
+        return model.model
+
+    @staticmethod
+    def head(model, hidden):
+        return model.decoder(model.head(hidden))
+
+    @staticmethod
+    def output_bias(model):
+        return model.decoder.bias
+
+    @staticmethod
+    def embeddings(model) -> nn.Module:
+        return model.model.embeddings
+
+    @staticmethod
+    def set_dropout(model, hidden: float, attention: float) -> None:
+        model.config.embedding_dropout = model.config.mlp_dropout = hidden
+        model.config.attention_dropout = attention
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = hidden
+        for layer in model.model.layers:
+            layer.attn.attention_dropout = attention
+
+
+ARCHITECTURES: dict[str, Any] = {"bert": Bert, "modernbert": ModernBert}
+
+
+def architecture(name: str):
+    """The parts of the architecture ``name`` (a ``model.architecture`` or a config's
+    ``model_type``)."""
+    if name not in ARCHITECTURES:
+        raise ConfigError(f"{name!r} models are not trained by mlmkit; it trains "
+                          f"{' and '.join(ARCHITECTURES)} models.")
+    return ARCHITECTURES[name]
+
+
+def parts_of(model):
+    """The parts of ``model`` (a masked-LM or classification model of transformers)."""
+    return architecture(model.config.model_type)
+
+
+def transformers_class(name: str):
+    """A class of transformers by name (``Bert.masked_lm``, ...)."""
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def fit_tokenizer(tokenizer, model) -> None:
+    """Leave ``token_type_ids`` out of the tokenizer's outputs for a model that takes none
+    (ModernBERT), so a pipeline, the fine-tuning batches and a saved tokenizer never pass them."""
+    if not parts_of(model).takes_token_type_ids:
+        tokenizer.model_input_names = [n for n in tokenizer.model_input_names if n != "token_type_ids"]
