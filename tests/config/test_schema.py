@@ -148,3 +148,17 @@ def test_finetune_config_composes_for_every_task(task):
     ft = to_config(cfg, FinetuneConfig)
     assert ft.task.name == task and ft.task.hub_name == task
     assert ("matthews_correlation" in ft.task.metrics) == (task == "cola")
+
+
+@pytest.mark.parametrize("name,layers,hidden,heads,intermediate", [
+    ("modernbert-tiny", 3, 128, 2, 192), ("modernbert-mini", 6, 256, 4, 384),
+    ("modernbert-base", 22, 768, 12, 1152), ("modernbert-large", 28, 1024, 16, 2624),
+])
+def test_modernbert_presets(name, layers, hidden, heads, intermediate):
+    m = to_config(_compose([f"model={name}"])).model
+    assert m.architecture == "modernbert" and m.name == name
+    assert (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.intermediate_size) == (
+        layers, hidden, heads, intermediate)
+    assert (m.local_attention, m.global_attn_every_n_layers, m.layer_norm_eps) == (128, 3, 1e-5)
+    assert to_config(_compose(["model=bert-base"])).model.architecture == "bert"  # BERT stays the default
+    assert to_config(_compose([])).model.architecture == "bert"
