@@ -43,6 +43,28 @@ def test_flops_formula_matches_counted_matmuls(tokenizer):
     assert counted == pytest.approx(formula, rel=0.01)
 
 
+def test_modernbert_flops_count_the_geglu_and_the_local_windows(tokenizer):
+    """ModernBERT's GeGLU is three matrices' worth of products; its local layers' attention is
+    counted over the window. With eager attention (every score computed, far ones masked)
+    torch counts exactly the formula plus the masked scores of the local layers."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    h, i, s, v = 768, 1152, 512, 50368  # modernbert-base: 22 layers, 7 of them global
+    expected = 3 * (22 * (8 * h * h + 6 * h * i) + 4 * h * (7 * s + 15 * 128) + 0.15 * (2 * h * h + 2 * h * v))
+    assert train_flops_per_token(22, h, i, v, s, 0.15, ffn_matrices=3, local_layers=15,
+                                 local_window=128) == pytest.approx(expected)
+    model = _model(tokenizer, attn_implementation="eager", architecture="modernbert", num_hidden_layers=3,
+                   intermediate_size=96, local_attention=16)  # global, local, local
+    batch = _batches(tokenizer, _packed, n=1)[0]
+    rows, tokens, seq = batch["positions"].numel(), batch["input_ids"].numel(), batch["input_ids"].size(1)
+    with FlopCounterMode(display=False) as counter:
+        out = MaskedLM(model)(**batch)
+        out["loss_sum"].backward()
+    formula = tokens * model_flops_per_token(model.config, seq, rows / tokens)
+    masked_scores = tokens * 3 * 4 * 64 * (seq - 16) * 2  # two local layers, hidden 64
+    assert counter.get_total_flops() == pytest.approx(formula + masked_scores, rel=0.01)
+
+
 def test_throughput_meter_and_peak_memory():
     from transformers import BertConfig
 

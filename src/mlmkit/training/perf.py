@@ -14,6 +14,15 @@ and the optimizer are left out, as in the usual 6N count)::
 
     flops_per_token = 3 * ( L * (8h^2 + 4hi + 4sh)  +  q * (2h^2 + 2hV) )
 
+ModernBERT (``model_type`` modernbert) differs in two terms. Its GeGLU FFN has three
+matrices' worth of products (the input matrix is 2i wide: value and gate; then i x h):
+6hi per layer, not 4hi. Its local layers attend within a window of w = local_attention
+tokens: their scores and weighted sums count 4 * min(s, w) * h, the work a sliding-window
+kernel (flash-attn) does; SDPA and eager compute all s x s scores and mask them, which
+is not counted, as a full head is not. The window is taken as w keys for every token
+(tokens near the ends of a block have fewer, the kernel's window has w + 1): within
+about 1% of the exact count for blocks of a few windows.
+
 The head is counted only where the objective needs it (the chosen positions), whether
 or not an implementation computes it everywhere: MFU measures useful work, so a full
 head over every position does not raise it.
@@ -60,18 +69,27 @@ CHIP_BF16_PEAK = {
 
 
 def train_flops_per_token(num_layers: int, hidden: int, intermediate: int, vocab: int,
-                          seq_len: int, predicted_share: float) -> float:
-    """Training FLOPs per token (the formula in the module docstring)."""
+                          seq_len: int, predicted_share: float, ffn_matrices: int = 2,
+                          local_layers: int = 0, local_window: int | None = None) -> float:
+    """Training FLOPs per token (the formula in the module docstring). ``ffn_matrices``: 2
+    for BERT's FFN, 3 for a GeGLU; ``local_layers`` of the layers attend within
+    ``local_window`` tokens."""
     h, i, s = hidden, intermediate, seq_len
-    encoder = num_layers * (8 * h * h + 4 * h * i + 4 * s * h)
+    attended = (num_layers - local_layers) * s + local_layers * min(s, local_window or s)
+    encoder = num_layers * (8 * h * h + ffn_matrices * 2 * h * i) + 4 * h * attended
     head = predicted_share * (2 * h * h + 2 * h * vocab)
     return 3.0 * (encoder + head)
 
 
 def model_flops_per_token(config, seq_len: int, predicted_share: float) -> float:
-    """``train_flops_per_token`` for a transformers ``BertConfig``."""
-    return train_flops_per_token(config.num_hidden_layers, config.hidden_size,
-                                 config.intermediate_size, config.vocab_size, seq_len, predicted_share)
+    """``train_flops_per_token`` for a transformers ``BertConfig`` or ``ModernBertConfig``."""
+    shape = (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size,
+             seq_len, predicted_share)
+    if config.model_type != "modernbert":
+        return train_flops_per_token(*shape)
+    local = sum(kind == "sliding_attention" for kind in config.layer_types)
+    return train_flops_per_token(*shape, ffn_matrices=3, local_layers=local,
+                                 local_window=config.local_attention)
 
 
 def chip_bf16_peak(device: torch.device | str | None = None) -> tuple[float, str] | None:
@@ -152,11 +170,14 @@ def square_products(dtype: torch.dtype, device: torch.device, sizes: tuple[int, 
 
 
 def model_matmul_shapes(config, tokens: int, predicted: int) -> tuple[tuple[int, int, int], ...]:
-    """``(m, k, n)`` of the weight products of one training micro-batch of a BERT encoder
-    with its MLM head: ``tokens`` rows through the encoder's projections, ``predicted``
-    rows through the head (the sparse head's row count)."""
+    """``(m, k, n)`` of the weight products of one training micro-batch of a BERT (or
+    ModernBERT: fused QKV, GeGLU) encoder with its MLM head: ``tokens`` rows through the
+    encoder's projections, ``predicted`` rows through the head (the sparse head's row count)."""
     h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
     shapes = {(tokens, h, h), (tokens, h, i), (tokens, i, h), (predicted, h, h), (predicted, h, v)}
+    if config.model_type == "modernbert":
+        shapes = {(tokens, h, 3 * h), (tokens, h, h), (tokens, h, 2 * i), (tokens, i, h),
+                  (predicted, h, h), (predicted, h, v)}
     return tuple(sorted(s for s in shapes if min(s) > 0))
 
 
