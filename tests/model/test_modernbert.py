@@ -127,3 +127,22 @@ def test_bad_modernbert_settings_are_one_sentence():
         ModelConfig(architecture="modernbert", local_attention=127)
     with pytest.raises(ConfigError, match="model.global_attn_every_n_layers"):
         ModelConfig(architecture="modernbert", global_attn_every_n_layers=0)
+
+
+def test_a_resume_checks_the_modernbert_shape(tokenizer, tmp_path):
+    """The run's model/config.json of a ModernBERT is compared field by field on resume."""
+    from mlmkit.errors import ConfigError
+    from mlmkit.training.resume import check_model_shape
+
+    model = build_model(SMALL, tokenizer)
+    model.config.save_pretrained(tmp_path)
+    ckpt = tmp_path / "checkpoints" / "step_0000010"
+    check_model_shape(tmp_path, build_model(SMALL, tokenizer).config, ckpt)  # the same: accepted
+    for change, key in ((dict(local_attention=32), "local_attention"),
+                        (dict(global_attn_every_n_layers=1), "layer_types"),
+                        (dict(global_rope_theta=10000.0), "rope_parameters"),
+                        (dict(intermediate_size=128), "intermediate_size"),
+                        (dict(architecture="bert", layer_norm_eps=1e-12), "model_type")):
+        other = build_model(ModelConfig(**{**SMALL.__dict__, **change}), tokenizer).config
+        with pytest.raises(ConfigError, match=f"has {key}="):
+            check_model_shape(tmp_path, other, ckpt)

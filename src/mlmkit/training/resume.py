@@ -42,9 +42,12 @@ _DATA_FREE = {"data.pad_to_multiple_of", "data.num_proc", "data.max_eval_samples
 _IGNORED = {"train.resume", "train.progress", "train.num_workers", "train.reuse_cpu_memory"}
 _IGNORED_SECTIONS = ("paths.", "logger.")
 
-# the model config fields that decide the shape of the weights
+# the model config fields that decide the shape of the weights (and, for ModernBERT, which
+# layers attend locally, how far, and their rotary bases); a field the saved config lacks
+# (type_vocab_size of a ModernBERT) is not compared
 MODEL_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "max_position_embeddings", "type_vocab_size", "model_type")
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size", "model_type",
+                    "layer_types", "local_attention", "rope_parameters")
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
