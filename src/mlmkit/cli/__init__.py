@@ -2,6 +2,7 @@
 
     mlmkit train     model=bert-mini train.max_steps=200      pretrain (conf/config.yaml)
     mlmkit eval      checkpoint=outputs/<run>                  MLM figures of a model
+    mlmkit eval-sts  checkpoint=outputs/<run> data_dir=<STS-B> zero-shot sentence similarity
     mlmkit finetune  checkpoint=outputs/<run> task=sst2        GLUE fine-tuning
     mlmkit tokenizer data=files data.train_files=[a.txt] out=tok/
     mlmkit fill-mask outputs/<run>/final "The [MASK] is here."
@@ -25,7 +26,8 @@ from mlmkit.cli.errors import report_errors
 COMMANDS: dict[str, tuple[str, bool, str]] = {
     "train": ("mlmkit.cli.train", False, "pretrain a masked language model"),
     "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
-    "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task (SST-2, CoLA, RTE)"),
+    "eval-sts": ("mlmkit.cli.eval_sts", False, "zero-shot STS-B similarity of the model's sentence embeddings"),
+    "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task (SST-2, CoLA, RTE, STS-B)"),
     "tokenizer": ("mlmkit.cli.tokenizer", True, "train a tokenizer on a corpus"),
     "fill-mask": ("mlmkit.cli.fill_mask", True, "fill the [MASK] of a sentence"),
     "plot": ("mlmkit.cli.plot", True, "plot the curves of runs"),

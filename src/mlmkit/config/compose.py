@@ -10,7 +10,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from mlmkit.config.schema import Config, EvalConfig, FinetuneConfig
+from mlmkit.config.schema import Config, EvalConfig, FinetuneConfig, StsEvalConfig
 from mlmkit.errors import ConfigError
 
 
@@ -46,6 +46,7 @@ def register_configs() -> None:
     cs.store(name="mlmkit_schema", node=Config)
     cs.store(name="mlmkit_eval_schema", node=EvalConfig)
     cs.store(name="mlmkit_finetune_schema", node=FinetuneConfig)
+    cs.store(name="mlmkit_eval_sts_schema", node=StsEvalConfig)
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 

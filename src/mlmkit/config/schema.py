@@ -517,7 +517,7 @@ class EvalConfig:
 
 @dataclass
 class TaskConfig:
-    """A sentence(-pair) classification task in GLUE's TSV format, or on the Hub."""
+    """A sentence(-pair) classification or regression task in GLUE's TSV format, or on the Hub."""
 
     name: str = "sst2"
     data_dir: str | None = None  # folder with train_file and eval_file; null: the Hub dataset
@@ -528,6 +528,9 @@ class TaskConfig:
     text_columns: list[str] = field(default_factory=lambda: ["sentence"])  # one, or two for pairs
     label_column: str = "label"
     labels: list[str] = field(default_factory=lambda: ["0", "1"])  # label values, in class-id order
+    # classification: labels are class names | regression: a real score (one output, MSE loss)
+    kind: str = "classification"
+    label_range: list[float] = field(default_factory=list)  # regression: [low, high] of the scores
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])  # the first one is the headline
     hub_path: str = "nyu-mll/glue"  # used when data_dir is null
     hub_name: str | None = "sst2"
@@ -536,13 +539,18 @@ class TaskConfig:
     def __post_init__(self) -> None:
         _check(1 <= len(self.text_columns) <= 2,
                "task.text_columns must name one column (single sentences) or two (pairs).")
-        _check(len(self.labels) >= 2, "task.labels must list at least two label values.")
+        _check(self.kind in ("classification", "regression"),
+               f"task.kind must be classification or regression, got {self.kind!r}.")
+        _check(self.kind == "regression" or len(self.labels) >= 2,
+               "task.labels must list at least two label values.")
+        _check(not self.label_range or (len(self.label_range) == 2
+                                        and self.label_range[0] < self.label_range[1]),
+               f"task.label_range must be [low, high] with low < high, got {self.label_range}.")
         _check(self.header or len(self.column_names) > 0,
                "task.header=false needs task.column_names=[...] naming the TSV columns.")
         for m in self.metrics:
             _check(m in METRICS,
-                   f"task.metrics: {m!r} is not a classification metric shipped with mlmkit "
-                   "(accuracy, matthews_correlation).")
+                   f"task.metrics: {m!r} is not a metric shipped with mlmkit ({', '.join(METRICS)}).")
 
 
 @dataclass
@@ -581,3 +589,34 @@ class FinetuneConfig:
                f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}.")
         _check(self.weight_decay >= 0, f"weight_decay must not be negative, got {self.weight_decay}.")
         check_precision(self.precision, "precision")
+
+
+@dataclass
+class StsEvalConfig:
+    """``mlmkit eval-sts``: zero-shot semantic similarity of a model's sentence embeddings
+    (conf/eval_sts.yaml): Spearman and Pearson correlation of their cosine with gold scores."""
+
+    checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
+    init: str = "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    task: TaskConfig = field(default_factory=TaskConfig)  # the file layout (conf/task/stsb.yaml)
+    data_dir: str | None = None  # folder of the TSV files (task.data_dir); null: the Hub dataset
+    split: str = "dev"  # dev (task.eval_file) | train (task.train_file)
+    pooling: str = "mean"  # mean: token states averaged, padding excluded | cls: the [CLS] state
+    max_seq_length: int = 128  # longer sentences are truncated
+    batch_size: int = 64
+    seed: int = 0  # the weights of init=random
+    output: str | None = None  # also write the figures to this JSON file
+
+    def __post_init__(self) -> None:
+        _check(bool(self.checkpoint),
+               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(self.init in ("pretrained", "random"),
+               f"init must be pretrained or random, got {self.init!r}.")
+        _check(self.split in ("dev", "train"), f"split must be dev or train, got {self.split!r}.")
+        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
+        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
+        _check(self.batch_size >= 1, "batch_size must be at least 1.")
+        _check(self.task.kind == "regression", f"eval-sts needs a task of similarity scores "
+               f"(task.kind=regression, as task=stsb), got task={self.task.name}.")
+        _check(len(self.task.text_columns) == 2,
+               "task.text_columns must name the two sentence columns of each pair.")

@@ -3,6 +3,7 @@
     mlmkit finetune checkpoint=outputs/<run> task=sst2 task.data_dir=../shared/data/glue/SST-2
     mlmkit finetune checkpoint=outputs/<run> task=cola task.data_dir=../shared/data/glue/CoLA
     mlmkit finetune checkpoint=outputs/<run> task=rte task.data_dir=../shared/data/glue/RTE
+    mlmkit finetune checkpoint=outputs/<run> task=stsb task.data_dir=../shared/data/glue/STS-B
     mlmkit finetune ... init=random          # same architecture from scratch
     mlmkit finetune ... pooling=mean         # classify from the mean token state
 
@@ -10,7 +11,8 @@
 classifier start from a seeded random init, the same one for ``init=random``, so the two
 differ only by pretraining. Data: GLUE-format TSV files (``task.data_dir``), or the Hub's
 ``glue`` dataset when ``task.data_dir`` is null and the Hub can be reached. The dev-set
-figures (accuracy; Matthews correlation for CoLA) come from the ``evaluate`` metric modules
+figures (accuracy; Matthews correlation for CoLA; Spearman and Pearson correlation for the
+regression task STS-B, one output trained with MSE) come from the ``evaluate`` metric modules
 shipped in mlmkit and are written to ``<run dir>/results.json`` and metrics.jsonl.
 Settings: conf/finetune.yaml and conf/task/.
 """
@@ -43,16 +45,17 @@ log = logging.getLogger("mlmkit")
 # ---- data -----------------------------------------------------------------------------------
 
 def read_tsv(path: Path, task: TaskConfig) -> list[dict[str, Any]]:
-    """Examples ``{"text": [...], "label": class id}`` of one GLUE-format TSV file."""
+    """Examples ``{"text": [...], "label": class id | score}`` of one GLUE-format TSV file."""
     if not path.is_file():
         raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
                         f"{task.train_file} and {task.eval_file}.")
     csv.field_size_limit(1 << 24)
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    names = list(task.column_names)
-    if task.header:
-        names, rows = [c.strip() for c in rows[0]], rows[1:]
+    if not rows:
+        raise DataError(f"task.data_dir: {str(path)!r} is empty; fill it with examples in GLUE's TSV "
+                        "format or point task.data_dir at another folder.")
+    names, rows, first_line = _columns(path, task, rows)
     wanted = [*task.text_columns, task.label_column]
     missing = [c for c in wanted if c not in names]
     if missing:
@@ -60,27 +63,84 @@ def read_tsv(path: Path, task: TaskConfig) -> list[dict[str, Any]]:
                         "set task.text_columns / task.label_column, or task.column_names for "
                         "files without a header.")
     index = {c: names.index(c) for c in wanted}
-    label_ids = {v: i for i, v in enumerate(task.labels)}
+    label_of = _label_reader(path, task)
     examples, bad = [], 0
-    for row in rows:
-        if len(row) < len(names) or row[index[task.label_column]].strip() not in label_ids:
+    for line, row in enumerate(rows, first_line):
+        label = label_of(row[index[task.label_column]], line) if len(row) >= len(names) else None
+        if label is None:
             bad += 1
             continue
-        examples.append({"text": [row[index[c]].strip() for c in task.text_columns],
-                         "label": label_ids[row[index[task.label_column]].strip()]})
+        examples.append({"text": [row[index[c]].strip() for c in task.text_columns], "label": label})
     if bad:
-        log.warning("%s: skipped %d line(s) with missing columns or a label outside task.labels "
-                    "(%s)", path, bad, ", ".join(task.labels))
+        log.warning("%s: skipped %d line(s) with missing columns%s", path, bad,
+                    f" or a label outside task.labels ({', '.join(task.labels)})"
+                    if task.kind == "classification" else "")
     if not examples:
         raise DataError(f"{str(path)!r} holds no usable example; check task.labels and the columns.")
     return examples
 
 
+def _columns(path: Path, task: TaskConfig, rows: list[list[str]]) -> tuple[list[str], list[list[str]], int]:
+    """``(column names, data rows, line number of the first data row)``."""
+    if task.header:
+        return [c.strip() for c in rows[0]], rows[1:], 2
+    names = list(task.column_names)
+    if [c.strip().lower() for c in rows[0]] == [c.lower() for c in names]:
+        return names, rows[1:], 2  # a header line that repeats task.column_names (GLUE's STS-B)
+    if len(rows[0]) != len(names):
+        raise DataError(f"{str(path)!r} has {len(rows[0])} tab-separated columns in its first line, "
+                        f"but {task.name} files have {len(names)} ({', '.join(names)}); point "
+                        "task.data_dir at files in that format, or set task.column_names.")
+    return names, rows, 1
+
+
+def _label_reader(path: Path, task: TaskConfig):
+    """``(value, line) -> label``: the class id (None for a value outside task.labels), or for
+    a regression task the score, where a value that is no number or lies outside
+    task.label_range is an error naming the line."""
+    if task.kind == "classification":
+        label_ids = {v: i for i, v in enumerate(task.labels)}
+        return lambda value, line: label_ids.get(value.strip())
+    low, high = task.label_range or (-math.inf, math.inf)
+
+    def score(value: str, line: int) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            x = math.nan
+        if not low <= x <= high:  # NaN fails too
+            what = "is not a number" if math.isnan(x) else f"is outside task.label_range [{low}, {high}]"
+            raise DataError(f"{str(path)!r} line {line}: the {task.label_column} {value.strip()!r} "
+                            f"{what}; correct the line or point task.data_dir at other files.")
+        return x
+
+    return score
+
+
+def _hub_label(task: TaskConfig, value) -> float | int | None:
+    """The label of a Hub row (None for an unlabelled one, -1 in GLUE's test splits)."""
+    if task.kind == "regression":
+        return float(value)
+    return int(value) if int(value) >= 0 else None
+
+
+def load_split(task: TaskConfig, split: str) -> list[dict[str, Any]]:
+    """The examples of ``split`` (train | eval) from ``task.data_dir`` or the Hub."""
+    if task.data_dir:
+        name = task.train_file if split == "train" else task.eval_file
+        return read_tsv(Path(task.data_dir).expanduser() / name, task)
+    return _from_hub(task, ["train" if split == "train" else task.hub_eval_split])[0]
+
+
 def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, eval) examples from ``task.data_dir`` or the Hub."""
     if task.data_dir:
-        root = Path(task.data_dir).expanduser()
-        return read_tsv(root / task.train_file, task), read_tsv(root / task.eval_file, task)
+        return load_split(task, "train"), load_split(task, "eval")
+    train, dev = _from_hub(task, ["train", task.hub_eval_split])
+    return train, dev
+
+
+def _from_hub(task: TaskConfig, splits: list[str]) -> list[list[dict[str, Any]]]:
     import datasets
 
     try:
@@ -92,10 +152,11 @@ def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
         ) from None
 
     def rows(split):
-        return [{"text": [r[c] for c in task.text_columns], "label": int(r[task.label_column])}
-                for r in ds[split] if int(r[task.label_column]) >= 0]
+        labelled = ((r, _hub_label(task, r[task.label_column])) for r in ds[split])
+        return [{"text": [r[c] for c in task.text_columns], "label": label}
+                for r, label in labelled if label is not None]
 
-    return rows("train"), rows(task.hub_eval_split)
+    return [rows(split) for split in splits]
 
 
 class Collate:
@@ -120,7 +181,10 @@ def build_classifier(cfg: FinetuneConfig):
 
     mlm, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
     config = mlm.config.__class__.from_dict(mlm.config.to_dict())
-    config.num_labels = len(cfg.task.labels)
+    if cfg.task.kind == "regression":  # one output, MSE loss
+        config.num_labels, config.problem_type = 1, "regression"
+    else:
+        config.num_labels = len(cfg.task.labels)
     config.classifier_dropout = cfg.classifier_dropout
     config._attn_implementation = "sdpa"
     torch.manual_seed(cfg.seed)  # pooler and classifier init: the same for both inits
@@ -140,12 +204,14 @@ def build_classifier(cfg: FinetuneConfig):
 # ---- loop -----------------------------------------------------------------------------------
 
 @torch.no_grad()
-def predict(accelerator, model, loader) -> tuple[list[int], list[int]]:
+def predict(accelerator, model, loader) -> tuple[list[float], list[float]]:
+    """Predictions and references of the dev set: class ids, or scores for one output."""
     model.eval()
     preds, refs = [], []
     for batch in loader:
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-        p, r = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
+        pred = logits.float().squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1)
+        p, r = accelerator.gather_for_metrics((pred, batch["labels"]))
         preds += p.tolist()
         refs += r.tolist()
     model.train()

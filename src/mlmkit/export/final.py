@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from mlmkit.export.embedder import write_embedder_files
 from mlmkit.model.bert import count_parameters
 
 
@@ -28,7 +29,7 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
     return f"""---
 library_name: transformers
 pipeline_tag: fill-mask
-tags: [bert, fill-mask, mlmkit]
+tags: [bert, fill-mask, mlmkit, sentence-transformers, feature-extraction]
 ---
 
 # {config.get("model", {}).get("name", "bert")} (masked language model)
@@ -56,12 +57,35 @@ fill("The {mask} of the function is returned.")
 
 or from the command line: `mlmkit fill-mask path/to/this/dir "The {mask} of the function is returned."`
 
+### Sentence embeddings
+
+The dir is also a [sentence-transformers](https://www.sbert.net) model: the encoder followed by
+mean pooling of the last layer's token states (padding excluded), {c.hidden_size} dimensions,
+inputs cut at {embedding_length(model, config)} tokens (`pip install sentence-transformers`).
+
+```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("path/to/this/dir")
+vectors = model.encode(["A man is playing a guitar.", "Someone plays the guitar."])
+model.similarity(vectors[:1], vectors[1:])  # cosine similarity
+```
+
+`mlmkit eval-sts checkpoint=path/to/this/dir data_dir=path/to/STS-B` scores these embeddings
+zero-shot on STS-B.
+
 ## Full config
 
 ```json
 {json.dumps(config, indent=2, default=str)}
 ```
 """
+
+
+def embedding_length(model, config: dict[str, Any]) -> int:
+    """The longest input of the sentence embedder: the blocks the model was trained on."""
+    trained = config.get("data", {}).get("max_seq_length") or model.config.max_position_embeddings
+    return min(int(trained), model.config.max_position_embeddings)
 
 
 def without_tied_copies(model, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +105,8 @@ def without_tied_copies(model, state_dict: dict[str, Any]) -> dict[str, Any]:
 
 def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, Any],
                  summary: dict[str, Any], state_dict: dict[str, Any] | None = None) -> Path:
-    """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md) atomically.
+    """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md, and the
+    sentence-transformers files of ``export.embedder``) atomically.
 
     ``state_dict``: the full weights when the model itself is sharded (FSDP, DeepSpeed ZeRO-3).
     """
@@ -92,6 +117,7 @@ def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, An
     tokenizer.model_max_length = model.config.max_position_embeddings
     model.save_pretrained(str(tmp), safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(str(tmp))
+    write_embedder_files(tmp, model.config.hidden_size, embedding_length(model, config))
     (tmp / "README.md").write_text(model_card(model, tokenizer, config, summary))
     if path.exists():
         shutil.rmtree(path)

@@ -1,4 +1,4 @@
-"""Sequence classification over the mean of the token states (``finetune pooling=mean``).
+"""Sequence classification (or regression) over the mean of the token states (``finetune pooling=mean``).
 
 BERT classifies from the last layer's ``[CLS]`` state, which its pretraining trained
 through next-sentence prediction. Pretraining with masked-token prediction alone (as
@@ -44,7 +44,13 @@ class MeanPoolBertForSequenceClassification(BertForSequenceClassification):
         pooler = self.bert.pooler
         pooled = pooler.activation(pooler.dense(masked_mean(hidden, attention_mask)))
         logits = self.classifier(self.dropout(pooled))
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
+        loss = None if labels is None else sequence_loss(logits, labels, self.num_labels)
         return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def sequence_loss(logits: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
+    """Cross-entropy over ``num_labels`` classes, or for one output (a regression task such
+    as STS-B's similarity score) the mean squared error, as ``BertForSequenceClassification``."""
+    if num_labels == 1:
+        return F.mse_loss(logits.float().view(-1), labels.float().view(-1))
+    return F.cross_entropy(logits.float().view(-1, num_labels), labels.view(-1))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-METRICS = ("accuracy", "matthews_correlation")
+METRICS = ("accuracy", "matthews_correlation", "pearson", "spearman")
 
 
 def metric_path(name: str) -> Path:
