@@ -11,6 +11,9 @@ CPU, against the bf16 matmul rate measured in this run).
     python benchmarks/gpu.py                 # on a CUDA machine
     python benchmarks/gpu.py --tiny          # bert-tiny, a few steps: checks the script on a CPU
     python benchmarks/gpu.py --compile       # mlmkit with train.compile=true as well
+    python benchmarks/gpu.py --preset modernbert-base   # ModernBERT (conf/model/): mlmkit only,
+                                             # attention auto (flash-attn where installed) and sdpa
+    python benchmarks/gpu.py --tiny --preset modernbert-tiny   # the ModernBERT path on a CPU
 """
 
 from __future__ import annotations
@@ -33,14 +36,53 @@ from harness import (  # noqa: E402
     tokenizer_and_data,
 )
 
+from mlmkit.config import ModelConfig  # noqa: E402
 from mlmkit.model.bert import flash_attn_available  # noqa: E402
-from mlmkit.training.perf import chip_bf16_peak, measure_matmul_rate  # noqa: E402
+from mlmkit.training.perf import chip_bf16_peak, measure_matmul_rate, train_flops_per_token  # noqa: E402
+
+MODERNBERT = ("modernbert-tiny", "modernbert-mini", "modernbert-base", "modernbert-large")
+
+
+def modernbert_model(preset: str, seq: int) -> ModelConfig:
+    """The ModernBERT preset of conf/model/ as a ModelConfig."""
+    from omegaconf import OmegaConf
+
+    path = os.path.join(os.path.dirname(__file__), "..", "conf", "model", f"{preset}.yaml")
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)["model"])
+    model = OmegaConf.to_object(merged)
+    model.max_position_embeddings = max(model.max_position_embeddings, seq)
+    return model
+
+
+def model_flops(cfg, vocab: int, predicted_share: float) -> float:
+    """Training FLOPs per token (mlmkit.training.perf), ModernBERT's GeGLU and windows included."""
+    m = cfg.model
+    if m.architecture != "modernbert":
+        return flops_per_token(cfg, vocab, predicted_share)
+    local = sum(1 for i in range(m.num_hidden_layers) if i % m.global_attn_every_n_layers)
+    return train_flops_per_token(m.num_hidden_layers, m.hidden_size, m.intermediate_size, vocab,
+                                 cfg.data.max_seq_length, predicted_share, ffn_matrices=3,
+                                 local_layers=local, local_window=m.local_attention)
+
+
+def modernbert_runs(cfg, warmup: int, cuda: bool):
+    """mlmkit on ModernBERT with attention auto (flash-attn's kernel where installed) and, on
+    a GPU, with sdpa; no Trainer run (its comparison is BERT's)."""
+    import copy
+
+    runs = [("mlmkit, attention auto", lambda: run_mlmkit("mlmkit, attention auto", cfg, warmup))]
+    if cuda:
+        sdpa = copy.deepcopy(cfg)
+        sdpa.model.attn_implementation = "sdpa"
+        runs.append(("mlmkit, sdpa", lambda: run_mlmkit("mlmkit, sdpa", sdpa, warmup)))
+    return runs
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="bert-tiny, 6 steps, batch 16: runs on a CPU")
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default bert-base")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS) + list(MODERNBERT),
+                   help="default bert-base; a modernbert-* preset runs mlmkit only")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 1000; --tiny 6)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 50; --tiny 2)")
     p.add_argument("--batch", type=int, default=None, help="per device (default 128; --tiny 16)")
@@ -64,9 +106,12 @@ def main() -> None:
         sys.exit(2)
 
     precision = "bf16"
-    cfg = mlmkit_config(preset, args.seq, batch, steps, warmup, 30522, log_every=log_every,
+    bert_sizes = preset if preset in PRESETS else "bert-base"  # a ModernBERT preset replaces the model
+    cfg = mlmkit_config(bert_sizes, args.seq, batch, steps, warmup, 30522, log_every=log_every,
                         precision=precision)
     cfg.train.num_workers = workers
+    if preset in MODERNBERT:
+        cfg.model = modernbert_model(preset, args.seq)
     tokenizer, packed = tokenizer_and_data(cfg)
     vocab = len(tokenizer)
     known = chip_bf16_peak() if cuda else None
@@ -82,18 +127,23 @@ def main() -> None:
     runs = [("Trainer, bf16=True", lambda: run_trainer("Trainer, bf16=True", cfg, tokenizer, packed["train"],
                                                        warmup, bf16=True, workers=workers)),
             ("mlmkit", lambda: run_mlmkit("mlmkit", cfg, warmup))]
+    if preset in MODERNBERT:
+        runs = modernbert_runs(cfg, warmup, cuda)
     if args.compile:
-        cfg_c = mlmkit_config(preset, args.seq, batch, steps, warmup, 30522, log_every=log_every,
+        cfg_c = mlmkit_config(bert_sizes, args.seq, batch, steps, warmup, 30522, log_every=log_every,
                               precision=precision, compile=True, strategy="fixed")
         cfg_c.train.num_workers = workers
+        cfg_c.model = cfg.model
         runs.append(("mlmkit, compile, fixed masking", lambda: run_mlmkit("mlmkit, compile", cfg_c, warmup)))
     results = {name: fn() for name, fn in runs}
 
     print(f"MFU against: {against}")
     print(f"{'':<34}{'tokens/s':>12}{'model TFLOP/s':>15}{'MFU':>8}{'seconds':>9}")
     for name, r in results.items():
-        flops = flops_per_token(cfg, vocab, r.predicted_share) * r.tokens_per_s
+        flops = model_flops(cfg, vocab, r.predicted_share) * r.tokens_per_s
         print(f"{name:<34}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.2f}{flops / peak:>8.1%}{r.seconds:>9.1f}")
+    if "Trainer, bf16=True" not in results:
+        return
     base = results["Trainer, bf16=True"].tokens_per_s
     for name, r in results.items():
         if name.startswith("mlmkit"):

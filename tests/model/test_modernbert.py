@@ -146,3 +146,29 @@ def test_a_resume_checks_the_modernbert_shape(tokenizer, tmp_path):
         other = build_model(ModelConfig(**{**SMALL.__dict__, **change}), tokenizer).config
         with pytest.raises(ConfigError, match=f"has {key}="):
             check_model_shape(tmp_path, other, ckpt)
+
+
+@pytest.mark.gpu
+def test_flash_attention_varlen_equals_sdpa_on_padded_batches_with_windows(tokenizer):
+    """On CUDA in bf16, flash-attn's unpadded (varlen) kernel with sliding windows gives SDPA's
+    loss and gradients on a padded batch whose rows are longer than the window."""
+    from mlmkit.model.bert import flash_attn_available
+
+    if not flash_attn_available():
+        pytest.skip("needs a CUDA GPU and the flash-attn package")
+    from batches import _batches, _ragged
+
+    batch = {k: v.cuda() for k, v in _batches(tokenizer, _ragged, n=1, pad8=True)[0].items()}
+    assert batch["attention_mask"] is not None and batch["input_ids"].size(1) > SMALL.local_attention
+    results = []
+    for attn in ("sdpa", "flash_attention_2"):
+        torch.manual_seed(0)
+        model = build_model(SMALL, tokenizer, attn_implementation=attn).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = MaskedLM(model)(**batch)
+        loss = out["loss_sum"].float() / out["n_tokens"]
+        loss.backward()
+        results.append((loss.detach(), model.model.layers[1].attn.Wqkv.weight.grad.float()))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=2e-2, atol=1e-2)
+    cos = torch.nn.functional.cosine_similarity(results[0][1].flatten(), results[1][1].flatten(), dim=0)
+    assert cos > 0.99

@@ -7,7 +7,8 @@
     mlmkit finetune ... init=random          # same architecture from scratch
     mlmkit finetune ... pooling=mean         # classify from the mean token state
 
-``BertForSequenceClassification`` takes the checkpoint's encoder; the pooler and the
+``BertForSequenceClassification`` (or ``ModernBertForSequenceClassification``) takes the
+checkpoint's encoder (and ModernBERT's MLM head, its pooler); the pooler and the
 classifier start from a seeded random init, the same one for ``init=random``, so the two
 differ only by pretraining. Data: GLUE-format TSV files (``task.data_dir``), or the Hub's
 ``glue`` dataset when ``task.data_dir`` is null and the Hub can be reached. The dev-set
@@ -33,7 +34,7 @@ import torch
 from mlmkit.config import FinetuneConfig, OptimConfig, TaskConfig
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.evaluation.metric_modules import load_metric
-from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
+from mlmkit.model.architectures import parts_of
 from mlmkit.model.loading import load_model_and_tokenizer
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.optim import build_optimizer, build_scheduler
@@ -176,9 +177,7 @@ class Collate:
 # ---- model ----------------------------------------------------------------------------------
 
 def build_classifier(cfg: FinetuneConfig):
-    """``(BertForSequenceClassification, tokenizer, source path)`` for ``cfg``."""
-    from transformers import BertForSequenceClassification
-
+    """``(Bert- or ModernBertForSequenceClassification, tokenizer, source path)`` for ``cfg``."""
     mlm, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
     config = mlm.config.__class__.from_dict(mlm.config.to_dict())
     if cfg.task.kind == "regression":  # one output, MSE loss
@@ -187,14 +186,14 @@ def build_classifier(cfg: FinetuneConfig):
         config.num_labels = len(cfg.task.labels)
     config.classifier_dropout = cfg.classifier_dropout
     config._attn_implementation = "sdpa"
+    arch = parts_of(mlm)  # BERT or ModernBERT: the classifier of the same architecture
     torch.manual_seed(cfg.seed)  # pooler and classifier init: the same for both inits
-    if cfg.pooling == "mean":
-        model = MeanPoolBertForSequenceClassification(config)
-    else:
-        model = BertForSequenceClassification(config)
+    model = arch.sequence_classifier(config, cfg.pooling)
     if cfg.init == "pretrained":
-        missing, unexpected = model.bert.load_state_dict(mlm.bert.state_dict(), strict=False)
-        assert not unexpected and all(k.startswith("pooler.") for k in missing), (missing, unexpected)
+        for name in arch.shared_with_classifier:
+            missing, unexpected = getattr(model, name).load_state_dict(getattr(mlm, name).state_dict(),
+                                                                      strict=False)
+            assert not unexpected and all(k.startswith("pooler.") for k in missing), (missing, unexpected)
     if cfg.max_seq_length > config.max_position_embeddings:
         raise ConfigError(f"max_seq_length ({cfg.max_seq_length}) is longer than the model's "
                           f"{config.max_position_embeddings} positions; lower max_seq_length.")

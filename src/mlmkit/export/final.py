@@ -24,6 +24,12 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
     )
     data = config.get("data", {})
     source = data.get("source")
+    family = {"bert": "BERT", "modernbert": "ModernBERT"}.get(c.model_type, c.model_type)
+    attention = ""
+    if c.model_type == "modernbert":
+        n_global = sum(kind == "full_attention" for kind in c.layer_types)
+        attention = (f"; {n_global} global layers, the others attend within {c.local_attention} tokens, "
+                     "rotary positions, GeGLU FFN")
     if source == "files":
         source = ", ".join(data.get("train_files", []))
     return f"""---
@@ -34,9 +40,9 @@ tags: [bert, fill-mask, mlmkit, sentence-transformers, feature-extraction]
 
 # {config.get("model", {}).get("name", "bert")} (masked language model)
 
-A BERT encoder pretrained with masked language modeling by mlmkit.
+A {family} encoder pretrained with masked language modeling by mlmkit.
 
-- Architecture: BertForMaskedLM (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}), {count_parameters(model) / 1e6:.2f}M parameters.
+- Architecture: {type(model).__name__} (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{attention}), {count_parameters(model) / 1e6:.2f}M parameters.
 - Data: {source}, blocks of {data.get("max_seq_length")} tokens.
 - Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
 

@@ -29,6 +29,8 @@ class Bert:
     takes_token_type_ids = True
     # stored once: the decoder's weight is the word embeddings, its bias the head's bias
     tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+    # the modules a sequence classifier takes from the masked-LM model (the pooler is new)
+    shared_with_classifier = ("bert",)
 
     @staticmethod
     def config(cfg, vocab_size: int, tokenizer):
@@ -50,6 +52,15 @@ class Bert:
             pad_token_id=tokenizer.pad_token_id,
             is_decoder=False,
         )
+
+    @staticmethod
+    def sequence_classifier(config, pooling: str):
+        """``BertForSequenceClassification`` on the [CLS] state, or on the mean token state."""
+        if pooling == "mean":
+            from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
+
+            return MeanPoolBertForSequenceClassification(config)
+        return transformers_class(Bert.sequence_classification)(config)
 
     @staticmethod
     def encoder(model) -> nn.Module:
@@ -84,6 +95,9 @@ class ModernBert:
     sequence_classification = "ModernBertForSequenceClassification"
     takes_token_type_ids = False
     tied_keys = ("decoder.weight",)
+    # the encoder, and the MLM head's dense + norm, which the classifier applies to the pooled
+    # state (the same names in both models, as transformers' from_pretrained would carry them)
+    shared_with_classifier = ("model", "head")
 
     @staticmethod
     def config(cfg, vocab_size: int, tokenizer):
@@ -115,6 +129,12 @@ class ModernBert:
             sparse_prediction=False,  # mlmkit's objective chooses the rows; the export predicts all
             classifier_pooling="mean",  # as the published ModernBERT configs
         )
+
+    @staticmethod
+    def sequence_classifier(config, pooling: str):
+        """``ModernBertForSequenceClassification``, pooling as its config says (cls | mean)."""
+        config.classifier_pooling = pooling
+        return transformers_class(ModernBert.sequence_classification)(config)
 
     @staticmethod
     def encoder(model) -> nn.Module:
@@ -169,6 +189,9 @@ def transformers_class(name: str):
 
 def fit_tokenizer(tokenizer, model) -> None:
     """Leave ``token_type_ids`` out of the tokenizer's outputs for a model that takes none
-    (ModernBERT), so a pipeline, the fine-tuning batches and a saved tokenizer never pass them."""
+    (ModernBERT), so a pipeline, the fine-tuning batches and a saved tokenizer (its
+    tokenizer_config.json names the inputs) never pass them."""
     if not parts_of(model).takes_token_type_ids:
-        tokenizer.model_input_names = [n for n in tokenizer.model_input_names if n != "token_type_ids"]
+        names = [n for n in tokenizer.model_input_names if n != "token_type_ids"]
+        tokenizer.model_input_names = names
+        tokenizer.init_kwargs["model_input_names"] = list(names)
