@@ -7,7 +7,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from mlmkit.cli.errors import exit_on_error
+from mlmkit.cli.errors import exit_on_error, run_hydra_main
 from mlmkit.config import CONFIG_PATH, EvalConfig, register_configs, to_config
 
 
@@ -29,4 +29,4 @@ def main() -> None:
             for key in ("loss", "perplexity", "accuracy", "top5_accuracy"):
                 print(f"  {key:<15} {result[key]:.4f}")
 
-    run()
+    run_hydra_main(run)

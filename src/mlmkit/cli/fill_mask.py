@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from mlmkit.cli.errors import ArgumentParser
 from mlmkit.errors import ConfigError, DataError
 
 
@@ -38,7 +38,7 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mlmkit fill-mask", description=__doc__.split("\n")[1])
+    parser = ArgumentParser(prog="mlmkit fill-mask", description=__doc__.split("\n")[1])
     parser.add_argument("model_dir", help="a model dir, e.g. outputs/<run>/final")
     parser.add_argument("text", help="text with one [MASK]")
     parser.add_argument("--top-k", type=int, default=5)

@@ -8,7 +8,7 @@ import logging
 import hydra
 from omegaconf import DictConfig
 
-from mlmkit.cli.errors import exit_on_error
+from mlmkit.cli.errors import exit_on_error, run_hydra_main
 from mlmkit.config import CONFIG_PATH, FinetuneConfig, register_configs, to_config
 
 
@@ -32,4 +32,4 @@ def main() -> None:
             print(f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
                   f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s)")
 
-    run()
+    run_hydra_main(run)

@@ -9,10 +9,10 @@ tokens; the dashed line is the majority-token baseline), learning rate and token
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from mlmkit.errors import DataError
+from mlmkit.cli.errors import ArgumentParser
+from mlmkit.errors import ConfigError, DataError
 from mlmkit.training.metrics_log import read_metrics
 
 PANELS = [  # (event, key, title)
@@ -49,12 +49,14 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     for ax, (kind, key, title) in zip(axes.flat, PANELS):
         for i, (label, events) in enumerate(loaded):
-            points = [(e["step"], e[key]) for e in events if e["event"] == kind and key in e]
+            points = [(e["step"], e[key]) for e in events
+                      if e["event"] == kind and _number(e.get("step")) and _number(e.get(key))]
             if points:
                 steps, values = zip(*points)
                 ax.plot(steps, values, label=label, color=f"C{i}", marker="." if len(points) < 30 else None)
             if key == "eval_accuracy":
-                base = [e["baseline_accuracy"] for e in events if e["event"] == "baseline"]
+                base = [e["baseline_accuracy"] for e in events
+                        if e["event"] == "baseline" and _number(e.get("baseline_accuracy"))]
                 if base:
                     ax.axhline(base[0], color=f"C{i}", linestyle="--", linewidth=0.8)
         ax.set_title(title)
@@ -64,14 +66,25 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
             ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     axes.flat[0].legend(fontsize="small")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    except (OSError, ValueError) as exc:  # a folder or a file in the way, a format matplotlib lacks
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = reason.split(" (supported formats")[0]
+        raise ConfigError(f"Cannot write the plot to --out {str(out)!r} ({reason.rstrip('.')}); "
+                          "pass a writable .png file path.") from None
+    finally:
+        plt.close(fig)
     return out
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mlmkit plot", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="mlmkit plot", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="run dirs (each with metrics.jsonl)")
     parser.add_argument("--out", help="PNG file (default: <run>/curves.png for one run, "
                                       "comparison.png for several)")

@@ -12,11 +12,11 @@ first.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
+from mlmkit.cli.errors import ArgumentParser
 from mlmkit.errors import DataError
 from mlmkit.training.metrics_log import read_metrics
 
@@ -43,10 +43,18 @@ def _overrides(run: Path) -> list[str]:
     path = run / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return []
-    from omegaconf import OmegaConf
+    from omegaconf import ListConfig, OmegaConf
 
+    try:
+        overrides = OmegaConf.load(path)
+    except Exception as exc:  # not YAML
+        raise DataError(f"{str(path)!r} is not a YAML list of overrides "
+                        f"({(str(exc).splitlines() or [type(exc).__name__])[0].rstrip('.')}); "
+                        "restore it or delete it.") from None
+    if not isinstance(overrides, ListConfig):
+        raise DataError(f"{str(path)!r} is not a YAML list of overrides; restore it or delete it.")
     skip = ("hydra.", "paths.")
-    return [str(o) for o in OmegaConf.load(path) if not str(o).startswith(skip)]
+    return [str(o) for o in overrides if not str(o).startswith(skip)]
 
 
 def summarize(run: Path, root: Path | None = None) -> dict[str, Any]:
@@ -57,11 +65,12 @@ def summarize(run: Path, root: Path | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {
         "run": str(run.relative_to(root)) if root and run != root and run.is_relative_to(root) else str(run),
         "overrides": " ".join(_overrides(run)),
-        "step": train[-1]["step"] if train else 0,
-        "tokens_seen": train[-1]["tokens_seen"] if train else 0,
+        "step": train[-1].get("step", 0) if train else 0,
+        "tokens_seen": train[-1].get("tokens_seen", 0) if train else 0,
     }
     for key in COLUMNS[4:]:
-        row[key] = evals[-1].get(key) if evals else None
+        value = evals[-1].get(key) if evals else None
+        row[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     return row
 
 
@@ -93,7 +102,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mlmkit sweep", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="mlmkit sweep", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="a sweep dir (multirun/<date>/<time>) or run dirs")
     parser.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     args = parser.parse_args(argv)

@@ -18,6 +18,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
+from mlmkit.cli.errors import hydra_error_sentence
 from mlmkit.config import CONFIG_MODULE, Config, register_configs, to_config
 from mlmkit.data.streaming import iter_texts
 from mlmkit.data.tokenizer import train_tokenizer
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if not out or not out[-1]:
         raise TokenizerError("Say where to write the tokenizer with out=<dir>.")
     cfg = compose_training_config(overrides)
+    target = check_out_dir(out[-1])  # before any training
     t0 = time.perf_counter()
     chars = 0
 
@@ -45,9 +47,11 @@ def main(argv: list[str] | None = None) -> int:
             yield text
 
     tokenizer = train_tokenizer(cfg.tokenizer, texts())
-    target = Path(out[-1]).expanduser()
-    target.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(target))
+    try:
+        tokenizer.save_pretrained(str(target))
+    except OSError as exc:  # a full disk
+        raise ConfigError(f"Could not write the tokenizer to out={out[-1]!r} ({exc.strerror or exc}); "
+                          "free disk space there or set out= to another folder.") from None
     print(f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
           f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
           f"(use it with tokenizer.name_or_path={target}).")
@@ -64,4 +68,20 @@ def compose_training_config(overrides: list[str]) -> Config:
     except ConfigError:
         raise
     except Exception as exc:  # a misspelt override or group
-        raise ConfigError(str(exc).splitlines()[0]) from None
+        raise ConfigError(hydra_error_sentence(exc)) from None
+
+
+def check_out_dir(out: str) -> Path:
+    """``out=`` as a folder that can be written, checked before any training."""
+    target = Path(out).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"out={out!r} is an existing file; set out= to a folder for the tokenizer.")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"Cannot write the tokenizer to out={out!r} ({exc.strerror or exc}); set "
+                          "out= to a writable folder.") from None
+    return target

@@ -10,7 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from mlmkit.cli.errors import exit_on_error
+from mlmkit.cli.errors import exit_on_error, run_hydra_main
 from mlmkit.config import CONFIG_PATH, register_configs, to_config
 from mlmkit.errors import ConfigError
 
@@ -39,4 +39,4 @@ def main() -> None:
 
         exit_on_error(lambda: train(to_config(cfg), HydraConfig.get().runtime.output_dir) and None)
 
-    run()
+    run_hydra_main(run)

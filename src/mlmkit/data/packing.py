@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import weakref
 from functools import partial
 from pathlib import Path
 
@@ -72,10 +73,48 @@ def pack_lines(docs, cls_id: int, sep_id: int, max_seq_length: int) -> list[list
     return out
 
 
+_TEXT_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def text_backend(tokenizer):
+    """The tokenizer's Rust tokenizer, set to read a special token's string in the text
+    ("[MASK]", "[CLS]" typed in a document) as plain text: a corpus never puts a special id
+    where the model would be asked to predict text, or hide text from the masking."""
+    backend = _TEXT_BACKENDS.get(tokenizer)
+    if backend is None:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        backend.encode_special_tokens = True
+        _TEXT_BACKENDS[tokenizer] = backend
+    return backend
+
+
 def encode(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, without special tokens, offsets or masks (the fast path)."""
-    backend = tokenizer.backend_tokenizer
-    return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    """Token ids of each text, without special tokens, offsets or masks (the fast path);
+    special-token strings in the text are tokenized as text (``text_backend``)."""
+    return [e.ids for e in text_backend(tokenizer).encode_batch_fast(texts, add_special_tokens=False)]
+
+
+PREDICTABLE_SAMPLE = 2000  # blocks looked at for a token that can be masked
+
+
+def check_predictable(rows, tokenizer, setting: str) -> None:
+    """Refuse data whose first blocks hold special tokens only (text of which the tokenizer
+    knows nothing, [UNK] after [UNK]): no token could be masked, the loss would be 0 and the
+    model would learn nothing."""
+    import numpy as np
+
+    special = np.asarray(sorted(set(tokenizer.all_special_ids)))
+    for row in rows:
+        ids = np.asarray(row).reshape(-1)
+        if ids.size and not np.isin(ids, special).all():
+            return
+    raise DataError(
+        f"{setting}: the text tokenizes to special tokens only ({', '.join(tokenizer.all_special_tokens)}), "
+        "so no token can be masked and predicted; use a tokenizer that covers the text "
+        "(tokenizer.name_or_path=null trains one on it), or add text."
+    )
 
 
 def _tokenize_and_pack(batch: dict, tokenizer, max_seq_length: int, packing: str = "concatenate") -> dict:
@@ -136,6 +175,14 @@ def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str
     return hashlib.sha256(key_src.encode()).hexdigest()[:16]
 
 
+def _corpus_setting(cfg: DataConfig, split: str) -> str:
+    """The setting that names the text of ``split``."""
+    if split == "validation" and cfg.validation_files:
+        return "data.validation_files"
+    return {"files": "data.train_files", "hub": "data.hub_name", "mix": "data.sources"}.get(cfg.source,
+                                                                                           "data.source")
+
+
 def check_packed(packed, cfg: DataConfig) -> None:
     for split in ("train", "validation"):
         if len(packed[split]) == 0:
@@ -175,6 +222,9 @@ def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, c
         if cfg.cache:
             packed = _store(packed, target, cache_dir)
     check_packed(packed, cfg)
+    for split in ("train", "validation"):
+        check_predictable(packed[split].select(range(min(len(packed[split]), PREDICTABLE_SAMPLE)))["input_ids"],
+                          tokenizer, _corpus_setting(cfg, split))
     if cfg.max_eval_samples is not None and len(packed["validation"]) > cfg.max_eval_samples:
         packed["validation"] = packed["validation"].select(range(cfg.max_eval_samples))
     return packed.with_format("torch")

@@ -23,7 +23,7 @@ from mlmkit.errors import DataError, MLMKitError
 log = logging.getLogger(__name__)
 
 SPLIT_SEED = 0  # the held-out validation split does not move with train.seed
-PACK_VERSION = "v2"
+PACK_VERSION = "v3"  # v3: special-token strings in the text are tokenized as text
 TEXT_EXTENSIONS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json",
                    ".parquet": "parquet", ".csv": "csv"}
 
@@ -163,13 +163,142 @@ def warn_txt_stats(path: str, stats: dict) -> None:
                     stats["cut"], MAX_LINE_BYTES)
 
 
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),  # before UTF-16's
+         (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """"UTF-16" or "UTF-32" when the bytes ``head`` start with that encoding's byte-order
+    mark, or look like UTF-16 without one (mostly ASCII text: a NUL in every other byte)."""
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return name
+    if len(head) >= 16:
+        even, odd = head[0::2], head[1::2]
+        for zeros, chars in ((odd, even), (even, odd)):  # little- or big-endian
+            printable = sum(32 <= b < 127 or b in (9, 10, 13) for b in chars)
+            if zeros.count(0) >= 0.7 * len(zeros) and printable >= 0.9 * len(chars):
+                return "UTF-16"
+    return None
+
+
 def check_not_binary(path: str, setting: str) -> None:
+    """Refuse a file that is not UTF-8 text: UTF-16/UTF-32 (named), or binary (NUL bytes)."""
     with open(path, "rb") as fh:
-        if b"\x00" in fh.read(8192):
-            raise DataError(
-                f"{setting}: {path!r} looks like a binary file (it contains NUL bytes); "
-                "list only text files."
-            )
+        head = fh.read(8192)
+    encoding = wide_encoding(head)
+    if encoding:
+        raise DataError(f"{setting}: {path!r} is {encoding} encoded; convert it to UTF-8 "
+                        f"(e.g. iconv -f {encoding} -t UTF-8).")
+    if b"\x00" in head:
+        raise DataError(
+            f"{setting}: {path!r} looks like a binary file (it contains NUL bytes); "
+            "list only text files."
+        )
+
+
+# ----------------------------------------------------------------------------------------
+# JSON lines and the type of a text column
+# ----------------------------------------------------------------------------------------
+
+
+def iter_jsonl(path: str, column: str, start: int = 0, stats: dict | None = None
+               ) -> Iterator[tuple[str, int]]:
+    """(text of ``column``, byte offset after its line) for each row of a .jsonl file.
+
+    Lines that are not JSON objects, rows without the column and values that are not text
+    are skipped and counted in ``stats`` (``bad_rows``, ``no_column``, ``not_text``).
+    """
+    stats = stats if stats is not None else {}
+    pos = start
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        for raw in fh:
+            pos += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                stats["bad_rows"] = stats.get("bad_rows", 0) + 1
+                continue
+            text = row.get(column)
+            if text is None:
+                stats["no_column"] = stats.get("no_column", 0) + 1
+            elif not isinstance(text, str):
+                stats["not_text"] = stats.get("not_text", 0) + 1
+            elif text.strip():
+                yield text.strip(), pos
+
+
+def warn_jsonl_stats(path: str, column: str, stats: dict) -> None:
+    """One warning with the counts of the rows ``iter_jsonl`` skipped."""
+    if any(stats.get(k) for k in ("bad_rows", "no_column", "not_text")):
+        log.warning("%s: skipped %d lines that are not JSON objects, %d rows without the column %r "
+                    "and %d whose %r is not text", path, stats.get("bad_rows", 0),
+                    stats.get("no_column", 0), column, stats.get("not_text", 0), column)
+
+
+def _describe_value(value) -> str:
+    if isinstance(value, bool):
+        return "true/false values"
+    if isinstance(value, (int, float)):
+        return "numbers"
+    if isinstance(value, dict):
+        return "JSON objects"
+    if isinstance(value, list):
+        return "lists"
+    return f"{type(value).__name__} values"
+
+
+def _not_text(setting: str, path: str, column: str, what: str) -> DataError:
+    return DataError(f"{setting}: the column {column!r} of {path!r} holds {what}, not text; set "
+                     "data.text_column to a column of text.")
+
+
+def check_text_column(path: str, column: str, setting: str) -> None:
+    """Refuse a .jsonl or .parquet file whose ``column`` is missing or holds no text (numbers,
+    objects, ...): a .jsonl file by its first row with the column, a .parquet file by its
+    schema. Other formats are checked when ``datasets`` reads them."""
+    ext = Path(path).suffix.lower()
+    if ext == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(path)
+        except Exception as exc:  # not Parquet, or cut short
+            raise DataError(f"{setting}: could not read {path!r} as parquet "
+                            f"({_first_line(exc)}); list only whole Parquet files.") from None
+        if column not in schema.names:
+            raise DataError(f"{setting}: {path!r} has no column {column!r} (columns: "
+                            f"{', '.join(schema.names)}); set data.text_column.")
+        kind = schema.field(column).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise _not_text(setting, path, column, f"{kind} values")
+    elif ext == ".jsonl":
+        keys = None  # the columns of the first row
+        with open(path, "rb") as fh:
+            for raw in fh:
+                try:
+                    row = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and keys is None:
+                    keys = list(row)
+                if isinstance(row, dict) and row.get(column) is not None:
+                    if not isinstance(row[column], str):
+                        raise _not_text(setting, path, column, _describe_value(row[column]))
+                    return
+        if keys is not None:
+            raise DataError(f"{setting}: {path!r} has no column {column!r} (columns: "
+                            f"{', '.join(keys)}); set data.text_column.")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 def _txt_generator(files: list[tuple[str, int, int]], sample_by: str) -> Iterator[dict]:
@@ -178,6 +307,14 @@ def _txt_generator(files: list[tuple[str, int, int]], sample_by: str) -> Iterato
         for doc, _ in iter_txt(path, sample_by, stats=stats):
             yield {"text": doc}
         warn_txt_stats(path, stats)
+
+
+def _jsonl_generator(files: list[tuple[str, int, int]], column: str) -> Iterator[dict]:
+    for path, _size, _mtime in files:
+        stats: dict = {}
+        for doc, _ in iter_jsonl(path, column, stats=stats):
+            yield {"text": doc}
+        warn_jsonl_stats(path, column, stats)
 
 
 def _offline_env() -> bool:
@@ -296,6 +433,11 @@ def _load_structured(builder: str, files: list[str], text_column: str, setting: 
             f"{setting}: {files[0]!r} has no column {text_column!r} (columns: "
             f"{', '.join(ds.column_names)}); set data.text_column."
         )
+    feature = ds.features[text_column]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        kind = getattr(feature, "dtype", None) or type(feature).__name__.lower()
+        raise _not_text(setting, files[0] if len(files) == 1 else ", ".join(files), text_column,
+                        f"{'objects' if kind in ('dict', 'struct') else kind} values")
     return _text_only(ds, text_column)
 
 
@@ -305,22 +447,26 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
 
     by_builder: dict[str, list[str]] = {}
     for f in files:
-        by_builder.setdefault(TEXT_EXTENSIONS[Path(f).suffix.lower()], []).append(f)
+        ext = Path(f).suffix.lower()
+        by_builder.setdefault("jsonl" if ext == ".jsonl" else TEXT_EXTENSIONS[ext], []).append(f)
+        if ext != ".parquet":
+            check_not_binary(f, setting)
+        check_text_column(f, cfg.text_column, setting)
     parts = []
     for builder, group in sorted(by_builder.items()):
-        if builder == "text":
-            for f in group:
-                check_not_binary(f, setting)
+        if builder in ("text", "jsonl"):  # read here: counted warnings for what is skipped
             # The stats (size, mtime) are in gen_kwargs so that datasets' own cache of this
             # step is invalidated when a file changes.
+            generator, kwargs = ((_txt_generator, {"sample_by": cfg.txt_sample_by}) if builder == "text"
+                                 else (_jsonl_generator, {"column": cfg.text_column}))
             try:
                 parts.append(datasets.Dataset.from_generator(
-                    _txt_generator,
-                    gen_kwargs={"files": _file_stats(group), "sample_by": cfg.txt_sample_by},
+                    generator, gen_kwargs={"files": _file_stats(group), **kwargs},
                     features=datasets.Features({"text": datasets.Value("string")}),
                 ))
             except ValueError:  # datasets refuses a generator that yields nothing
-                raise DataError(f"{setting}: {', '.join(map(repr, group))} hold no text.") from None
+                raise DataError(f"{setting}: {', '.join(map(repr, group))} "
+                                f"hold{'s' if len(group) == 1 else ''} no text.") from None
         else:
             parts.append(_load_structured(builder, group, cfg.text_column, setting))
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

@@ -38,17 +38,20 @@ import numpy as np
 import torch
 
 from mlmkit.config import DataConfig, SourceConfig
-from mlmkit.data.packing import encode, pack_concat, pack_lines
+from mlmkit.data.packing import check_predictable, encode, pack_concat, pack_lines
 from mlmkit.data.sources import (
     SPLIT_SEED,
     TEXT_EXTENSIONS,
     builtin_documents,
     check_not_binary,
+    check_text_column,
     hub_error,
+    iter_jsonl,
     iter_txt,
     load_hub,
     mix_probabilities,
     resolve_files,
+    warn_jsonl_stats,
     warn_txt_stats,
 )
 from mlmkit.errors import ConfigError, DataError
@@ -61,26 +64,6 @@ TOKENIZE_DOCS = 256  # documents tokenized together
 # ----------------------------------------------------------------------------------------
 # Documents, resumable
 # ----------------------------------------------------------------------------------------
-
-
-def _iter_jsonl(path: str, column: str, start: int, stats: dict) -> Iterator[tuple[str, int]]:
-    pos = start
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        for raw in fh:
-            pos += len(raw)
-            if not raw.strip():
-                continue
-            try:
-                text = json.loads(raw).get(column)
-            except (ValueError, AttributeError):
-                stats["bad_rows"] = stats.get("bad_rows", 0) + 1
-                continue
-            if text is None:
-                stats["no_column"] = stats.get("no_column", 0) + 1
-                continue
-            if isinstance(text, str) and text.strip():
-                yield text.strip(), pos
 
 
 def _rows(ds) -> Iterator[dict]:
@@ -130,13 +113,10 @@ class FilesSource:
                     yield doc
                 warn_txt_stats(path, stats)
             elif ext == ".jsonl":
-                for doc, offset in _iter_jsonl(path, self.column, start or 0, stats):
+                for doc, offset in iter_jsonl(path, self.column, start or 0, stats):
                     self.pos = {"file": i, "offset": offset}
                     yield doc
-                if stats:
-                    log.warning("%s: %d rows are not JSON objects and %d lack the column %r; "
-                                "they were skipped", path, stats.get("bad_rows", 0),
-                                stats.get("no_column", 0), self.column)
+                warn_jsonl_stats(path, self.column, stats)
             else:
                 import datasets
 
@@ -302,6 +282,9 @@ class DocStream:
                     yield i, doc
             self._iters, self._started = [], []
             if st["index"] <= self._skip() and st["sources"] == [None] * len(self.sources):
+                if not self._skip():
+                    raise DataError("The training corpus holds no text; add text to it, or check "
+                                    "data.text_column.")
                 raise DataError("The corpus holds no training text beyond the held-out validation "
                                 "documents; add text or lower data.stream_validation_docs.")
             self.state = self._epoch_start(st["epoch"] + 1)
@@ -492,29 +475,17 @@ class StreamingBatches:
 # ----------------------------------------------------------------------------------------
 
 
-def check_sources(cfg: DataConfig) -> None:
-    """Fail early, in the main process, with one sentence: no files, binary files, a
-    missing column, an unreachable hub dataset, a corpus without any text."""
-    for split in ("train", "validation"):
+def check_sources(cfg: DataConfig, splits: tuple[str, ...] = ("train", "validation")) -> None:
+    """Fail early, in the main process, with one sentence: no files, binary or UTF-16
+    files, a missing column or one without text, an unreachable hub dataset, a corpus
+    without any text."""
+    for split in splits:
         for src, setting in stream_sources(cfg, split):
             if src.kind == "files":
                 for f in resolve_files(src.files, setting):
-                    if TEXT_EXTENSIONS[Path(f).suffix.lower()] == "text":
+                    if Path(f).suffix.lower() != ".parquet":
                         check_not_binary(f, setting)
-                    elif Path(f).suffix.lower() != ".jsonl":
-                        continue
-                    else:
-                        with open(f, "rb") as fh:
-                            first = next((line for line in fh if line.strip()), None)
-                        try:
-                            row = json.loads(first) if first else {}
-                        except ValueError:
-                            raise DataError(f"{setting}: {f!r} is not JSON lines.") from None
-                        if first and src.text_column not in row:
-                            raise DataError(
-                                f"{setting}: {f!r} has no column {src.text_column!r} (columns: "
-                                f"{', '.join(row)}); set data.text_column."
-                            )
+                    check_text_column(f, src.text_column, setting)
             source = _make_source(src, cfg, setting)
             try:
                 next(iter(source.docs(None)))
@@ -566,7 +537,9 @@ def first_blocks(cfg: DataConfig, tokenizer, n: int, skip_first: int) -> list:
 
 
 def iter_texts(cfg: DataConfig) -> Iterator[str]:
-    """Every training document once, streamed (tokenizer training)."""
+    """Every training document once, streamed (tokenizer training), after the checks of
+    ``check_sources``: a file that cannot be read is one sentence before any training."""
+    check_sources(cfg, splits=("train",))
     stream = DocStream(cfg, "train")
     for _, doc in stream.docs():
         if stream.state["epoch"] > 0:
@@ -585,7 +558,10 @@ def setup_streaming(cfg: DataConfig, tokenizer, batch_size: int, rank: int, worl
     """(the training ``StreamingBlocks``, validation dataset, baseline dataset)."""
     check_sources(cfg)
     skip = 0 if stream_sources(cfg, "validation") else cfg.stream_validation_docs
-    val = as_dataset(validation_rows(cfg, tokenizer))
-    baseline = as_dataset(first_blocks(cfg, tokenizer, min(2000, max(batch_size, 256)), skip))
+    val_rows = validation_rows(cfg, tokenizer)
+    first = first_blocks(cfg, tokenizer, min(2000, max(batch_size, 256)), skip)
+    check_predictable(first, tokenizer, stream_sources(cfg, "train")[0][1])
+    check_predictable(val_rows, tokenizer, (stream_sources(cfg, "validation") or stream_sources(cfg))[0][1])
+    val, baseline = as_dataset(val_rows), as_dataset(first)
     dataset = StreamingBlocks(cfg, tokenizer, batch_size, rank, world, num_workers, seed, skip)
     return dataset, val, baseline

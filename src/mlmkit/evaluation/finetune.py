@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from mlmkit.config import FinetuneConfig, OptimConfig, TaskConfig
+from mlmkit.data.sources import check_not_binary
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.evaluation.metric_modules import load_metric
 from mlmkit.model.architectures import parts_of
@@ -50,6 +51,7 @@ def read_tsv(path: Path, task: TaskConfig) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
                         f"{task.train_file} and {task.eval_file}.")
+    check_not_binary(str(path), "task.data_dir")  # UTF-16 (named) or binary: one sentence
     csv.field_size_limit(1 << 24)
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))

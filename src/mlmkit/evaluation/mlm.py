@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from mlmkit.config import EvalConfig
-from mlmkit.data.packing import pack_corpus, prepare_datasets
+from mlmkit.data.packing import PREDICTABLE_SAMPLE, check_predictable, pack_corpus, prepare_datasets
 from mlmkit.data.sources import load_files, resolve_files
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
@@ -151,6 +151,9 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
     if len(blocks) == 0:
         raise DataError(f"The evaluation text packs into zero blocks of {cfg.data.max_seq_length} "
                         "tokens; add text or lower data.max_seq_length.")
+    if cfg.files:
+        check_predictable(blocks.select(range(min(len(blocks), PREDICTABLE_SAMPLE)))["input_ids"],
+                          tokenizer, "files")
     return blocks
 
 

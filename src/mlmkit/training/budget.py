@@ -13,8 +13,23 @@ only synchronisation points, and extrapolated between them at the measured time 
 
 from __future__ import annotations
 
+import logging
+
 from mlmkit.config import OptimConfig, parse_duration  # noqa: F401 (parse_duration re-exported)
 from mlmkit.training.optim import lr_lambda, schedule_multiplier
+
+log = logging.getLogger(__name__)
+
+
+def warn_long_warmup(optim: OptimConfig, max_steps: int | None) -> bool:
+    """Warn when the warmup is not shorter than the step budget (the learning rate would
+    never reach optim.lr nor decay)."""
+    if optim.warmup_fraction is None and max_steps is not None and optim.warmup_steps >= max_steps > 0:
+        log.warning("optim.warmup_steps (%d) is not shorter than train.max_steps (%d), so the learning "
+                    "rate rises for the whole run and never decays; lower optim.warmup_steps or raise "
+                    "train.max_steps.", optim.warmup_steps, max_steps)
+        return True
+    return False
 
 
 class Budget:
@@ -31,6 +46,7 @@ class Budget:
         self.synced_time = 0.0  # training seconds at the last sync
         self.synced_step = 0
         self.seconds_per_step = 0.0
+        warn_long_warmup(optim, max_steps)
 
     # ---- progress -------------------------------------------------------------------------
 

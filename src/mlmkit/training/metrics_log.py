@@ -47,6 +47,20 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All events of a run's metrics.jsonl."""
+    """The events of a run's metrics.jsonl (JSON objects with an ``event`` name); a line cut
+    by a kill, or anything else, is passed over. One sentence when there is no event."""
+    from mlmkit.errors import DataError
+
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("event"), str):
+            events.append(event)
+    if not events:
+        raise DataError(f"{str(path)!r} holds no events (JSON lines with an \"event\" name); pass "
+                        "the dirs of runs that have logged.")
+    return events
