@@ -32,12 +32,16 @@ def test_accelerate_loads_the_config(name):
     assert str(cfg.mixed_precision).split(".")[-1].lower() in ("bf16", "no")
     if name == "fsdp":
         f = cfg.fsdp_config
-        assert f["fsdp_version"] == 2 and f["fsdp_transformer_layer_cls_to_wrap"] == "BertLayer"
+        # one unit per encoder layer: the class the objective names (BERT's or ModernBERT's)
+        assert f["fsdp_version"] == 2 and "fsdp_transformer_layer_cls_to_wrap" not in f
         assert f["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
         assert f["fsdp_state_dict_type"] == "SHARDED_STATE_DICT" and f["fsdp_reshard_after_forward"] is True
-        from transformers.models.bert.modeling_bert import BertLayer  # the class named must exist
+        import importlib
 
-        assert BertLayer.__name__ == f["fsdp_transformer_layer_cls_to_wrap"]
+        from mlmkit.model.architectures import ARCHITECTURES
+
+        for name, arch in ARCHITECTURES.items():  # the class named must exist
+            assert hasattr(importlib.import_module(f"transformers.models.{name}.modeling_{name}"), arch.layer_class)
     if name.startswith("deepspeed"):
         assert cfg.deepspeed_config["zero_stage"] == int(name[-1])
         assert cfg.deepspeed_config["gradient_accumulation_steps"] == 1

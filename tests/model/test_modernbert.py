@@ -43,6 +43,7 @@ def test_the_model_is_a_plain_modernbert(tokenizer):
     biases = [n for n, _ in model.named_parameters() if n.endswith("bias")]
     assert biases == ["decoder.bias"]
     assert model.model.layers[0].mlp.Wi.weight.shape == (2 * 96, 64)
+    assert MaskedLM(model)._no_split_modules == ["ModernBertEncoderLayer"]  # FSDP's units
     embeddings = model.model.embeddings.tok_embeddings.weight.numel() + 64  # and its norm
     assert count_parameters(model) - count_parameters(model, embeddings=False) == embeddings
 

@@ -29,6 +29,7 @@ class Bert:
     takes_token_type_ids = True
     # stored once: the decoder's weight is the word embeddings, its bias the head's bias
     tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+    layer_class = "BertLayer"  # one FSDP unit each
     # the modules a sequence classifier takes from the masked-LM model (the pooler is new)
     shared_with_classifier = ("bert",)
 
@@ -95,6 +96,7 @@ class ModernBert:
     sequence_classification = "ModernBertForSequenceClassification"
     takes_token_type_ids = False
     tied_keys = ("decoder.weight",)
+    layer_class = "ModernBertEncoderLayer"  # one FSDP unit each
     # the encoder, and the MLM head's dense + norm, which the classifier applies to the pooled
     # state (the same names in both models, as transformers' from_pretrained would carry them)
     shared_with_classifier = ("model", "head")

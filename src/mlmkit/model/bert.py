@@ -179,6 +179,8 @@ class MaskedLM(nn.Module):
         self.model = model
         self.sparse_prediction = sparse_prediction
         self.parts = parts_of(model)  # where the encoder and the head are
+        # FSDP (conf/accelerate/fsdp.yaml) shards one unit per encoder layer of this class
+        self._no_split_modules = [self.parts.layer_class]
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
