@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-long test-fast lint bench bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv train test test-long test-fast lint bench bench-quality bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -59,6 +59,9 @@ test-fast: venv
 
 bench: venv  ## Trainer (fp32; bf16 where the CPU has bf16 hardware) vs mlmkit: tokens/s, ratios, MFU
 	$(BIN)/python benchmarks/trainer_vs_mlmkit.py $(ARGS)
+
+bench-quality: venv  ## time to quality, Trainer vs mlmkit in the same budget: make bench-quality ARGS="--budget 300 --preset bert-mini"
+	$(BIN)/python benchmarks/quality.py $(ARGS)
 
 bench-gpu: venv  ## bert-base seq 128 bf16, mlmkit vs Trainer on a CUDA GPU (ARGS=--tiny on a CPU)
 	$(BIN)/python benchmarks/gpu.py $(ARGS)
