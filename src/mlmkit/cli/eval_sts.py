@@ -7,7 +7,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from mlmkit.cli.errors import exit_on_error
+from mlmkit.cli.errors import exit_on_error, run_hydra_main
 from mlmkit.config import CONFIG_PATH, StsEvalConfig, register_configs, to_config
 
 
@@ -26,4 +26,4 @@ def main() -> None:
         for key in ("spearman", "pearson"):
             print(f"  {key:<9} {r[key]:.4f}")
 
-    run()
+    run_hydra_main(run)
