@@ -7,7 +7,7 @@ Python's start and the imports of torch, transformers and datasets every time.
 mlmkit's commands once, then forks one child per job: the child runs ``mlmkit.cli.main``
 as ``python -m mlmkit`` does (an uncaught exception prints its traceback and exits 1), with
 stdout and stderr in files of its own. ``results.json`` maps each name to its exit status,
-stdout and stderr.
+stdout, stderr and wall-clock seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import traceback
 
 
@@ -71,7 +72,7 @@ def run_all(jobs: dict[str, list[str]], parallel: int) -> dict[str, dict]:
     sys.stderr.flush()
     folder = tempfile.mkdtemp(prefix="mlmkit-cli-")
     pending = list(jobs.items())
-    running: dict[int, tuple[str, str, str]] = {}
+    running: dict[int, tuple[str, str, str, float]] = {}
     results: dict[str, dict] = {}
     while pending or running:
         while pending and len(running) < parallel:
@@ -80,12 +81,12 @@ def run_all(jobs: dict[str, list[str]], parallel: int) -> dict[str, dict]:
             pid = os.fork()
             if pid == 0:
                 child(args, out, err)
-            running[pid] = (name, out, err)
+            running[pid] = (name, out, err, time.perf_counter())
         pid, wait_status = os.wait()
-        name, out, err = running.pop(pid)
+        name, out, err, started = running.pop(pid)
         with open(out, errors="replace") as o, open(err, errors="replace") as e:
             results[name] = {"returncode": os.waitstatus_to_exitcode(wait_status), "stdout": o.read(),
-                             "stderr": e.read()}
+                             "stderr": e.read(), "seconds": round(time.perf_counter() - started, 2)}
     return results
 
 
