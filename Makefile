@@ -48,8 +48,12 @@ plot: venv  ## curves of runs: make plot ARGS="outputs/<run> [more runs] [--out 
 sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/<date>/<time>"
 	$(BIN)/python -m mlmkit sweep $(ARGS)
 
+# Test files run in TEST_WORKERS processes at once (pytest-xdist; most of a test's time is
+# a subprocess starting Python and importing torch, which one core does alone).
+TEST_WORKERS ?= 2
+
 test: venv  ## the test suite (CPU, a few minutes)
-	$(BIN)/python -m pytest -q --durations=12 $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
 
 test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~27 min on 2 cores)
 	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)

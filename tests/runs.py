@@ -21,6 +21,16 @@ TINY = [
 ]
 
 
+def free_port() -> str:
+    """A TCP port free now, for a launch's rendezvous (tests may run in parallel workers,
+    each launching its own process group)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = True,
               file_size_limit: int | None = None):
     """train.py with the tiny settings; ``file_size_limit``: a file cannot grow past that many

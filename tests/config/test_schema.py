@@ -12,7 +12,7 @@ from mlmkit.errors import ConfigError
 
 CONF = ROOT / "conf"
 OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
-OTHER_PRIMARY = ("evaluate", "finetune")  # conf/<name>.yaml besides config.yaml, each tested below
+OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts")  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
@@ -42,7 +42,7 @@ def test_every_conf_file_is_covered():
     """A new YAML file anywhere under conf/ must be reachable by the test above."""
     covered = {CONF / "config.yaml"} | {CONF / g / f"{o}.yaml" for g, o in _group_options()}
     covered |= {CONF / f"{name}.yaml" for name in OTHER_PRIMARY}
-    covered |= {CONF / "task" / f"{t}.yaml" for t in ("sst2", "cola", "rte")}  # finetune test below
+    covered |= {CONF / "task" / f"{t}.yaml" for t in TASKS}  # finetune test below
     present = {p for p in CONF.rglob("*.yaml") if "accelerate" not in p.parts}  # tested elsewhere
     assert present == covered
 
@@ -137,7 +137,10 @@ def test_presets_carry_a_learning_rate_that_falls_with_size():
     assert to_config(_compose(["optim.lr=2e-3", "model=bert-base"])).optim.lr == 2e-3
 
 
-@pytest.mark.parametrize("task", ["sst2", "cola", "rte"])
+TASKS = ("sst2", "cola", "rte", "stsb")
+
+
+@pytest.mark.parametrize("task", TASKS)
 def test_finetune_config_composes_for_every_task(task):
     from mlmkit.config import FinetuneConfig
 
@@ -148,6 +151,18 @@ def test_finetune_config_composes_for_every_task(task):
     ft = to_config(cfg, FinetuneConfig)
     assert ft.task.name == task and ft.task.hub_name == task
     assert ("matthews_correlation" in ft.task.metrics) == (task == "cola")
+    assert (ft.task.kind == "regression") == (task == "stsb")
+
+
+def test_eval_sts_config_composes_and_validates():
+    from mlmkit.config import StsEvalConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="eval_sts", overrides=["checkpoint=x", "pooling=cls"])
+    sts = to_config(cfg, StsEvalConfig)
+    assert sts.checkpoint == "x" and sts.pooling == "cls"
 
 
 @pytest.mark.parametrize("name,layers,hidden,heads,intermediate", [

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, events, run_train
+from runs import ROOT, TINY, events, free_port, run_train
 
 COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "train.log_every=1",
           "train.precision=no", "logger=none"]
@@ -40,7 +40,7 @@ def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool 
     ``accelerate launch -m mlmkit train ...`` (the installed package's way)."""
     accelerate = Path(sys.executable).with_name("accelerate")
     script = ["-m", "mlmkit", "train"] if as_module else [str(ROOT / "train.py")]
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    cmd = [str(accelerate), "launch", "--main_process_port", free_port(), "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", *script, *TINY,
            f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
     return run_launch(cmd, timeout=900)
@@ -78,7 +78,7 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
 def launch_engine(config: str, run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as conf/accelerate/<config>.yaml sets it."""
     accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
+    cmd = [str(accelerate), "launch", "--main_process_port", free_port(), "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
            "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
     return run_launch(cmd, timeout=300)
@@ -200,7 +200,7 @@ num_processes: 2
 use_cpu: false
 """)
     accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
+    cmd = [str(accelerate), "launch", "--main_process_port", free_port(), "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'run'}", *COMMON,
            "train.batch_size=8"]
     proc = run_launch(cmd, timeout=300, check=False)

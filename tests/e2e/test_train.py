@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, assert_same_losses, assert_same_weights, events, run_train  # noqa: F401
+from runs import ROOT, TINY, assert_same_losses, assert_same_weights, events, free_port, run_train  # noqa: F401
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
     assert [e["step"] for e in eval_events] == [15, 30]
     for e in train_events:
         assert e["loss"] > 0 and e["tokens_per_s"] > 0 and e["lr"] > 0
-        assert e["masked_tokens_per_s"] > 0 and 0 < e["mfu"] < 1 and e["peak_memory_gb"] > 0
+        assert e["masked_tokens_per_s"] > 0 and 0 < e["mfu"] <= 1 and e["peak_memory_gb"] > 0
         share = e["masked_tokens_per_s"] / e["tokens_per_s"]
         assert 0.05 < share < 0.25  # 15% of the real tokens are chosen
     assert train_events[-1]["loss"] < train_events[0]["loss"]  # it learns
@@ -100,7 +100,7 @@ def test_two_processes_share_one_run_dir(tmp_path, cache_dir):
     """accelerate launch with 2 CPU processes (gloo): one run dir, events written once."""
     accelerate = Path(sys.executable).with_name("accelerate")
     out = tmp_path / "outputs"
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    cmd = [str(accelerate), "launch", "--main_process_port", free_port(), "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "train.py"), *TINY,
            f"paths.cache_dir={cache_dir}", "train.max_steps=10", "train.eval_every=10",
            f"hydra.run.dir={out}/${{launch_time:%H-%M-%S}}"]
