@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import shared_file
 from runs import ROOT, run_finetune
 
@@ -122,3 +123,22 @@ def test_finetune_pooling_setting_is_checked():
 
     with pytest.raises(ConfigError, match="pooling must be cls or mean"):
         FinetuneConfig(checkpoint="x", pooling="max")
+
+
+def test_freeze_encoder_trains_only_the_pooler_and_classifier():
+    from transformers import BertConfig
+
+    from mlmkit.evaluation.finetune import freeze_encoder
+    from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
+
+    model = MeanPoolBertForSequenceClassification(BertConfig(
+        vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+    freeze_encoder(model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight",
+                         "classifier.bias"}
+    before = model.bert.encoder.layer[0].output.dense.weight.clone()
+    out = model(input_ids=torch.randint(5, 100, (4, 8)), labels=torch.tensor([0, 1, 0, 1]))
+    out.loss.backward()
+    assert model.bert.encoder.layer[0].output.dense.weight.grad is None
+    assert torch.equal(model.bert.encoder.layer[0].output.dense.weight, before)

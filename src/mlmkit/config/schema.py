@@ -569,6 +569,9 @@ class FinetuneConfig:
     warmup_ratio: float = 0.1  # share of the steps with linear warmup, then linear decay
     classifier_dropout: float = 0.1  # dropout before the classification layer
     pooling: str = "cls"  # cls: the [CLS] state (BERT) | mean: mean of the token states, padding excluded
+    # Linear probing: the encoder stays as pretrained (frozen); only the pooler and the
+    # classification layer train, so the score measures the pretrained representation.
+    freeze_encoder: bool = False
     precision: str = "auto"  # auto | no | fp16 | bf16
     seed: int = 0
     save_model: bool = False  # also write the fine-tuned model to <run dir>/model

@@ -202,6 +202,17 @@ def build_classifier(cfg: FinetuneConfig):
     return model, tokenizer, resolved
 
 
+def freeze_encoder(model) -> None:
+    """Linear probing: only the pooler (dense + tanh, or ModernBERT's head) and the
+    classification layer keep training."""
+    trainable = 0
+    for name, p in model.named_parameters():
+        keep = name.startswith(("classifier.", "head.")) or ".pooler." in f".{name}"
+        p.requires_grad_(keep)
+        trainable += p.numel() if keep else 0
+    log.info("freeze_encoder: the encoder is frozen; %d parameters train (pooler and classifier)", trainable)
+
+
 # ---- loop -----------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -268,6 +279,8 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
                                                                               setting="precision"))
     set_seed(cfg.seed)
     model, tokenizer, source = build_classifier(cfg)
+    if cfg.freeze_encoder:
+        freeze_encoder(model)
     train_set, eval_set = load_task(cfg.task)
     if cfg.max_train_samples:
         train_set = train_set[:cfg.max_train_samples]
