@@ -48,12 +48,14 @@ plot: venv  ## curves of runs: make plot ARGS="outputs/<run> [more runs] [--out 
 sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/<date>/<time>"
 	$(BIN)/python -m mlmkit sweep $(ARGS)
 
-# Test files run in TEST_WORKERS processes at once (pytest-xdist; most of a test's time is
-# a subprocess starting Python and importing torch, which one core does alone).
+# Test files run in TEST_WORKERS processes at once (pytest-xdist; much of a test's time is a
+# subprocess starting Python and importing torch, which one core does alone), each with
+# TEST_THREADS threads (more threads than cores make OpenMP's waiting threads spin).
 TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 
 test: venv  ## the test suite (CPU, a few minutes)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
 
 test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~27 min on 2 cores)
 	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)
