@@ -142,3 +142,19 @@ def test_freeze_encoder_trains_only_the_pooler_and_classifier():
     out.loss.backward()
     assert model.bert.encoder.layer[0].output.dense.weight.grad is None
     assert torch.equal(model.bert.encoder.layer[0].output.dense.weight, before)
+
+
+def test_a_regression_head_starts_at_the_mean_training_label():
+    from transformers import BertConfig
+
+    from mlmkit.evaluation.finetune import start_at_mean_label
+    from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
+
+    model = MeanPoolBertForSequenceClassification(BertConfig(
+        vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        num_labels=1))
+    start_at_mean_label(model, [{"label": 1.0}, {"label": 4.0}, {"label": 2.5}])
+    assert model.classifier.bias.tolist() == [2.5]
+    model.eval()
+    out = model(input_ids=torch.randint(5, 100, (3, 6))).logits
+    assert (out - 2.5).abs().max() < 1.0  # the weights start near zero: predictions near the mean

@@ -202,6 +202,16 @@ def build_classifier(cfg: FinetuneConfig):
     return model, tokenizer, resolved
 
 
+def start_at_mean_label(model, train_set: list[dict[str, Any]]) -> None:
+    """A regression head starts at the mean training label (its bias), so that training
+    learns how scores differ, not first their level (0-5 for STS-B): a small encoder's
+    output layer would otherwise spend most of a short fine-tuning reaching it, predicting
+    nearly one value for every pair."""
+    labels = [float(e["label"]) for e in train_set]
+    with torch.no_grad():
+        model.classifier.bias.fill_(sum(labels) / max(len(labels), 1))
+
+
 def freeze_encoder(model) -> None:
     """Linear probing: only the pooler (dense + tanh, or ModernBERT's head) and the
     classification layer keep training."""
@@ -284,6 +294,8 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     train_set, eval_set = load_task(cfg.task)
     if cfg.max_train_samples:
         train_set = train_set[:cfg.max_train_samples]
+    if cfg.task.kind == "regression":
+        start_at_mean_label(model, train_set)
     collate = Collate(tokenizer, cfg.max_seq_length)
     train_loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate,
                               generator=torch.Generator().manual_seed(cfg.seed), drop_last=False)
