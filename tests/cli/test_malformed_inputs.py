@@ -289,6 +289,13 @@ CASES = [
     Case("tokenizer-unknown-data-preset", lambda fx: ["tokenizer", "data=nope", f"out={fx.tmp / 'tok7'}"],
          ("data=nope",)),
     # fill-mask
+    # export: a checkpoint as a model dir
+    Case("export-missing-checkpoint", lambda fx: ["export", str(fx.missing), str(fx.tmp / "export-a")],
+         ("checkpoint", "missing.txt")),
+    Case("export-out-exists", lambda fx: ["export", str(fx.run), str(fx.afile)], ("afile", "already exists")),
+    Case("export-truncated-checkpoint", lambda fx: ["export", str(fx.run_trunc), str(fx.tmp / "export-b")],
+         ("run_trunc",)),
+    Case("export-no-arguments", lambda fx: ["export"], ("checkpoint",)),
     Case("fill-mask-missing-dir", lambda fx: ["fill-mask", str(fx.missing), "a [MASK] b"], ("missing.txt",)),
     Case("fill-mask-truncated-weights", lambda fx: ["fill-mask", str(fx.final_trunc), "a [MASK] b"],
          ("model_dir", "final_trunc")),
@@ -348,7 +355,7 @@ def test_the_table_covers_the_commands():
     from mlmkit.cli import COMMANDS
 
     covered = {case.argv(SimpleNamespace(**{k: Path("/x") for k in FIELDS}))[0] for case in CASES}
-    assert covered == {"train", "eval", "finetune", "tokenizer", "fill-mask", "plot", "sweep"}
+    assert covered == {"train", "eval", "finetune", "tokenizer", "fill-mask", "plot", "sweep", "export"}
     assert covered <= set(COMMANDS)
 
 

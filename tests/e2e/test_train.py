@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from runs import ROOT, TINY, assert_same_losses, assert_same_weights, events, free_port, run_train  # noqa: F401
 
 
@@ -181,3 +182,32 @@ def test_fill_mask_command_answers_bad_input_in_one_sentence(trained_run, capsys
         assert main(["fill-mask", final, text, *args]) == 2
         err = capsys.readouterr().err
         assert expected in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
+    """``mlmkit export`` of the step-15 checkpoint: its weights, loadable by transformers and
+    sentence-transformers with nothing from mlmkit, with the run's settings in the card."""
+    from safetensors.torch import load_file
+
+    ckpt = trained_run / "checkpoints" / "step_0000015"
+    out = tmp_path / "step15"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(ckpt), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = load_file(ckpt / "model.safetensors")
+    exported = load_file(out / "model.safetensors")
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, saved[f"model.{name}"]), name
+    assert "15 optimizer steps" in (out / "README.md").read_text()
+    code = ("import sys; from transformers import AutoModelForMaskedLM; "
+            "from sentence_transformers import SentenceTransformer; "
+            f"AutoModelForMaskedLM.from_pretrained({str(out)!r}); "
+            f"v = SentenceTransformer({str(out)!r}, device='cpu').encode(['a b c']); "
+            "assert v.shape[0] == 1 and not any(m.startswith('mlmkit') for m in sys.modules)")
+    check = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stderr[-3000:]
+    again = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(ckpt), str(out)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "already exists" in again.stderr
