@@ -120,3 +120,20 @@ def test_no_checkpoint_is_saved_while_steps_are_skipped(tmp_path, cache_dir):
     first_bad = min(s for s, n in skipped.items() if n > 0)
     saved = [int(p.name.split("_")[1]) for p in list_checkpoints(run / "checkpoints")]
     assert saved and max(saved) < first_bad
+
+
+@pytest.mark.slow
+def test_a_checkpoint_continues_into_a_new_run_dir_with_its_runs_tokenizer(tmp_path):
+    import shutil
+
+    first, cache = tmp_path / "first", tmp_path / "own-cache"
+    args = ["train.save_every=5", "train.eval_every=0"]
+    run_train(first, cache, *args, "train.max_steps=10")
+    shutil.rmtree(cache / "tokenizers")
+    second = tmp_path / "second"
+    proc = run_train(second, cache, *args, "train.max_steps=15",
+                     f"train.resume={first / 'checkpoints' / 'step_0000010'}")
+    assert "Training a" not in proc.stderr and "Resumed from" in proc.stderr
+    assert (second / "model" / "tokenizer.json").read_bytes() == (first / "model" / "tokenizer.json").read_bytes()
+    assert (second / "model" / "config.json").is_file()  # its own checkpoints load too
+    assert [e["step"] for e in events(second, "train")] == [15]

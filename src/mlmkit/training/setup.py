@@ -235,20 +235,20 @@ class ModelParts:
 
 def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
                       run_dir: Path, resume_from: Path | None = None) -> ModelParts:
-    """The model (its config and tokenizer saved to ``<run>/model/`` by a new run; a resumed
-    run's model must have the shape saved there), the objective, the optimizer, the budget
-    and the schedule against it, and the MFU meter."""
+    """The model (its config and tokenizer saved to ``<run>/model/`` where none is; a resumed
+    run's model must have the shape saved beside its checkpoint), the objective, the optimizer,
+    the budget and the schedule against it, and the MFU meter."""
     tc, device = cfg.train, accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn)
     fit_tokenizer(tokenizer, model)  # saved and exported without token_type_ids for ModernBERT
     log.info("Model %s: %.2fM parameters (%.2fM without embeddings), attention %s", cfg.model.name,
              count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6, attn)
-    spec = run_dir / RUN_MODEL_DIR
-    if resume_from is not None and (spec / "config.json").is_file():
-        check_model_shape(spec, model.config, resume_from)
-    elif accelerator.is_main_process:  # config and tokenizer, so any checkpoint can be loaded
-        save_run_model_spec(run_dir, model, tokenizer)
+    source = resume_from.parent.parent / RUN_MODEL_DIR if resume_from is not None else None
+    if source is not None and (source / "config.json").is_file():  # the checkpoint's own run
+        check_model_shape(source, model.config, resume_from)
+    if accelerator.is_main_process and not (run_dir / RUN_MODEL_DIR / "config.json").is_file():
+        save_run_model_spec(run_dir, model, tokenizer)  # config and tokenizer: any checkpoint loads
     if tc.compile:
         compile_encoder(model)
     block_tokens = tc.batch_size * cfg.data.max_seq_length  # one micro-batch's products
