@@ -25,3 +25,27 @@ def load_metric(name: str, **kwargs):
     import evaluate
 
     return evaluate.load(str(metric_path(name)), **kwargs)
+
+
+def correlation_metric(key: str, fn, description: str):
+    """The ``evaluate.Metric`` class of a correlation ``fn(predictions, references)`` (the
+    shipped ``pearson`` and ``spearman`` scripts), reporting ``{key: value}``."""
+    import datasets
+    import evaluate
+
+    inputs = (f"Args:\n    predictions (list of float): predicted scores.\n    references (list of "
+              f"float): gold scores.\nReturns:\n    {key} (float): in [-1, 1].\n")
+
+    class Correlation(evaluate.Metric):
+        def _info(self):
+            return evaluate.MetricInfo(
+                description=description, citation="", inputs_description=inputs,
+                features=datasets.Features({"predictions": datasets.Value("float64"),
+                                            "references": datasets.Value("float64")}),
+            )
+
+        def _compute(self, predictions, references):
+            return {key: fn(predictions, references)}
+
+    Correlation.__name__ = Correlation.__qualname__ = key.capitalize()
+    return Correlation
