@@ -84,3 +84,26 @@ def test_evaluate_user_errors_are_one_sentence(tmp_path):
     proc = run_eval(f"checkpoint={tmp_path}", check=False)
     assert proc.returncode == 2 and "is not a model dir" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_document_isolated_run_and_its_evaluation(tmp_path, cache_dir):
+    """data.packing=documents trains (the same cached blocks as concatenate), and mlmkit eval
+    with data.packing=documents gives the figures the run logged; read with plain packing,
+    the same model scores differently (its attention then crosses documents)."""
+    from runs import run_train
+
+    run = tmp_path / "run"
+    run_train(run, cache_dir, "data.packing=documents", "train.max_steps=20", "train.eval_every=20",
+              "train.save_every=0")
+    logged = events(run, "eval")[-1]
+    assert logged["step"] == 20 and math.isfinite(logged["eval_loss"])
+    figures = {}
+    for packing in ("documents", "concatenate"):
+        out = tmp_path / f"eval-{packing}.json"
+        run_eval(f"checkpoint={run / 'final'}", f"paths.cache_dir={cache_dir}", f"output={out}",
+                 f"data.packing={packing}")
+        figures[packing] = json.loads(out.read_text())
+    assert figures["documents"]["tokens"] == logged["eval_tokens"]
+    assert figures["documents"]["loss"] == pytest.approx(logged["eval_loss"], rel=1e-4)
+    assert abs(figures["concatenate"]["loss"] - logged["eval_loss"]) > 1e-4

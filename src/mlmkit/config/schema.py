@@ -206,7 +206,9 @@ class DataConfig:
     validation_split: float = 0.05  # share of documents held out when no validation set (map mode)
     max_seq_length: int = 128  # tokens per block, [CLS] and [SEP] included
     # "concatenate": documents joined with [SEP] into full blocks (no padding);
-    # "line_by_line": one document per sequence (long ones split), padded per batch.
+    # "line_by_line": one document per sequence (long ones split), padded per batch;
+    # "documents": the blocks of concatenate, with attention only within each document and
+    # positions restarting at each one (mlmkit.model.documents).
     packing: str = "concatenate"
     pad_to_multiple_of: int | None = 8  # line_by_line: pad batch lengths to a multiple of this
     num_proc: int | None = None  # worker processes for tokenizing (null: one per core, at most 8)
@@ -256,8 +258,8 @@ class DataConfig:
             f"data.max_seq_length must be at least 8, got {self.max_seq_length}.",
         )
         _check(
-            self.packing in ("concatenate", "line_by_line"),
-            f"data.packing must be concatenate or line_by_line, got {self.packing!r}.",
+            self.packing in ("concatenate", "documents", "line_by_line"),
+            f"data.packing must be concatenate, documents or line_by_line, got {self.packing!r}.",
         )
         _check(
             self.pad_to_multiple_of is None or self.pad_to_multiple_of >= 1,

@@ -169,7 +169,7 @@ def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str
         "corpus": fingerprint or corpus_fingerprint(cfg),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "max_seq_length": cfg.max_seq_length,
-        "packing": cfg.packing,
+        "packing": "line_by_line" if cfg.packing == "line_by_line" else "concatenate",  # documents: the same blocks
         "pack": PACK_VERSION,
     }, sort_keys=True)
     return hashlib.sha256(key_src.encode()).hexdigest()[:16]

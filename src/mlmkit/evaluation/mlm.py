@@ -17,6 +17,7 @@ from mlmkit.data.sources import load_files, resolve_files
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.model.bert import MaskedLM
+from mlmkit.model.documents import isolation_sep_id
 from mlmkit.model.loading import load_model_and_tokenizer
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu
 
@@ -176,7 +177,7 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
             )
         blocks = eval_dataset(cfg, tokenizer)
     batches = fixed_eval_batches(blocks, tokenizer, cfg.masking, cfg.batch_size)
-    objective = accelerator.prepare(MaskedLM(model))
+    objective = accelerator.prepare(MaskedLM(model, document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer)))
     figures = evaluate(accelerator, objective, batches)  # the figures of the training loop's eval
     result = {"checkpoint": str(resolved), "blocks": len(blocks), "max_seq_length": cfg.data.max_seq_length,
               **{key.removeprefix("eval_"): value for key, value in figures.items()}}

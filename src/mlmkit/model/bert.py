@@ -14,6 +14,7 @@ from mlmkit.config import ModelConfig
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
+from mlmkit.model.documents import document_inputs
 from mlmkit.model.kernels import cross_entropy_sum, register_cpu_attention
 
 log = logging.getLogger(__name__)
@@ -174,10 +175,12 @@ class MaskedLM(nn.Module):
     are those of the full head. The wrapped model is saved as it is.
     """
 
-    def __init__(self, model, sparse_prediction: bool = True) -> None:
+    def __init__(self, model, sparse_prediction: bool = True, document_sep_id: int | None = None) -> None:
         super().__init__()
         self.model = model
         self.sparse_prediction = sparse_prediction
+        # data.packing=documents: attention within each document of a block (model.documents)
+        self.document_sep_id = document_sep_id
         self.parts = parts_of(model)  # where the encoder and the head are
         # FSDP (conf/accelerate/fsdp.yaml) shards one unit per encoder layer of this class
         self._no_split_modules = [self.parts.layer_class]
@@ -188,15 +191,19 @@ class MaskedLM(nn.Module):
         """``positions``/``targets``: ``prediction_positions(labels)``, computed ahead (in the
         dataloader, on the CPU) so the step needs no host-device synchronisation; without
         them they are computed here (``nonzero`` waits for the device)."""
+        if self.document_sep_id is None:
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        else:
+            inputs = document_inputs(self.model, input_ids, self.document_sep_id, attention_mask)
         if self.sparse_prediction:
             encoder = self.parts.encoder(self.model)
-            hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            hidden = encoder(**inputs).last_hidden_state
             if positions is None or targets is None:
                 positions, targets = prediction_positions(labels)
             hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
             logits = self.parts.head(self.model, hidden)
         else:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits = self.model(**inputs).logits
             logits = logits.reshape(-1, logits.size(-1))
             targets = labels.reshape(-1)
         loss_sum = cross_entropy_sum(logits, targets)

@@ -23,6 +23,7 @@ from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.architectures import fit_tokenizer
 from mlmkit.model.bert import MaskedLM, build_model, count_parameters, resolve_attn_implementation
+from mlmkit.model.documents import isolation_sep_id
 from mlmkit.model.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training import lock as run_lock
 from mlmkit.training.budget import Budget
@@ -256,7 +257,8 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     peak_rate, peak_source = reference_rate(device, precision, shapes)
     meter = ThroughputMeter(model.config, cfg.data.max_seq_length, peak_rate * accelerator.num_processes)
     log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
-    objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction)
+    objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction,
+                         document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer))
     optimizer = build_optimizer(objective, cfg.optim, device.type)
     budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
     scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=budget.lr_factor)

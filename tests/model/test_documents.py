@@ -1,0 +1,128 @@
+"""data.packing=documents: attention stays within each document of a packed block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlmkit.config import ModelConfig
+from mlmkit.masking.collator import IGNORE_INDEX
+from mlmkit.model.bert import MaskedLM, build_model
+from mlmkit.model.documents import block_diagonal_mask, document_layout
+
+BERT = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+# a sliding window (2 tokens each side) shorter than the documents, so the local layers' own
+# mask is exercised together with the documents'
+MODERNBERT = ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                         intermediate_size=96, local_attention=4, global_attn_every_n_layers=3,
+                         max_position_embeddings=512)
+SEP = 3
+
+
+def test_layout_of_a_block():
+    ids = torch.tensor([[2, 10, 11, SEP, 12, 13, 14, SEP, 15, SEP]])  # [CLS] a b [SEP] c d e [SEP] f [SEP]
+    document, positions = document_layout(ids, SEP)
+    assert document.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1, 2, 2]]
+    assert positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 0, 1]]
+    mask = block_diagonal_mask(document)[0, 0]
+    assert mask[1, 2] and mask[4, 7] and not mask[3, 4] and not mask[8, 0]
+    assert mask.sum().item() == 4 * 4 + 4 * 4 + 2 * 2
+
+
+def _block(tokenizer, lengths, seed):
+    """[CLS] doc1 [SEP] doc2 [SEP] ... with random word ids, and the span of each document."""
+    g = torch.Generator().manual_seed(seed)
+    ids, spans = [tokenizer.cls_token_id], []
+    for n in lengths:
+        start = len(ids)
+        ids += torch.randint(10, len(tokenizer), (n,), generator=g).tolist() + [tokenizer.sep_token_id]
+        spans.append((start, len(ids)))
+    return torch.tensor([ids]), spans
+
+
+def _logits(objective, ids):
+    """Full-vocabulary logits at every position, (seq, vocab)."""
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, 1:] = ids[:, 1:]  # every position but [CLS] predicted: the sparse head covers all
+    out = objective(input_ids=ids, labels=labels)
+    return out["logits"][: ids.size(1) - 1]
+
+
+@pytest.mark.parametrize("preset,attn", [(BERT, "sdpa"), (BERT, "eager"), (MODERNBERT, "sdpa")],
+                         ids=["bert", "bert-eager", "modernbert"])
+def test_changing_one_document_leaves_the_others_unchanged(tokenizer, preset, attn):
+    torch.manual_seed(0)
+    model = build_model(preset, tokenizer, attn_implementation=attn).eval()
+    isolated = MaskedLM(model, document_sep_id=tokenizer.sep_token_id)
+    shared = MaskedLM(model)  # plain concatenate: attention across documents
+    ids, spans = _block(tokenizer, [9, 12, 7], seed=1)
+    other = ids.clone()
+    (a, b) = spans[1]
+    other[0, a:b - 1] = _block(tokenizer, [b - 1 - a], seed=2)[0][0, 1:-1]  # doc 2 rewritten, same length
+    assert not torch.equal(ids, other)
+    kept = torch.cat([torch.arange(1, spans[0][1]), torch.arange(*spans[2])]) - 1  # docs 1 and 3
+    with torch.no_grad():
+        before, after = _logits(isolated, ids), _logits(isolated, other)
+        torch.testing.assert_close(before[kept], after[kept], rtol=1e-5, atol=1e-5)
+        changed = torch.arange(a, b) - 1
+        assert (before[changed] - after[changed]).abs().max() > 1e-2  # doc 2's own logits did change
+        # without isolation the same change reaches the other documents
+        assert (_logits(shared, ids)[kept] - _logits(shared, other)[kept]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("preset", [BERT, MODERNBERT], ids=["bert", "modernbert"])
+def test_a_document_reads_as_if_it_were_alone(tokenizer, preset):
+    """Positions restart at each document: doc 2 of a block gives the logits it gives as the
+    whole input (its ids and [SEP], positions from 0), for BERT's learned positions and
+    ModernBERT's rotary ones and sliding window alike."""
+    torch.manual_seed(0)
+    model = build_model(preset, tokenizer).eval()
+    isolated = MaskedLM(model, document_sep_id=tokenizer.sep_token_id)
+    ids, spans = _block(tokenizer, [5, 11, 6], seed=3)
+    a, b = spans[1]
+    alone = ids[:, a:b]
+    with torch.no_grad():
+        in_block = isolated.parts.encoder(model)(
+            **_inputs(isolated, ids)).last_hidden_state[0, a:b]
+        by_itself = isolated.parts.encoder(model)(input_ids=alone).last_hidden_state[0]
+    torch.testing.assert_close(in_block, by_itself, rtol=1e-4, atol=1e-4)
+
+
+def _inputs(objective, ids):
+    from mlmkit.model.documents import document_inputs
+
+    return document_inputs(objective.model, ids, objective.document_sep_id)
+
+
+def test_isolated_training_step_has_gradients_and_no_nans(tokenizer):
+    from mlmkit.masking.collator import MLMCollator
+
+    torch.manual_seed(0)
+    model = build_model(BERT, tokenizer)
+    objective = MaskedLM(model, document_sep_id=tokenizer.sep_token_id)
+    rows = [{"input_ids": _block(tokenizer, [6, 20, 3], seed=s)[0][0]} for s in range(4)]
+    batch = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(rows)
+    out = objective(**batch)
+    loss = out["loss_sum"] / out["n_tokens"]
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and flash-attn")
+@pytest.mark.parametrize("preset", [BERT, MODERNBERT], ids=["bert", "modernbert"])
+def test_varlen_flash_attention_matches_the_block_diagonal_mask(tokenizer, preset):
+    pytest.importorskip("flash_attn", reason="flash-attn is not installed")
+    torch.manual_seed(0)
+    model = build_model(preset, tokenizer).cuda().to(torch.bfloat16).eval()
+    rows = torch.cat([_block(tokenizer, [30, 50, 45], seed=s)[0] for s in range(3)]).cuda()
+    labels = rows.clone()
+    results = {}
+    for attn in ("sdpa", "flash_attention_2"):
+        model.set_attn_implementation(attn)
+        with torch.no_grad():
+            out = MaskedLM(model, document_sep_id=tokenizer.sep_token_id)(input_ids=rows, labels=labels)
+        results[attn] = out["logits"].float()
+    torch.testing.assert_close(results["sdpa"], results["flash_attention_2"], rtol=0.05, atol=0.1)
