@@ -211,3 +211,29 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
     again = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(ckpt), str(out)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,lr", [("bert-tiny", 3e-3), ("bert-mini", 2e-3), ("bert-small", 1e-3),
+                                       ("modernbert-tiny", 3e-3)])
+def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr):
+    """The preset alone on the command line: its size, its peak lr, 40% masking and the
+    sinusoidal position start (docs/recipes.md); a few steps train and evaluate."""
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), f"model={preset}", "train.max_steps=4", "train.log_every=1",
+           "train.eval_every=4", "train.save_every=0", "data.max_eval_samples=8", "train.progress=false",
+           "masking.eval_min_masked_tokens=0", "logger=none", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    assert cfg.model.name == preset and cfg.optim.lr == lr
+    assert cfg.masking.mlm_probability == 0.4 and cfg.model.position_init == "sinusoidal"
+    train_events = events(run, "train")
+    assert [e["step"] for e in train_events] == [1, 2, 3, 4]
+    assert all(e["mlm_probability"] == 0.4 and e["loss"] > 0 for e in train_events)
+    assert train_events[-1]["lr"] > 0
+    final = events(run, "eval")[-1]
+    assert final["step"] == 4 and 0 < final["eval_loss"] < 20

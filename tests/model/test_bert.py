@@ -158,3 +158,21 @@ def test_cpu_bf16_attention_masks_padding_as_sdpa_does(tokenizer):
         with torch.no_grad():
             outputs.append(model.bert(input_ids=ids, attention_mask=mask).last_hidden_state)
     torch.testing.assert_close(outputs[0], outputs[1])
+
+
+def test_sinusoidal_position_init_starts_neighbours_alike(tokenizer):
+    """model.position_init=sinusoidal (the default): the learned table starts as scaled sines
+    and cosines, at the std of the other embeddings; normal: BERT's own init."""
+    small = dict(num_hidden_layers=1, hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    tables = {}
+    for how in ("sinusoidal", "normal"):
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(position_init=how, **small), tokenizer)
+        tables[how] = model.bert.embeddings.position_embeddings.weight.detach()
+    sin = tables["sinusoidal"]
+    assert abs(sin.std().item() - 0.02) < 1e-4
+    cos = torch.nn.functional.cosine_similarity
+    assert cos(sin[10], sin[11], dim=0) > 0.9 > cos(sin[10], sin[200], dim=0) + 0.3
+    normal = tables["normal"]
+    assert abs(cos(normal[10], normal[11], dim=0)) < 0.5  # unrelated rows
+    assert not torch.allclose(sin, normal)

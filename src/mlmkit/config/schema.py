@@ -91,6 +91,12 @@ class ModelConfig:
     attention_probs_dropout_prob: float = 0.0
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02  # std of the truncated-normal init
+    # BERT only (ModernBERT's rotary positions have no table): how the learned position table
+    # starts. "sinusoidal": the sines and cosines of Vaswani et al. (2017), scaled to
+    # initializer_range, so neighbouring positions start alike and attention can use word
+    # order from the first steps (the table is still learned; the model is a plain
+    # BertForMaskedLM). "normal": BERT's own init, like the other weights.
+    position_init: str = "sinusoidal"
     type_vocab_size: int = 2  # segment embeddings (kept for BERT compatibility)
     # ModernBERT only: the local layers' window in tokens (each token sees local_attention/2
     # on either side), every n-th layer (the first included) attends globally, and the
@@ -133,6 +139,8 @@ class ModelConfig:
             f"{self.attn_implementation!r}.",
         )
         _check(self.pad_vocab_multiple >= 1, "model.pad_vocab_multiple must be at least 1.")
+        _check(self.position_init in ("sinusoidal", "normal"),
+               f"model.position_init must be sinusoidal or normal, got {self.position_init!r}.")
         _check(self.architecture in ("bert", "modernbert"),
                f"model.architecture must be bert or modernbert, got {self.architecture!r}.")
         _check(self.local_attention >= 2 and self.local_attention % 2 == 0,

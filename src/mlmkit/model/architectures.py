@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from mlmkit.errors import ConfigError
@@ -53,6 +54,22 @@ class Bert:
             pad_token_id=tokenizer.pad_token_id,
             is_decoder=False,
         )
+
+    @staticmethod
+    @torch.no_grad()
+    def init_positions(model, how: str) -> None:
+        """``model.position_init``: "sinusoidal" refills the position table with sines and
+        cosines of geometrically spaced wavelengths, scaled to ``initializer_range``."""
+        if how != "sinusoidal":
+            return
+        table = model.bert.embeddings.position_embeddings.weight
+        n, d = table.shape
+        position = torch.arange(n, dtype=torch.float32)[:, None]
+        rate = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        waves = torch.zeros(n, d)
+        waves[:, 0::2] = torch.sin(position * rate)
+        waves[:, 1::2] = torch.cos(position * rate[: d // 2])
+        table.copy_(waves * (model.config.initializer_range / waves.std()))
 
     @staticmethod
     def sequence_classifier(config, pooling: str):
@@ -100,6 +117,10 @@ class ModernBert:
     # the encoder, and the MLM head's dense + norm, which the classifier applies to the pooled
     # state (the same names in both models, as transformers' from_pretrained would carry them)
     shared_with_classifier = ("model", "head")
+
+    @staticmethod
+    def init_positions(model, how: str) -> None:
+        """Rotary positions: no table to initialise."""
 
     @staticmethod
     def config(cfg, vocab_size: int, tokenizer):
