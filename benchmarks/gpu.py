@@ -66,11 +66,15 @@ def model_flops(cfg, vocab: int, predicted_share: float) -> float:
 
 
 def modernbert_runs(cfg, warmup: int, cuda: bool):
-    """mlmkit on ModernBERT with attention auto (flash-attn's kernel where installed) and, on
-    a GPU, with sdpa; no Trainer run (its comparison is BERT's)."""
+    """mlmkit on ModernBERT with attention auto (flash-attn's kernel where installed), the same
+    with document isolation and, on a GPU, with sdpa; no Trainer run (its comparison is BERT's)."""
     import copy
 
     runs = [("mlmkit, attention auto", lambda: run_mlmkit("mlmkit, attention auto", cfg, warmup))]
+    # data.packing=documents: flash-attn's variable-length kernel, one sequence per document
+    documents = copy.deepcopy(cfg)
+    documents.data.packing = "documents"
+    runs.append(("mlmkit, documents", lambda: run_mlmkit("mlmkit, documents", documents, warmup)))
     if cuda:
         sdpa = copy.deepcopy(cfg)
         sdpa.model.attn_implementation = "sdpa"

@@ -115,7 +115,7 @@ def documents_table(args, grid) -> None:
 
 def documents_per_block(blocks, sep_id: int, sample: int = 500) -> float:
     """Mean number of documents (or pieces of one) per block, over the first ``sample`` blocks."""
-    ids = torch.as_tensor(blocks.select(range(min(sample, len(blocks))))["input_ids"])
+    ids = torch.tensor(blocks.with_format(None).select(range(min(sample, len(blocks))))["input_ids"])
     return float((ids[:, 1:-1] == sep_id).sum(1).float().mean()) + 1.0
 
 
