@@ -105,5 +105,7 @@ def test_document_isolated_run_and_its_evaluation(tmp_path, cache_dir):
                  f"data.packing={packing}")
         figures[packing] = json.loads(out.read_text())
     assert figures["documents"]["tokens"] == logged["eval_tokens"]
-    assert figures["documents"]["loss"] == pytest.approx(logged["eval_loss"], rel=1e-4)
-    assert abs(figures["concatenate"]["loss"] - logged["eval_loss"]) > 1e-4
+    assert figures["documents"]["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
+    # a 20-step model barely uses its context (a 6e-6 relative change was seen), yet reading
+    # across documents moves its loss by more than the repeat above may (1e-6)
+    assert abs(figures["concatenate"]["loss"] - logged["eval_loss"]) > 1e-6 * logged["eval_loss"]
