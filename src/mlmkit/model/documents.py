@@ -4,8 +4,9 @@ Packed blocks are ``[CLS] doc1 [SEP] doc2 [SEP] ... [SEP]``: every document ends
 [SEP] (the masking never chooses special tokens, so they survive it). With document
 isolation a token attends only to the tokens of its own document, and positions restart at
 0 at the first token of each document, so a document reads as if it were alone, wherever
-the packing put it. The layout is derived from the ids on the device (no extra data, no
-host synchronisation):
+the packing put it. The layout is derived from the ids on the device (no extra data; on
+SDPA no host synchronisation either, while flash-attn's cumulative lengths take one
+``nonzero``):
 
 * SDPA (CPU, and CUDA without flash-attn): a block-diagonal boolean mask of shape
   (batch, 1, seq, seq); for ModernBERT also its sliding-window variant for the local layers
