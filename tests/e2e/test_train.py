@@ -214,12 +214,16 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset,lr", [("bert-tiny", 3e-3), ("bert-mini", 2e-3), ("bert-small", 1e-3),
-                                       ("modernbert-tiny", 3e-3)])
-def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr):
-    """The preset alone on the command line: its size, its peak lr, 40% masking and the
-    sinusoidal position start (docs/recipes.md); a few steps train and evaluate."""
+@pytest.mark.parametrize("preset,lr,warmup", [("bert-tiny", 3e-3, 20), ("bert-mini", 2e-3, 20),
+                                              ("bert-small", 1e-3, 20), ("modernbert-tiny", 3e-3, 100)])
+def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr, warmup):
+    """The preset alone on the command line: its size, its peak lr and warmup, 40% masking,
+    the sinusoidal position start and the unigram output bias (docs/recipes.md); a few steps
+    train and evaluate."""
     from omegaconf import OmegaConf
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from mlmkit.model.architectures import parts_of
 
     run = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "train.py"), f"model={preset}", "train.max_steps=4", "train.log_every=1",
@@ -229,11 +233,17 @@ def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
-    assert cfg.model.name == preset and cfg.optim.lr == lr
+    assert cfg.model.name == preset and cfg.optim.lr == lr and cfg.optim.warmup_steps == warmup
     assert cfg.masking.mlm_probability == 0.4 and cfg.model.position_init == "sinusoidal"
+    assert cfg.model.output_bias_init == "unigram"
     train_events = events(run, "train")
     assert [e["step"] for e in train_events] == [1, 2, 3, 4]
     assert all(e["mlm_probability"] == 0.4 and e["loss"] > 0 for e in train_events)
-    assert train_events[-1]["lr"] > 0
+    assert train_events[0]["lr"] == pytest.approx(lr / warmup)
+    # the output bias started at the corpus's frequencies: its top token is the majority baseline's
+    model = AutoModelForMaskedLM.from_pretrained(run / "final")
+    top = int(parts_of(model).output_bias(model).argmax())
+    baseline = events(run, "baseline")[0]["baseline_token"]
+    assert AutoTokenizer.from_pretrained(run / "final").convert_ids_to_tokens(top) == baseline
     final = events(run, "eval")[-1]
     assert final["step"] == 4 and 0 < final["eval_loss"] < 20

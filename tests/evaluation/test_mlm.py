@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlmkit.config import MaskingConfig
-from mlmkit.evaluation.mlm import fixed_eval_batches, majority_baseline
+from mlmkit.evaluation.mlm import fixed_eval_batches, majority_baseline, token_counts
 from mlmkit.training.metrics_log import MetricsLog
 
 
@@ -79,7 +79,10 @@ def test_majority_baseline_counts_the_most_frequent_real_token(tokenizer):
     train = datasets.Dataset.from_dict({"input_ids": rows}).with_format("torch")
     labels = torch.full((2, 10), -100)
     labels[0, 1], labels[0, 2], labels[1, 7], labels[1, 8] = 50, 60, 60, 70
-    result = majority_baseline(train, [{"labels": labels}], tokenizer)
+    counts = token_counts(train, tokenizer)
+    assert counts.numel() == len(tokenizer)
+    assert counts[50] == 24 and counts[60] == 8 and counts.sum() == 32  # [CLS], [SEP] not counted
+    result = majority_baseline(counts, [{"labels": labels}], tokenizer)
     assert result["baseline_token"] == tokenizer.convert_ids_to_tokens(50)
     assert result["baseline_accuracy"] == 0.25
 

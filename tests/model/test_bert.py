@@ -176,3 +176,37 @@ def test_sinusoidal_position_init_starts_neighbours_alike(tokenizer):
     normal = tables["normal"]
     assert abs(cos(normal[10], normal[11], dim=0)) < 0.5  # unrelated rows
     assert not torch.allclose(sin, normal)
+
+
+def test_unigram_output_bias_starts_the_model_at_the_corpus_frequencies(tokenizer):
+    """model.output_bias_init=unigram: softmax(bias) is the add-half-smoothed frequency of
+    each real token, the padding ids stay silenced, and the untrained model's loss on text
+    drawn from those frequencies is near their entropy (zero bias: near log of the vocabulary)."""
+    from mlmkit.model.bert import PADDED_VOCAB_BIAS, init_output_bias
+
+    n = len(tokenizer)
+    g = torch.Generator().manual_seed(0)
+    freq = torch.distributions.Dirichlet(torch.full((n,), 0.1)).sample()
+    freq[torch.tensor(tokenizer.all_special_ids)] = 0
+    freq /= freq.sum()
+    text = torch.multinomial(freq, 8 * 64, replacement=True, generator=g).reshape(8, 64)
+    counts = torch.bincount(text.reshape(-1), minlength=n)
+    model = build_model(SMALL, tokenizer)
+    zero_bias = model.cls.predictions.bias.detach().clone()
+    init_output_bias(model, counts)
+    bias = model.cls.predictions.bias.detach()
+    smoothed = (counts.double() + 0.5) / (counts.double() + 0.5).sum()
+    torch.testing.assert_close(torch.softmax(bias[:n].double(), 0), smoothed, rtol=1e-4, atol=1e-9)
+    assert (bias[n:] == PADDED_VOCAB_BIAS).all() and (zero_bias[n:] == PADDED_VOCAB_BIAS).all()
+    assert model.get_output_embeddings().bias is model.cls.predictions.bias  # the decoder's bias too
+
+    labels = torch.full_like(text, -100)
+    labels[:, 1::3] = text[:, 1::3]
+    ids = text.clone()
+    ids[:, 1::3] = tokenizer.mask_token_id
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=labels).loss.item()
+        model.cls.predictions.bias.copy_(zero_bias)
+        loss_zero = model(input_ids=ids, labels=labels).loss.item()
+    entropy = -(freq[freq > 0] * freq[freq > 0].log()).sum().item()
+    assert abs(loss - entropy) < 0.5 < loss_zero - loss

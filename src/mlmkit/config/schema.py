@@ -97,6 +97,10 @@ class ModelConfig:
     # order from the first steps (the table is still learned; the model is a plain
     # BertForMaskedLM). "normal": BERT's own init, like the other weights.
     position_init: str = "sinusoidal"
+    # How a new model's output bias starts. "unigram": the log of each token's frequency in
+    # the training blocks, so the model predicts the unigram distribution from step 0 and
+    # its first steps go to learning from the context; "zero": BERT's init.
+    output_bias_init: str = "unigram"
     type_vocab_size: int = 2  # segment embeddings (kept for BERT compatibility)
     # ModernBERT only: the local layers' window in tokens (each token sees local_attention/2
     # on either side), every n-th layer (the first included) attends globally, and the
@@ -141,6 +145,8 @@ class ModelConfig:
         _check(self.pad_vocab_multiple >= 1, "model.pad_vocab_multiple must be at least 1.")
         _check(self.position_init in ("sinusoidal", "normal"),
                f"model.position_init must be sinusoidal or normal, got {self.position_init!r}.")
+        _check(self.output_bias_init in ("unigram", "zero"),
+               f"model.output_bias_init must be unigram or zero, got {self.output_bias_init!r}.")
         _check(self.architecture in ("bert", "modernbert"),
                f"model.architecture must be bert or modernbert, got {self.architecture!r}.")
         _check(self.local_attention >= 2 and self.local_attention % 2 == 0,

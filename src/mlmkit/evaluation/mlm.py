@@ -53,18 +53,25 @@ def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dic
     return batches
 
 
-def majority_baseline(train_set, eval_batches: list[dict[str, torch.Tensor]], tokenizer,
-                      max_blocks: int = 20_000) -> dict[str, float | int | str]:
-    """Accuracy of always predicting the training corpus's most frequent real token.
-
-    The bar a model must clear to have learned anything from context.
-    """
+def token_counts(train_set, tokenizer, max_blocks: int = 20_000) -> torch.Tensor:
+    """How often each id occurs in the first ``max_blocks`` training blocks, special tokens
+    counted 0 (one tensor of ``len(tokenizer)`` counts)."""
     ids = train_set[: min(len(train_set), max_blocks)]["input_ids"]
     if isinstance(ids, list):  # rows of different lengths (line_by_line packing)
         ids = torch.cat([torch.as_tensor(r).reshape(-1) for r in ids]) if ids else torch.zeros(0)
     ids = torch.as_tensor(ids).reshape(-1).long()
-    counts = torch.bincount(ids, minlength=len(tokenizer))
+    counts = torch.bincount(ids, minlength=len(tokenizer))[: len(tokenizer)]
     counts[torch.tensor(tokenizer.all_special_ids, dtype=torch.long)] = 0
+    return counts
+
+
+def majority_baseline(counts: torch.Tensor, eval_batches: list[dict[str, torch.Tensor]],
+                      tokenizer) -> dict[str, float | int | str]:
+    """Accuracy of always predicting the training corpus's most frequent real token
+    (``counts``: ``token_counts``).
+
+    The bar a model must clear to have learned anything from context.
+    """
     top = int(counts.argmax())
     hits = total = 0
     for batch in eval_batches:

@@ -104,6 +104,20 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
     return model
 
 
+@torch.no_grad()
+def init_output_bias(model, counts: torch.Tensor) -> None:
+    """``model.output_bias_init=unigram``: the output bias starts as the log of each token's
+    frequency in ``counts`` (add-half smoothed), so the new model predicts the corpus's
+    unigram distribution from its first step instead of spending its first hundred or so
+    steps learning it, and the gradients go to using the context at once (Karpathy, 2019, 'A
+    Recipe for Training Neural Networks': initialise the final layer's bias to the prior).
+    The padding ids beyond the tokenizer keep their silencing bias."""
+    bias = parts_of(model).output_bias(model)
+    n = min(counts.numel(), bias.numel())
+    freq = counts[:n].double() + 0.5
+    bias[:n] = torch.log(freq / freq.sum()).to(bias.dtype)
+
+
 PADDED_VOCAB_BIAS = -1e4  # the output bias of the padding ids: exp(-1e4) is 0 in any dtype
 
 

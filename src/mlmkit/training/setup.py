@@ -22,7 +22,13 @@ from mlmkit.data.tokenizer import get_tokenizer, load_tokenizer
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.architectures import fit_tokenizer
-from mlmkit.model.bert import MaskedLM, build_model, count_parameters, resolve_attn_implementation
+from mlmkit.model.bert import (
+    MaskedLM,
+    build_model,
+    count_parameters,
+    init_output_bias,
+    resolve_attn_implementation,
+)
 from mlmkit.model.documents import isolation_sep_id
 from mlmkit.model.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training import lock as run_lock
@@ -235,13 +241,19 @@ class ModelParts:
 
 
 def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
-                      run_dir: Path, resume_from: Path | None = None) -> ModelParts:
+                      run_dir: Path, resume_from: Path | None = None,
+                      token_counts: Any = None) -> ModelParts:
     """The model (its config and tokenizer saved to ``<run>/model/`` where none is; a resumed
     run's model must have the shape saved beside its checkpoint), the objective, the optimizer,
-    the budget and the schedule against it, and the MFU meter."""
+    the budget and the schedule against it, and the MFU meter. ``token_counts``: the training
+    blocks' token counts, where a new model's output bias starts from them
+    (``model.output_bias_init=unigram``)."""
     tc, device = cfg.train, accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn)
+    if (cfg.model.output_bias_init == "unigram" and token_counts is not None and resume_from is None
+            and not cfg.model.init_from):
+        init_output_bias(model, token_counts)
     fit_tokenizer(tokenizer, model)  # saved and exported without token_type_ids for ModernBERT
     log.info("Model %s: %.2fM parameters (%.2fM without embeddings), attention %s", cfg.model.name,
              count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6, attn)

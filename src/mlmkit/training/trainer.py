@@ -21,7 +21,7 @@ import torch
 from mlmkit.config import Config
 from mlmkit.data.loader import training_stream
 from mlmkit.errors import Preempted
-from mlmkit.evaluation.mlm import evaluate, fixed_eval_batches, majority_baseline
+from mlmkit.evaluation.mlm import evaluate, fixed_eval_batches, majority_baseline, token_counts
 from mlmkit.export.final import export_final, without_tied_copies
 from mlmkit.model.loading import RUN_MODEL_DIR
 from mlmkit.training import lock as run_lock
@@ -92,12 +92,14 @@ class Trainer:
         self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
         self.accum = setup.check_engine(acc, cfg)
         self.tokenizer = data.tokenizer
-        parts = setup.build_model_parts(cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from)
+        counts = token_counts(data.baseline_set, data.tokenizer)
+        parts = setup.build_model_parts(cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
+                                        counts)
         self.model, self.meter = parts.model, parts.meter
         self.collator = setup.build_collator(cfg, data.tokenizer, acc.process_index)
         stream = training_stream(cfg, self.collator, data.train_set, acc)
         self.eval_batches = fixed_eval_batches(data.val_set, data.tokenizer, cfg.masking, tc.batch_size)
-        self.baseline = majority_baseline(data.baseline_set, self.eval_batches, data.tokenizer)
+        self.baseline = majority_baseline(counts, self.eval_batches, data.tokenizer)
         self.objective, self.optimizer, self.scheduler = acc.prepare(parts.objective, parts.optimizer,
                                                                      parts.scheduler)
         self.state = TrainState(parts.budget, stream, self.collator, acc.process_index,
