@@ -99,6 +99,7 @@ def test_wrong_type_is_refused_by_name():
     ("model.num_attention_heads=3", "model.num_attention_heads"),
     ("data.max_seq_length=1024", "data.max_seq_length"),
     ("optim.schedule=step", "optim.schedule"),
+    ("model.output_bias_init=prior", "model.output_bias_init"),
 ])
 def test_bad_values_name_the_setting(override, key):
     with pytest.raises(ConfigError) as info:
