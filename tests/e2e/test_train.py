@@ -239,7 +239,7 @@ def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr
     train_events = events(run, "train")
     assert [e["step"] for e in train_events] == [1, 2, 3, 4]
     assert all(e["mlm_probability"] == 0.4 and e["loss"] > 0 for e in train_events)
-    assert train_events[0]["lr"] == pytest.approx(lr / warmup)
+    assert train_events[0]["lr"] == pytest.approx(lr / min(warmup, 4))  # warmup fits in the 4 steps
     # the output bias started at the corpus's frequencies: its top token is the majority baseline's
     model = AutoModelForMaskedLM.from_pretrained(run / "final")
     top = int(parts_of(model).output_bias(model).argmax())
