@@ -100,6 +100,8 @@ def test_wrong_type_is_refused_by_name():
     ("data.max_seq_length=1024", "data.max_seq_length"),
     ("optim.schedule=step", "optim.schedule"),
     ("model.output_bias_init=prior", "model.output_bias_init"),
+    ("model.attention_init=global", "model.attention_init"),
+    ("model.position_init=normal", "model.attention_init=normal"),
 ])
 def test_bad_values_name_the_setting(override, key):
     with pytest.raises(ConfigError) as info:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from mlmkit.config import ModelConfig, OptimConfig
@@ -167,7 +169,7 @@ def test_sinusoidal_position_init_starts_neighbours_alike(tokenizer):
     tables = {}
     for how in ("sinusoidal", "normal"):
         torch.manual_seed(0)
-        model = build_model(ModelConfig(position_init=how, **small), tokenizer)
+        model = build_model(ModelConfig(position_init=how, attention_init="normal", **small), tokenizer)
         tables[how] = model.bert.embeddings.position_embeddings.weight.detach()
     sin = tables["sinusoidal"]
     assert abs(sin.std().item() - 0.02) < 1e-4
@@ -211,3 +213,54 @@ def test_unigram_output_bias_starts_the_model_at_the_corpus_frequencies(tokenize
         loss_zero = model(input_ids=ids, labels=labels).loss.item()
     entropy = -(freq[freq > 0] * freq[freq > 0].log()).sum().item()
     assert abs(loss - entropy) < 0.5 < loss_zero - loss
+
+
+def test_local_attention_init_starts_heads_on_the_neighbours(tokenizer):
+    """model.attention_init=local (the default): in every layer, heads 0 and 1 of a
+    four-head model start attending to the previous and the next token whatever the words
+    are (more than to the token itself, the most likely other place); heads 2 and 3, and
+    every head with normal, start near uniform."""
+    cfg = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=256)
+    length = 64
+    ids = torch.randint(10, len(tokenizer), (4, length), generator=torch.Generator().manual_seed(0))
+    inside = torch.arange(1, length - 1)
+    for how in ("local", "normal"):
+        torch.manual_seed(0)
+        config = ModelConfig(attention_init=how, attn_implementation="eager", **cfg)
+        model = build_model(config, tokenizer).eval()
+        with torch.no_grad():
+            attentions = model.bert(input_ids=ids, output_attentions=True).attentions
+        for probs in attentions:  # (batch, head, query, key), one per layer
+            if how == "local":
+                for head, shift in ((0, -1), (1, 1)):
+                    on = probs[:, head, inside]
+                    assert (on.argmax(-1) == inside + shift).float().mean() > 0.6
+                    neighbour, itself = on[:, range(len(inside)), inside + shift], on[:, range(len(inside)), inside]
+                    assert neighbour.mean() > 0.3 and neighbour.mean() > itself.mean() + 0.1
+            untouched = probs[:, 2:] if how == "local" else probs
+            assert untouched.max() < 3.0 / length  # BERT's init: near uniform
+
+
+def test_local_attention_init_keeps_the_other_heads_and_trains(tokenizer):
+    """Only the local heads' query and key weights, and the word and token-type embeddings
+    in the dims those heads read, differ from BERT's init; and they are trained like the
+    others: the loss gives them a gradient."""
+    models = {}
+    for how in ("local", "normal"):
+        torch.manual_seed(0)
+        models[how] = build_model(dataclasses.replace(SMALL, attention_init=how), tokenizer)
+    dh = SMALL.hidden_size // SMALL.num_attention_heads  # two local heads reading dims 0 .. dh - 1
+    for (name, a), (_, b) in zip(models["local"].named_parameters(), models["normal"].named_parameters()):
+        if ".attention.self.query." in name or ".attention.self.key." in name:
+            torch.testing.assert_close(a[2 * dh:], b[2 * dh:])  # heads 2 and 3
+            if name.endswith("weight"):  # the biases start at zero in both
+                assert not torch.allclose(a[:2 * dh], b[:2 * dh])
+        elif "word_embeddings" in name or "token_type_embeddings" in name:
+            assert not a[:, :dh].any() and b[:, :dh].abs().sum() > 0
+            torch.testing.assert_close(a[:, dh:], b[:, dh:])
+        else:
+            torch.testing.assert_close(a, b)
+    MaskedLM(models["local"])(**_batch(tokenizer))["loss_sum"].backward()
+    for layer in models["local"].bert.encoder.layer:
+        assert layer.attention.self.query.weight.grad[:2 * dh].abs().sum() > 0
+    assert models["local"].bert.embeddings.word_embeddings.weight.grad[:, :dh].abs().sum() > 0

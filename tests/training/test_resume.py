@@ -36,10 +36,12 @@ def test_a_change_the_checkpoint_depends_on_is_refused(section, values, setting)
 
 def test_changes_a_resume_may_make_are_listed():
     cfg = _changed(optim={"lr": 5e-4}, train={"max_steps": 9000, "batch_size": 16, "progress": False},
-                   model={"attn_implementation": "eager", "position_init": "normal", "output_bias_init": "zero"},
+                   model={"attn_implementation": "eager", "position_init": "normal", "attention_init": "normal",
+                          "output_bias_init": "zero"},
                    paths={"cache_dir": "/elsewhere"})
     changes = check_settings(cfg, asdict(Config()), Path("step_0000010"))
-    assert changes == ["model.attn_implementation auto -> eager", "model.output_bias_init unigram -> zero",
+    assert changes == ["model.attention_init local -> normal",
+                       "model.attn_implementation auto -> eager", "model.output_bias_init unigram -> zero",
                        "model.position_init sinusoidal -> normal",
                        "optim.lr 0.001 -> 0.0005",
                        "train.batch_size 32 -> 16", "train.max_steps 3000 -> 9000"]

@@ -97,6 +97,11 @@ class ModelConfig:
     # order from the first steps (the table is still learned; the model is a plain
     # BertForMaskedLM). "normal": BERT's own init, like the other weights.
     position_init: str = "sinusoidal"
+    # BERT only: how a new model's attention starts. "local": in every layer half the heads
+    # (at least two) start as previous-token and next-token heads, read off the sinusoidal
+    # position table, so the model uses its neighbours from the first steps (needs
+    # position_init=sinusoidal); "normal": BERT's init for all heads.
+    attention_init: str = "local"
     # How a new model's output bias starts. "unigram": the log of each token's frequency in
     # the training blocks, so the model predicts the unigram distribution from step 0 and
     # its first steps go to learning from the context; "zero": BERT's init.
@@ -145,6 +150,12 @@ class ModelConfig:
         _check(self.pad_vocab_multiple >= 1, "model.pad_vocab_multiple must be at least 1.")
         _check(self.position_init in ("sinusoidal", "normal"),
                f"model.position_init must be sinusoidal or normal, got {self.position_init!r}.")
+        _check(self.attention_init in ("local", "normal"),
+               f"model.attention_init must be local or normal, got {self.attention_init!r}.")
+        _check(self.attention_init != "local" or self.position_init == "sinusoidal"
+               or self.architecture != "bert",
+               "model.attention_init=local starts its heads from the sinusoidal position table; "
+               "set model.position_init=sinusoidal or model.attention_init=normal.")
         _check(self.output_bias_init in ("unigram", "zero"),
                f"model.output_bias_init must be unigram or zero, got {self.output_bias_init!r}.")
         _check(self.architecture in ("bert", "modernbert"),

@@ -22,6 +22,18 @@ from torch import nn
 
 from mlmkit.errors import ConfigError
 
+# The local heads' query/key weights (``Bert.init_attention``): their attention logits reach
+# a few nats between the neighbour and the other positions; twice as much learned slower
+# (docs/recipes.md, stage 6).
+LOCAL_HEAD_SCALE = 1.5
+
+
+def sinusoid_rates(width: int) -> torch.Tensor:
+    """The angular rates of the sine/cosine pairs of a width-``width`` sinusoidal position
+    table (Vaswani et al., 2017): pair k (dims 2k and 2k + 1) turns 10000^(-2k/width) per
+    position."""
+    return 10000.0 ** (-torch.arange(0, width, 2, dtype=torch.float32) / width)
+
 
 class Bert:
     name = "bert"
@@ -65,11 +77,61 @@ class Bert:
         table = model.bert.embeddings.position_embeddings.weight
         n, d = table.shape
         position = torch.arange(n, dtype=torch.float32)[:, None]
-        rate = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        rate = sinusoid_rates(d)
         waves = torch.zeros(n, d)
         waves[:, 0::2] = torch.sin(position * rate)
         waves[:, 1::2] = torch.cos(position * rate[: d // 2])
         table.copy_(waves * (model.config.initializer_range / waves.std()))
+
+    @staticmethod
+    @torch.no_grad()
+    def init_attention(model, how: str) -> None:
+        """``model.attention_init``: "local" starts half the heads of every layer (at least
+        two) as previous-token and next-token heads, in turn, the rest as BERT's init.
+
+        With the sinusoidal position table, the position ``t + s`` is a fixed rotation of
+        position ``t`` in each sine/cosine pair (Vaswani et al., 2017). Such a head's query
+        reads ``dh/2`` pairs of the layer's input and its key reads them rotated by ``s`` =
+        -1 or +1, so a token's query meets its neighbour's key most. The word and token-type
+        embeddings start at zero in the dims of those pairs (the table's fastest-turning
+        ones), so the heads see the positions alone; else a token's own embedding, which
+        its query and key share, draws the head onto the token itself. The head then
+        attends to its neighbour from the first step (about half its weight; the rest on
+        the next ones out), as trained BERTs' heads often do (Clark et al., 2019, 'What
+        Does BERT Look At?'), and the value/output weights learn what to take from it
+        instead of the queries and keys first having to find it. Only the start differs:
+        the weights are trained like all others and the model is a plain
+        ``BertForMaskedLM``."""
+        if how != "local":
+            return
+        d, heads = model.config.hidden_size, model.config.num_attention_heads
+        dh = d // heads
+        local = min(heads, max(2, heads // 2)) // 2 * 2  # previous/next pairs
+        groups = local // 2
+        rate = sinusoid_rates(d)
+        for layer in model.bert.encoder.layer:
+            query, key = layer.attention.self.query, layer.attention.self.key
+            for h in range(local):
+                pairs = torch.arange(dh // 2) * groups + h // 2  # spread over the spectrum
+                angle = rate[pairs] * (1 if h % 2 == 0 else -1)
+                rows = torch.arange(dh // 2) * 2 + h * dh
+                sin_col, cos_col = 2 * pairs, 2 * pairs + 1
+                for weight in (query.weight, key.weight):
+                    weight[h * dh:(h + 1) * dh] = 0.0
+                query.weight[rows, sin_col] = LOCAL_HEAD_SCALE
+                query.weight[rows + 1, cos_col] = LOCAL_HEAD_SCALE
+                # the key is the input rotated by `angle`: (sin, cos)(a) -> (sin, cos)(a + angle)
+                key.weight[rows, sin_col] = LOCAL_HEAD_SCALE * torch.cos(angle)
+                key.weight[rows, cos_col] = LOCAL_HEAD_SCALE * torch.sin(angle)
+                key.weight[rows + 1, sin_col] = -LOCAL_HEAD_SCALE * torch.sin(angle)
+                key.weight[rows + 1, cos_col] = LOCAL_HEAD_SCALE * torch.cos(angle)
+                query.bias[h * dh:(h + 1) * dh] = 0.0
+                key.bias[h * dh:(h + 1) * dh] = 0.0
+        if local:
+            read = 2 * groups * (dh // 2)  # the pairs the local heads read: dims 0 .. read - 1
+            embeddings = model.bert.embeddings
+            embeddings.word_embeddings.weight[:, :read] = 0.0
+            embeddings.token_type_embeddings.weight[:, :read] = 0.0
 
     @staticmethod
     def sequence_classifier(config, pooling: str):
@@ -121,6 +183,10 @@ class ModernBert:
     @staticmethod
     def init_positions(model, how: str) -> None:
         """Rotary positions: no table to initialise."""
+
+    @staticmethod
+    def init_attention(model, how: str) -> None:
+        """Rotary positions: no position table for local heads to start from."""
 
     @staticmethod
     def config(cfg, vocab_size: int, tokenizer):

@@ -95,6 +95,7 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
         model.set_attn_implementation(attn)
         silence_padded_vocab(model, padded_vocab_size(tokenizer))
         architecture(cfg.architecture).init_positions(model, cfg.position_init)
+        architecture(cfg.architecture).init_attention(model, cfg.attention_init)
     limit = model.config.max_position_embeddings
     if max_seq_length is not None and max_seq_length > limit:
         raise ConfigError(

@@ -37,7 +37,8 @@ log = logging.getLogger("mlmkit")
 _MODEL_FREE = {"model.name", "model.init_from", "model.attn_implementation", "model.sparse_prediction",
                "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
                # the init only: a resume loads the checkpoint's weights
-               "model.position_init", "model.output_bias_init"}
+               "model.position_init", "model.attention_init",
+               "model.output_bias_init"}
 # data settings that change neither the blocks nor their order
 _DATA_FREE = {"data.pad_to_multiple_of", "data.num_proc", "data.max_eval_samples", "data.cache"}
 # settings a resume does not look at
