@@ -235,7 +235,7 @@ def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
     assert cfg.model.name == preset and cfg.optim.lr == lr and cfg.optim.warmup_steps == warmup
     assert cfg.masking.mlm_probability == 0.4 and cfg.model.position_init == "sinusoidal"
-    assert cfg.model.output_bias_init == "unigram"
+    assert cfg.model.output_bias_init == "unigram" and cfg.model.attention_init == "local"
     train_events = events(run, "train")
     assert [e["step"] for e in train_events] == [1, 2, 3, 4]
     assert all(e["mlm_probability"] == 0.4 and e["loss"] > 0 for e in train_events)

@@ -116,8 +116,8 @@ class Bert:
                 angle = rate[pairs] * (1 if h % 2 == 0 else -1)
                 rows = torch.arange(dh // 2) * 2 + h * dh
                 sin_col, cos_col = 2 * pairs, 2 * pairs + 1
-                for weight in (query.weight, key.weight):
-                    weight[h * dh:(h + 1) * dh] = 0.0
+                for tensor in (query.weight, key.weight, query.bias, key.bias):
+                    tensor[h * dh:(h + 1) * dh] = 0.0
                 query.weight[rows, sin_col] = LOCAL_HEAD_SCALE
                 query.weight[rows + 1, cos_col] = LOCAL_HEAD_SCALE
                 # the key is the input rotated by `angle`: (sin, cos)(a) -> (sin, cos)(a + angle)
@@ -125,8 +125,6 @@ class Bert:
                 key.weight[rows, cos_col] = LOCAL_HEAD_SCALE * torch.sin(angle)
                 key.weight[rows + 1, sin_col] = -LOCAL_HEAD_SCALE * torch.sin(angle)
                 key.weight[rows + 1, cos_col] = LOCAL_HEAD_SCALE * torch.cos(angle)
-                query.bias[h * dh:(h + 1) * dh] = 0.0
-                key.bias[h * dh:(h + 1) * dh] = 0.0
         if local:
             read = 2 * groups * (dh // 2)  # the pairs the local heads read: dims 0 .. read - 1
             embeddings = model.bert.embeddings
