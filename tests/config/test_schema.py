@@ -109,6 +109,13 @@ def test_bad_values_name_the_setting(override, key):
     assert key in str(info.value)
 
 
+def test_init_settings_of_a_new_model_do_not_bind_continued_pretraining():
+    """The starts of a new model are not checked against each other when model.init_from
+    brings its own weights."""
+    cfg = to_config(_compose(["model.position_init=normal", "model.init_from=some/bert"]))
+    assert cfg.model.attention_init == "local" and cfg.model.init_from == "some/bert"
+
+
 def test_files_source_requires_train_files():
     with pytest.raises(ConfigError, match="data.train_files"):
         to_config(_compose(["data=files", "data.train_files=[]"]))

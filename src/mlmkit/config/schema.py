@@ -153,7 +153,7 @@ class ModelConfig:
         _check(self.attention_init in ("local", "normal"),
                f"model.attention_init must be local or normal, got {self.attention_init!r}.")
         _check(self.attention_init != "local" or self.position_init == "sinusoidal"
-               or self.architecture != "bert",
+               or self.architecture != "bert" or self.init_from is not None,  # a new model only
                "model.attention_init=local starts its heads from the sinusoidal position table; "
                "set model.position_init=sinusoidal or model.attention_init=normal.")
         _check(self.output_bias_init in ("unigram", "zero"),
