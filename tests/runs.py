@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TEST_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 TINY = [
     "model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
@@ -31,16 +37,161 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
+# --- Python commands through the fork server (tests/fork_server.py) ---------------------------
+# A command such as ``python train.py ...`` spends seconds importing torch, transformers and
+# datasets before it does anything. The fork server imports them once per test process and forks
+# a child per command: a process of its own (its own pid, exit status, signals, files), as a
+# fresh interpreter runs it. MLMKIT_TEST_FORK=0 starts every command as a real process instead.
+
+_server: dict = {}
+_server_lock = threading.Lock()
+
+
+def _server_path(env: dict | None = None) -> str | None:
+    """The socket of this test process's fork server, started on first use with ``env`` (this
+    process's, by default); None when off."""
+    if os.environ.get("MLMKIT_TEST_FORK", "1") == "0":
+        return None
+    with _server_lock:
+        proc = _server.get("proc")
+        if proc is None or proc.poll() is not None:
+            path = os.path.join(tempfile.mkdtemp(prefix="mlmkit-fork-"), "socket")
+            env = {**os.environ, **TEST_ENV} if env is None else env
+            proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py"), path],
+                                    cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL)
+            atexit.register(proc.kill)
+            _server.update(proc=proc, path=path, env=env)
+    deadline = time.time() + 300
+    while not os.path.exists(_server["path"]):  # listening once its imports are done
+        if proc.poll() is not None or time.time() > deadline:
+            return None
+        time.sleep(0.05)
+    return _server["path"]
+
+
+def _stable(env: dict) -> dict:
+    """The environment but for what pytest changes with every test."""
+    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def start_fork_server() -> None:
+    """Start this test process's fork server now, so that its imports overlap other tests."""
+    env = {**os.environ, **TEST_ENV}
+    threading.Thread(target=_server_path, args=(env,), daemon=True).start()
+
+
+class ForkedProcess:
+    """The part of ``subprocess.Popen`` the tests use, for a child of the fork server."""
+
+    def __init__(self, args: list[str], conn: socket.socket, pid: int, out: str, err: str):
+        self.args, self.pid, self.returncode = args, pid, None
+        self._conn, self._out, self._err, self._buffer = conn, out, err, b""
+
+    def _reply(self, timeout: float | None) -> dict | None:
+        self._conn.settimeout(timeout)
+        try:
+            while b"\n" not in self._buffer:
+                chunk = self._conn.recv(4096)
+                if not chunk:
+                    raise RuntimeError("the fork server stopped before the command ended")
+                self._buffer += chunk
+        except (TimeoutError, BlockingIOError):
+            return None
+        return json.loads(self._buffer.split(b"\n", 1)[0])
+
+    def poll(self) -> int | None:
+        if self.returncode is None and (reply := self._reply(0.0)) is not None:
+            self.returncode = reply["returncode"]
+            self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            reply = self._reply(timeout)
+            if reply is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = reply["returncode"]
+            self._conn.close()
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return tuple(Path(p).read_text(errors="replace") for p in (self._out, self._err))
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def _forked(args: list[str], cwd: Path, env: dict, file_size_limit: int | None,
+            new_session: bool) -> ForkedProcess | None:
+    """``python *args`` as a child of the fork server, or None where it cannot run there."""
+    path = _server_path()
+    if path is None or _stable(env) != _stable(_server["env"]):  # some are read at import
+        return None
+    folder = tempfile.mkdtemp(prefix="mlmkit-run-")
+    out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+    request = {"argv": args, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err,
+               "file_size_limit": file_size_limit, "new_session": new_session}
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    conn.sendall(json.dumps(request).encode() + b"\n")
+    proc = ForkedProcess([sys.executable, *args], conn, 0, out, err)
+    reply = proc._reply(None)
+    if "pid" not in reply:
+        conn.close()
+        return None
+    proc.pid, proc._buffer = reply["pid"], proc._buffer.split(b"\n", 1)[1]
+    return proc
+
+
+def python_popen(*args: str, cwd: Path = ROOT, env: dict | None = None,
+                 new_session: bool = False):
+    """``python *args`` started (a ForkedProcess, or a Popen with text pipes)."""
+    env = {**os.environ, **TEST_ENV} if env is None else env
+    args = [str(a) for a in args]
+    if (proc := _forked(args, cwd, env, None, new_session)) is not None:
+        return proc
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+
+
+def python_run(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
+               file_size_limit: int | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    """``python *args`` to its end, as ``subprocess.run(..., capture_output=True, text=True)``;
+    ``file_size_limit``: a file cannot grow past that many bytes (the write fails with EFBIG,
+    as on a full disk)."""
+    env = {**os.environ, **TEST_ENV} if env is None else env
+    args = [str(a) for a in args]
+    proc = _forked(args, cwd, env, file_size_limit, False)
+    if proc is None:
+        limit = (lambda: _limit_file_size(file_size_limit)) if file_size_limit else None
+        return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout, preexec_fn=limit, check=check)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    if check and proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = True,
               file_size_limit: int | None = None):
     """train.py with the tiny settings; ``file_size_limit``: a file cannot grow past that many
     bytes (the write fails with EFBIG, as on a full disk)."""
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"paths.cache_dir={cache_dir}",
-           f"hydra.run.dir={run_dir}", *overrides]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    limit = (lambda: _limit_file_size(file_size_limit)) if file_size_limit else None
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-                          preexec_fn=limit)
+    proc = python_run(ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}",
+                      f"hydra.run.dir={run_dir}", *overrides, file_size_limit=file_size_limit)
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
@@ -95,9 +246,7 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 def run_finetune(*overrides: str, check: bool = True):
     """``mlmkit finetune`` with ``overrides``, from the checkout."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "mlmkit", "finetune", *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = python_run("-m", "mlmkit", "finetune", *overrides, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"finetune failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc

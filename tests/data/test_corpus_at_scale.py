@@ -14,6 +14,7 @@ from conftest import shared_file
 from runs import (
     ROOT,  # noqa: E402
     assert_same_losses,
+    python_run,
 )
 
 import mlmkit.data.packing as data_mod
@@ -160,9 +161,7 @@ def test_other_bad_inputs_are_one_sentence(tmp_path, caplog):
 
 
 def _run(*args, timeout=300):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return python_run(*args, timeout=timeout)
 
 
 @pytest.mark.parametrize("algorithm", ["bpe", "unigram", "wordpiece"])

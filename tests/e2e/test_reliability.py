@@ -14,17 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, assert_same_weights, events, limited_file_size, run_train
+from runs import ROOT, TINY, assert_same_weights, events, limited_file_size, python_popen, run_train
 
 from mlmkit.errors import CheckpointError
 from mlmkit.training.checkpoint import list_checkpoints, save_checkpoint
 
 
 def _start(run: Path, cache_dir: Path, *overrides: str) -> subprocess.Popen:
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"paths.cache_dir={cache_dir}",
-           f"hydra.run.dir={run}", *overrides]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return python_popen(ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}",
+                        f"hydra.run.dir={run}", *overrides)
 
 
 def _train_steps(run: Path) -> list[int]:
@@ -321,11 +319,9 @@ def test_sigusr1_goes_on_to_the_launchers_handler_after_the_checkpoint(tmp_path,
         "sys.argv = [sys.argv[3]] + sys.argv[4:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    cmd = [sys.executable, str(wrapper), str(marker), str(run), str(ROOT / "train.py"), *TINY,
-           f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", "train.max_steps=400",
-           "train.log_every=1", "train.save_every=0", "train.eval_every=0", "logger=none"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = python_popen(wrapper, marker, run, ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}",
+                        f"hydra.run.dir={run}", "train.max_steps=400", "train.log_every=1",
+                        "train.save_every=0", "train.eval_every=0", "logger=none")
     deadline = time.time() + 120
     while len(_train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)

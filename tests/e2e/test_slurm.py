@@ -9,7 +9,7 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from runs import ROOT, TINY, events
+from runs import ROOT, TINY, events, python_run
 
 from mlmkit.config import register_configs
 
@@ -37,11 +37,9 @@ def test_sbatch_examples_are_valid_bash():
 def test_a_job_runs_through_the_submitit_launcher(tmp_path, cache_dir):
     """submitit_local runs the job the way submitit_slurm does on a cluster node."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local", *TINY,
-           f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", "train.max_steps=10",
-           "train.resume=auto", "logger=none", "hydra.launcher.timeout_min=10"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = python_run(ROOT / "train.py", "-m", "hydra/launcher=submitit_local", *TINY,
+                      f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", "train.max_steps=10",
+                      "train.resume=auto", "logger=none", "hydra.launcher.timeout_min=10")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = sweep / "0"
     assert [e["step"] for e in events(run, "train")] == [5, 10]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import ROOT, TINY, assert_same_losses, assert_same_weights, events, free_port, run_train  # noqa: F401
+from runs import ROOT, TINY, assert_same_losses, assert_same_weights, events, free_port, python_run, run_train  # noqa: F401
 
 
 @pytest.mark.slow
@@ -192,9 +192,7 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
 
     ckpt = trained_run / "checkpoints" / "step_0000015"
     out = tmp_path / "step15"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(ckpt), str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = python_run("-m", "mlmkit", "export", ckpt, out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = load_file(ckpt / "model.safetensors")
     exported = load_file(out / "model.safetensors")
@@ -206,10 +204,10 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
             f"AutoModelForMaskedLM.from_pretrained({str(out)!r}); "
             f"v = SentenceTransformer({str(out)!r}, device='cpu').encode(['a b c']); "
             "assert v.shape[0] == 1 and not any(m.startswith('mlmkit') for m in sys.modules)")
-    check = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    check = subprocess.run([sys.executable, "-c", code], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                           capture_output=True, text=True, timeout=300)  # a fresh interpreter
     assert check.returncode == 0, check.stderr[-3000:]
-    again = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(ckpt), str(out)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=300)
+    again = python_run("-m", "mlmkit", "export", ckpt, out, timeout=300)
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
@@ -226,11 +224,10 @@ def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr
     from mlmkit.model.architectures import parts_of
 
     run = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "train.py"), f"model={preset}", "train.max_steps=4", "train.log_every=1",
-           "train.eval_every=4", "train.save_every=0", "data.max_eval_samples=8", "train.progress=false",
-           "masking.eval_min_masked_tokens=0", "logger=none", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = python_run(ROOT / "train.py", f"model={preset}", "train.max_steps=4", "train.log_every=1",
+                      "train.eval_every=4", "train.save_every=0", "data.max_eval_samples=8",
+                      "train.progress=false", "masking.eval_min_masked_tokens=0", "logger=none",
+                      f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
     assert cfg.model.name == preset and cfg.optim.lr == lr and cfg.optim.warmup_steps == warmup

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from conftest import shared_file
-from runs import ROOT, assert_same_losses, assert_same_weights, events, run_finetune, run_train
+from runs import ROOT, assert_same_losses, assert_same_weights, events, python_run, run_finetune, run_train
 
 # three layers (global, local, local) with a window of 16 tokens, so blocks of 64 use it
 MODERNBERT = ["model=modernbert-tiny", "model.num_hidden_layers=3", "model.local_attention=16",
@@ -96,11 +96,9 @@ def test_modernbert_eval_reproduces_the_runs_eval_events(modernbert_run, cache_d
     by_step = {e["step"]: e for e in events(run, "eval")}
     for target, step in [(run, 20), (run / "checkpoints" / "step_0000010", 10)]:
         out = tmp_path / f"eval-{step}.json"
-        cmd = [sys.executable, "-m", "mlmkit", "eval", f"checkpoint={target}", f"paths.cache_dir={cache_dir}",
-               "data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8", f"output={out}",
-               "precision=no"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        proc = python_run("-m", "mlmkit", "eval", f"checkpoint={target}", f"paths.cache_dir={cache_dir}",
+                          "data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8",
+                          f"output={out}", "precision=no")
         assert proc.returncode == 0, proc.stderr[-3000:]
         result, logged = json.loads(out.read_text()), by_step[step]
         assert result["tokens"] == logged["eval_tokens"]

@@ -9,17 +9,15 @@ import subprocess
 import sys
 
 import pytest
-from runs import ROOT, events
+from runs import ROOT, events, python_run
 
 from mlmkit.evaluation.metric_modules import load_metric
 
 EVAL_ARGS = ["data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8"]
 
 
-def run_eval(*overrides: str, launcher: list[str] | None = None, check: bool = True):
-    cmd = (launcher or [sys.executable]) + ["-m", "mlmkit", "eval", *EVAL_ARGS, *overrides]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+def run_eval(*overrides: str, check: bool = True):
+    proc = python_run("-m", "mlmkit", "eval", *EVAL_ARGS, *overrides)
     if check and proc.returncode != 0:
         raise AssertionError(f"evaluate failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc

@@ -1,0 +1,145 @@
+"""Start ``python train.py ...`` and ``python -m mlmkit ...`` for the tests without paying for
+Python's start and the imports of torch, transformers and datasets each time.
+
+    python tests/fork_server.py SOCKET
+
+The server imports what the commands import, then listens on a Unix socket. Each request (one
+JSON line: argv, cwd, env, an optional file-size limit, whether to start a new session) is
+answered by forking a child that runs the command as a fresh interpreter would (``runpy``, with
+``sys.argv`` set, stdout and stderr in the request's files, exit status as ``python`` gives it).
+The server replies with the child's pid at once and with its exit status when it ends.
+
+The server only imports: it never runs a torch operation, so no OpenMP thread pool exists when
+it forks. The client sends only requests whose environment equals the server's (but for
+pytest's name of the current test), since libraries read some variables at import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+
+def preload() -> None:
+    """What the commands import, so that each child finds it loaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import accelerate  # noqa: F401
+    import datasets  # noqa: F401
+    import hydra  # noqa: F401
+    import matplotlib.pyplot  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM, pipeline  # noqa: F401
+    from transformers.pipelines import fill_mask  # noqa: F401
+
+    import mlmkit.cli
+    for name in mlmkit.cli.COMMANDS.values():
+        __import__(name[0])
+    import mlmkit.evaluation.finetune  # noqa: F401
+    import mlmkit.evaluation.mlm  # noqa: F401
+    import mlmkit.training.trainer  # noqa: F401
+
+
+def run_child(request: dict) -> None:
+    """In the forked process: the command as ``python <argv>`` runs it (never returns)."""
+    status = 1
+    try:
+        if request.get("new_session"):
+            os.setsid()
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(target, fd)
+            os.close(target)
+        if request.get("file_size_limit"):
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG
+            hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+            resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"], hard))
+        os.environ.clear()  # the client's: the server's but for pytest's PYTEST_CURRENT_TEST
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        status = _run_argv(request["argv"])
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            status = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:  # what the interpreter does at its end: wait for threads, run atexit, flush
+            threading._shutdown()
+            import atexit
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+
+
+def _run_argv(argv: list[str]) -> int:
+    """``argv`` without the interpreter: ``script.py args``, ``-m module args`` or ``-c code args``."""
+    if argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+    elif argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+def serve(path: str) -> None:
+    preload()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(16)
+    os.rename(path + ".tmp", path)  # the path appears once connections are taken
+    listener.setblocking(False)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:  # ends with the test process that started it
+        for key, _ in selector.select(timeout=0.02):
+            conn, _ = key.fileobj.accept()
+            conn.setblocking(True)
+            request = json.loads(conn.makefile().readline())
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                run_child(request)
+            children[pid] = conn
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        while children:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                reply = {"returncode": os.waitstatus_to_exitcode(wait_status)}
+                try:
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
