@@ -39,7 +39,7 @@ def preload() -> None:
     import mlmkit.cli.train  # noqa: F401
     import mlmkit.evaluation.finetune  # noqa: F401
     import mlmkit.evaluation.mlm  # noqa: F401
-    import mlmkit.training.trainer  # noqa: F401
+    import mlmkit.export.run  # noqa: F401
 
 
 def child(args: list[str], out: str, err: str) -> None:

@@ -8,9 +8,9 @@ __version__ = "0.1.0"
 
 
 def train(cfg, run_dir):
-    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.training.trainer.train``."""
+    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.export.run.train``."""
     from mlmkit.config import to_config
-    from mlmkit.training.trainer import train as _train
+    from mlmkit.export.run import train as _train
 
     return _train(to_config(cfg), run_dir)
 

@@ -1,5 +1,5 @@
 """``mlmkit train [settings]`` (and ``python train.py`` in a checkout): Hydra composes
-conf/config.yaml with the command line's overrides, then ``mlmkit.training.trainer.train``
+conf/config.yaml with the command line's overrides, then ``mlmkit.export.run.train``
 runs in Hydra's run dir, on every process under ``accelerate launch``."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
     def run(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        from mlmkit.training.trainer import train
+        from mlmkit.export.run import train
 
         exit_on_error(lambda: train(to_config(cfg), HydraConfig.get().runtime.output_dir) and None)
 

@@ -10,6 +10,7 @@ from mlmkit.config.compose import (
     to_config,
 )
 from mlmkit.config.schema import (
+    METRICS,
     PRECISIONS,
     STRATEGIES,
     TRACKERS,
@@ -40,6 +41,7 @@ __all__ = [
     "EvalConfig",
     "FinetuneConfig",
     "LoggerConfig",
+    "METRICS",
     "MaskingConfig",
     "ModelConfig",
     "OptimConfig",

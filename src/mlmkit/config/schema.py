@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass, field
 
 from mlmkit.errors import ConfigError
-from mlmkit.evaluation.metric_modules import METRICS
 
 
 def _check(cond: bool, message: str) -> None:
@@ -26,6 +25,8 @@ def _check(cond: bool, message: str) -> None:
 # Choices that several settings share, named once.
 STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")  # masking.strategy
 PRECISIONS = ("auto", "no", "fp16", "bf16")  # train.precision, and precision= of eval and finetune
+# task.metrics: the metric scripts shipped in mlmkit.evaluation.metric_modules, one folder each
+METRICS = ("accuracy", "matthews_correlation", "pearson", "spearman")
 
 
 def check_precision(value: str, setting: str) -> None:

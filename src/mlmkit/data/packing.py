@@ -20,12 +20,16 @@ import os
 import weakref
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlmkit.config import DataConfig
 from mlmkit.data import cache
 from mlmkit.data.sources import PACK_VERSION, corpus_fingerprint, load_corpus
 from mlmkit.data.tokenizer import tokenizer_fingerprint
 from mlmkit.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +119,21 @@ def check_predictable(rows, tokenizer, setting: str) -> None:
         "so no token can be masked and predicted; use a tokenizer that covers the text "
         "(tokenizer.name_or_path=null trains one on it), or add text."
     )
+
+
+def token_counts(train_set, tokenizer, max_blocks: int = 20_000) -> torch.Tensor:
+    """How often each id occurs in the first ``max_blocks`` training blocks, special tokens
+    counted 0 (one tensor of ``len(tokenizer)`` counts): the unigram output bias and the
+    majority baseline come from them."""
+    import torch
+
+    ids = train_set[: min(len(train_set), max_blocks)]["input_ids"]
+    if isinstance(ids, list):  # rows of different lengths (line_by_line packing)
+        ids = torch.cat([torch.as_tensor(r).reshape(-1) for r in ids]) if ids else torch.zeros(0)
+    ids = torch.as_tensor(ids).reshape(-1).long()
+    counts = torch.bincount(ids, minlength=len(tokenizer))[: len(tokenizer)]
+    counts[torch.tensor(tokenizer.all_special_ids, dtype=torch.long)] = 0
+    return counts
 
 
 def _tokenize_and_pack(batch: dict, tokenizer, max_seq_length: int, packing: str = "concatenate") -> dict:

@@ -1,2 +1,2 @@
-"""Evaluation: the one MLM evaluation, used by the training loop and ``mlmkit eval``
+"""Evaluation: ``mlmkit eval``, the training loop's own MLM evaluation of a saved model
 (``mlm``), GLUE fine-tuning (``finetune``) and offline metric modules (``metric_modules``)."""

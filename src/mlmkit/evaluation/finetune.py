@@ -36,7 +36,7 @@ from mlmkit.data.sources import check_not_binary
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.evaluation.metric_modules import load_metric
 from mlmkit.model.architectures import parts_of
-from mlmkit.model.loading import load_model_and_tokenizer
+from mlmkit.training.loading import load_model_and_tokenizer
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.optim import build_optimizer, build_scheduler
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu

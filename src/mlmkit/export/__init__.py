@@ -1,1 +1,2 @@
-"""Export: ``final/`` as a plain Hugging Face model dir with its model card (``final``)."""
+"""Export: ``final/`` as a plain Hugging Face model dir with its model card (``final``), and
+the pretraining run that ends in it (``run``)."""

@@ -1,3 +1,3 @@
-"""The model: BERT for masked LM with the head only at the chosen positions (``bert``), CPU
-kernels (``kernels``), sequence classification (``classifier``), loading run dirs and
-checkpoints (``loading``)."""
+"""The model: BERT for masked LM with the head only at the chosen positions, loaded from a
+model dir or a checkpoint's weights (``bert``), CPU kernels (``kernels``), sequence
+classification (``classifier``)."""

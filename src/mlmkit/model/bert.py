@@ -1,6 +1,6 @@
 """The encoder: a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` on SDPA
-(``model.architecture``; their parts in ``architectures``), and the training objective
-around it."""
+(``model.architecture``; their parts in ``architectures``), loaded from a model dir or from
+a training checkpoint's weights, and the training objective around it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mlmkit.config import ModelConfig
-from mlmkit.errors import ConfigError
+from mlmkit.errors import CheckpointError, ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
 from mlmkit.model.documents import document_inputs
@@ -175,6 +175,54 @@ def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", settin
             f"Could not load weights from {setting}={name_or_path!r}: "
             f"{_first_line(exc)} (mlmkit loads model.safetensors only)."
         ) from None
+
+
+def model_from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str = "sdpa",
+                          setting: str = "checkpoint"):
+    """The masked-LM model of a training checkpoint folder ``ckpt`` (its ``model.safetensors``)
+    on the architecture of ``spec``, the config.json its run wrote, with one clear error on
+    failure; ``spec`` is refused if it asks for custom code."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from mlmkit.model.safety import refuse_custom_code
+
+    refuse_custom_code(spec, setting)
+    weights = ckpt / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(
+            f"The checkpoint {str(ckpt)!r} has no model.safetensors (a sharded FSDP/DeepSpeed "
+            "checkpoint); evaluate the run's final/ dir instead."
+        )
+    try:
+        config = AutoConfig.from_pretrained(str(spec), trust_remote_code=False)
+        tensors = load_file(str(weights))
+    except Exception as exc:  # a cut or garbled file fails in json or in the safetensors header
+        raise CheckpointError(
+            f"{setting}: could not read the checkpoint {str(ckpt)!r} ({_first_line(exc)}); it is "
+            f"damaged, so point {setting} at another checkpoint or at the run's final/ dir."
+        ) from None
+    arch = architecture(config.model_type)  # bert or modernbert, else one sentence
+    config._attn_implementation = attn_implementation
+    model = transformers_class(arch.masked_lm)(config)
+    # the training objective wraps the model as .model; tied weights are stored once
+    state = {k.removeprefix("model."): v for k, v in tensors.items()}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of other shapes than the run's config says
+        raise CheckpointError(
+            f"The checkpoint {str(ckpt)!r} does not match the run's model config ("
+            f"{(str(exc).strip().splitlines() or ['size mismatch'])[-1].strip()[:160]}); "
+            f"point {setting} at the run's final/ dir."
+        ) from None
+    missing = [k for k in missing if k not in arch.tied_keys]  # = the embeddings (and bias)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"The checkpoint {str(ckpt)!r} does not match the run's model config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})."
+        )
+    model.tie_weights()
+    return model
 
 
 def _first_line(exc: BaseException) -> str:

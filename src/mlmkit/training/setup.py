@@ -30,10 +30,10 @@ from mlmkit.model.bert import (
     resolve_attn_implementation,
 )
 from mlmkit.model.documents import isolation_sep_id
-from mlmkit.model.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training import lock as run_lock
 from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint import resolve_resume
+from mlmkit.training.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training.optim import build_optimizer, build_scheduler
 from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, reference_rate
 from mlmkit.training.resume import check_model_shape

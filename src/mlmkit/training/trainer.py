@@ -1,16 +1,16 @@
 """The training loop.
 
-``train(cfg, run_dir)`` sets up (``setup``: run dir and accelerator, tokenizer and data,
-model, optimizer and budget), resumes if asked (``TrainState``), then ``Trainer.fit`` runs
-optimizer steps (``step``) until the first budget is spent, and once in a while logs,
-evaluates and saves a checkpoint; the end is an export of ``final/``.
+``Trainer(cfg, run_dir)`` sets up (``setup``: run dir and accelerator, tokenizer and data,
+model, optimizer and budget), ``resume`` restores a checkpoint if asked (``TrainState``),
+then ``fit`` runs optimizer steps (``step``) until the first budget is spent, and once in a
+while logs, evaluates (``validation``) and saves a checkpoint; ``final_state`` gathers the
+weights for the export of ``final/`` (``export.run.train`` runs all of it).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,36 +20,20 @@ import torch
 
 from mlmkit.config import Config
 from mlmkit.data.loader import training_stream
+from mlmkit.data.packing import token_counts
 from mlmkit.errors import Preempted
-from mlmkit.evaluation.mlm import evaluate, fixed_eval_batches, majority_baseline, token_counts
-from mlmkit.export.final import export_final, without_tied_copies
-from mlmkit.model.loading import RUN_MODEL_DIR
-from mlmkit.training import lock as run_lock
 from mlmkit.training import resume, setup
 from mlmkit.training.checkpoint import load_checkpoint, load_latest, save_checkpoint
+from mlmkit.training.loading import RUN_MODEL_DIR
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.perf import peak_memory_gb
 from mlmkit.training.signals import StopSignals
 from mlmkit.training.state import TrainState
 from mlmkit.training.step import StepResult, count_bad_step, next_micro_batches, optimizer_step
 from mlmkit.training.tracking import finish_trackers_on_error, log_event, start_trackers
+from mlmkit.training.validation import evaluate, fixed_eval_batches, majority_baseline
 
 log = logging.getLogger("mlmkit")
-
-
-def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``.
-
-    Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
-    """
-    try:
-        trainer = Trainer(cfg, Path(run_dir))
-        trainer.resume()
-        last_eval = trainer.fit()
-        trainer.export(last_eval)
-    finally:
-        run_lock.release()  # the run dir's lock, taken at setup
-    return last_eval
 
 
 class LogWindow:
@@ -237,24 +221,29 @@ class Trainer:
                                self.cfg.train.keep_last)
         log.info("Saved checkpoint %s", path)
 
-    def export(self, last_eval: dict[str, Any]) -> None:
-        """``final/``: the full weights (every rank takes part: FSDP and ZeRO-3 gather them)."""
+    def final_state(self, last_eval: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]] | None:
+        """``(plain model, its full weights, summary)`` for ``final/`` on the main process
+        (every rank takes part: FSDP and ZeRO-3 gather the weights), None on the others and
+        with ``train.export=false``. An empty ``last_eval`` (resumed at the end of the
+        budget) is filled with an evaluation of the restored weights."""
         acc, state = self.accelerator, self.state
         acc.wait_for_everyone()
-        if not last_eval:  # resumed at the end of the budget: evaluate the restored weights
+        if not last_eval:
             last_eval.update(evaluate(acc, self.objective, self.eval_batches))
-        if self.cfg.train.export:
-            weights = acc.get_state_dict(self.objective)
-            if acc.is_main_process:
-                plain = acc.unwrap_model(self.objective).model
-                summary = {"step": state.step, "tokens_seen": state.tokens_seen, **last_eval, **self.baseline}
-                final = export_final(
-                    plain, self.tokenizer, self.run_dir / "final", config=asdict(self.cfg), summary=summary,
-                    state_dict=without_tied_copies(plain, {k.removeprefix("model."): v for k, v in weights.items()}),
-                )
-                log.info("Exported %s", final)
-        acc.wait_for_everyone()
-        acc.end_training()
+        if not self.cfg.train.export:
+            return None
+        weights = acc.get_state_dict(self.objective)
+        if not acc.is_main_process:
+            return None
+        summary = {"step": state.step, "tokens_seen": state.tokens_seen, **last_eval, **self.baseline}
+        # the training objective wraps the model as .model
+        return (acc.unwrap_model(self.objective).model,
+                {k.removeprefix("model."): v for k, v in weights.items()}, summary)
+
+    def end(self) -> None:
+        """Wait for every rank (the main one writes ``final/`` first), then end the trackers."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
 
     def _paused(self, window: LogWindow, job):
         """Run ``job`` (evaluation, a checkpoint) with its time kept out of tokens/s."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlmkit.config.schema import METRICS  # task.metrics checks against the same names
+
 HERE = Path(__file__).resolve().parent
-METRICS = ("accuracy", "matthews_correlation", "pearson", "spearman")
 
 
 def metric_path(name: str) -> Path:

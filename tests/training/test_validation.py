@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from mlmkit.config import MaskingConfig
-from mlmkit.evaluation.mlm import fixed_eval_batches, majority_baseline, token_counts
+from mlmkit.data.packing import token_counts
 from mlmkit.training.metrics_log import MetricsLog
+from mlmkit.training.validation import fixed_eval_batches, majority_baseline
 
 
 def _dataset(tokenizer, n=300, length=32):
@@ -54,7 +55,7 @@ def test_a_small_validation_set_is_masked_again_until_10k_tokens_are_chosen(toke
 def test_accuracy_comes_with_its_standard_error():
     from accelerate import Accelerator
 
-    from mlmkit.evaluation.mlm import evaluate
+    from mlmkit.training.validation import evaluate
 
     class Guess(torch.nn.Module):  # predicts token 1 everywhere: right where the target is 1
         def forward(self, input_ids, labels, attention_mask=None, **_):
@@ -137,7 +138,7 @@ class _CountingModel(torch.nn.Module):
 
 def test_every_rank_runs_the_same_number_of_eval_forwards_and_counts_each_batch_once(tokenizer):
     """Under FSDP or ZeRO-3 each forward is a collective: a rank short of a batch still runs it."""
-    from mlmkit.evaluation.mlm import evaluate
+    from mlmkit.training.validation import evaluate
 
     batches = fixed_eval_batches(_dataset(tokenizer, n=40), tokenizer, MaskingConfig(eval_min_masked_tokens=0),
                                  batch_size=8)

@@ -2,7 +2,8 @@
 
 A run dir holds ``model/`` (the Hugging Face config and the tokenizer, written when the run
 starts), so each ``checkpoints/step_*`` folder, which holds only weights and training
-state, can be turned back into a plain ``BertForMaskedLM`` (or ``ModernBertForMaskedLM``).
+state, can be turned back into a plain ``BertForMaskedLM`` (or ``ModernBertForMaskedLM``,
+``model.bert.model_from_checkpoint``) with the run's tokenizer.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from pathlib import Path
 
 from mlmkit.data.tokenizer import load_tokenizer
 from mlmkit.errors import CheckpointError, ConfigError
-from mlmkit.model.architectures import architecture, fit_tokenizer, transformers_class
-from mlmkit.model.bert import load_pretrained
-from mlmkit.model.safety import refuse_custom_code
+from mlmkit.model.architectures import fit_tokenizer
+from mlmkit.model.bert import load_pretrained, model_from_checkpoint
 from mlmkit.training.checkpoint import is_checkpoint, list_checkpoints
 
 RUN_MODEL_DIR = "model"  # <run dir>/model: config.json and the tokenizer
@@ -63,50 +63,8 @@ def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
             f"{setting}={str(path)!r} is a checkpoint, but its run dir has no {RUN_MODEL_DIR}/ "
             "(config and tokenizer); evaluate the run's final/ dir instead."
         )
-    refuse_custom_code(spec, setting)
-    model = _from_checkpoint(resolved, spec, attn_implementation, setting)
+    model = model_from_checkpoint(resolved, spec, attn_implementation, setting)
     tokenizer = load_tokenizer(str(spec), setting)
     fit_tokenizer(tokenizer, model)
     return model, tokenizer, resolved
 
-
-def _from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str, setting: str = "checkpoint"):
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
-
-    weights = ckpt / "model.safetensors"
-    if not weights.is_file():
-        raise CheckpointError(
-            f"The checkpoint {str(ckpt)!r} has no model.safetensors (a sharded FSDP/DeepSpeed "
-            "checkpoint); evaluate the run's final/ dir instead."
-        )
-    try:
-        config = AutoConfig.from_pretrained(str(spec), trust_remote_code=False)
-        tensors = load_file(str(weights))
-    except Exception as exc:  # a cut or garbled file fails in json or in the safetensors header
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
-        raise CheckpointError(
-            f"{setting}: could not read the checkpoint {str(ckpt)!r} ({detail}); it is damaged, so "
-            f"point {setting} at another checkpoint or at the run's final/ dir."
-        ) from None
-    arch = architecture(config.model_type)  # bert or modernbert, else one sentence
-    config._attn_implementation = attn_implementation
-    model = transformers_class(arch.masked_lm)(config)
-    # the training objective wraps the model as .model; tied weights are stored once
-    state = {k.removeprefix("model."): v for k, v in tensors.items()}
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as exc:  # tensors of other shapes than the run's config says
-        raise CheckpointError(
-            f"The checkpoint {str(ckpt)!r} does not match the run's model config ("
-            f"{(str(exc).strip().splitlines() or ['size mismatch'])[-1].strip()[:160]}); "
-            f"point {setting} at the run's final/ dir."
-        ) from None
-    missing = [k for k in missing if k not in arch.tied_keys]  # = the embeddings (and bias)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"The checkpoint {str(ckpt)!r} does not match the run's model config "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]})."
-        )
-    model.tie_weights()
-    return model

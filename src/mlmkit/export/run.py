@@ -1,0 +1,50 @@
+"""A pretraining run, start to ``final/``: the loop (``training.trainer.Trainer``: setup,
+resume, fit), then the export of its weights (``export.final``).
+
+The run sits here, above the loop, because its last act is an export: the loop itself
+imports nothing from ``export``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from mlmkit.config import Config
+from mlmkit.export.final import export_final, without_tied_copies
+from mlmkit.training import lock as run_lock
+from mlmkit.training.trainer import Trainer
+
+log = logging.getLogger("mlmkit")
+
+
+def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
+    """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``.
+
+    Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
+    """
+    try:
+        trainer = Trainer(cfg, Path(run_dir))
+        trainer.resume()
+        last_eval = trainer.fit()
+        export_run(trainer, last_eval)
+    finally:
+        run_lock.release()  # the run dir's lock, taken at setup
+    return last_eval
+
+
+def export_run(trainer: Trainer, last_eval: dict[str, Any]) -> None:
+    """``final/``: the full weights (every rank takes part: FSDP and ZeRO-3 gather them),
+    written by the main process; then every rank ends the run."""
+    final_state = trainer.final_state(last_eval)
+    if final_state is not None:
+        plain, weights, summary = final_state
+        final = export_final(
+            plain, trainer.tokenizer, trainer.run_dir / "final", config=asdict(trainer.cfg), summary=summary,
+            state_dict=without_tied_copies(plain, weights),
+        )
+        log.info("Exported %s", final)
+    trainer.end()
