@@ -29,7 +29,11 @@ import traceback
 
 
 def preload() -> None:
-    """What the commands import, so that each child finds it loaded."""
+    """What the commands import, so that each child finds it loaded: mlmkit's commands, the
+    model classes, the trackers, and DeepSpeed (accelerate's unwrap_model imports it, and
+    with it MLflow, where it is installed: over 2 s)."""
+    import importlib.util
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,16 +42,27 @@ def preload() -> None:
     import hydra  # noqa: F401
     import matplotlib.pyplot  # noqa: F401
     import torch  # noqa: F401
+    import torch.utils.tensorboard  # noqa: F401
     import transformers  # noqa: F401
-    from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM, pipeline  # noqa: F401
+    from transformers import (  # noqa: F401
+        AutoConfig,
+        AutoTokenizer,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        BertTokenizerFast,
+        ModernBertForMaskedLM,
+        ModernBertForSequenceClassification,
+        pipeline,
+    )
     from transformers.pipelines import fill_mask  # noqa: F401
 
     import mlmkit.cli
-    for name in mlmkit.cli.COMMANDS.values():
-        __import__(name[0])
-    import mlmkit.evaluation.finetune  # noqa: F401
-    import mlmkit.evaluation.mlm  # noqa: F401
-    import mlmkit.training.trainer  # noqa: F401
+    for module, _, _ in mlmkit.cli.COMMANDS.values():
+        importlib.import_module(module)
+    import mlmkit.export.run  # noqa: F401
+    for optional in ("deepspeed", "sentence_transformers", "hydra_plugins.hydra_submitit_launcher"):
+        if importlib.util.find_spec(optional.split(".")[0]) is not None:
+            importlib.import_module(optional)
 
 
 def run_child(request: dict) -> None:

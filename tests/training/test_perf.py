@@ -197,3 +197,36 @@ def test_mfu_never_reads_above_one_when_the_run_beats_its_reference(caplog):
     assert first["mfu"] == 1.0 and slower["mfu"] == pytest.approx(0.5)
     assert meter.reference_flops == pytest.approx(first["model_tflops_per_s"] * 1e12)
     assert caplog.text.count("above the measured matmul rate") == 1
+
+
+def test_the_measured_rate_is_stored_once_per_machine_and_settings(monkeypatch, tmp_path):
+    """A run start measures the matmul rate once; later starts on the same machine, software,
+    thread count and products read it; a changed setting, or a damaged file, measures again."""
+    from mlmkit.training import perf
+
+    calls = []
+
+    def fake(products, device, min_seconds, repeats, max_seconds=None):
+        calls.append(len(products))
+        return 1e11 * len(calls)
+
+    monkeypatch.setattr(perf, "_best_rate", fake)
+    cpu, shapes = torch.device("cpu"), ((64, 32, 128),)
+
+    def rate(**kw):
+        perf.reference_rate.cache_clear()  # another process: nothing remembered in memory
+        return perf.stored_reference_rate(tmp_path, cpu, "no", kw.get("shapes", shapes))
+
+    first, how = rate()
+    assert first == 1e11 and "stored" not in how and len(calls) == 1
+    again, how = rate()
+    assert again == first and f"stored in {tmp_path / 'matmul_rates'}" in how and len(calls) == 1
+    assert rate(shapes=((64, 32, 256),))[0] == 2e11  # other products: measured anew
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # .ci/as-avx2: another rate
+    assert rate()[0] == 3e11
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    for stored in (tmp_path / "matmul_rates").glob("*.json"):
+        stored.write_text("{")  # damaged
+    assert rate()[0] == 4e11 and rate()[0] == 4e11 and len(calls) == 4
+    assert perf.stored_reference_rate(None, cpu, "no", shapes)[0] == 5e11  # no cache: measured
+    perf.reference_rate.cache_clear()

@@ -38,14 +38,18 @@ becomes the reference (``ThroughputMeter``): MFU never reads above 100%.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import os
 import resource
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from mlmkit.training.runtime import cpu_has_bf16
+from mlmkit.training.runtime import cpu_has_bf16, cpu_name
 
 log = logging.getLogger("mlmkit")
 
@@ -242,6 +246,41 @@ def reference_rate(device: torch.device, precision: str,
     how = f"measured {name} matmul rate on this {device.type}"
     if device.type == "cpu" and precision == "bf16" and dtype == torch.float32:
         how += "; bf16 is emulated on this CPU"
+    return rate, how
+
+
+# what a measured rate depends on besides the products: the ISA torch's kernels, oneDNN and MKL
+# may use (.ci/as-avx2 holds them to AVX2)
+_ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def stored_reference_rate(cache_dir: Path | None, device: torch.device, precision: str,
+                          shapes: tuple[tuple[int, int, int], ...] = ()) -> tuple[float, str]:
+    """``reference_rate``, measured once for this machine, software, thread count and set of
+    products and kept under ``cache_dir/matmul_rates/`` (about 1.5 s saved at each later start
+    on a CPU). A datasheet peak is never stored; an unwritable cache only costs the saving."""
+    known = device.type == "cuda" and precision in ("bf16", "fp16") and chip_bf16_peak(device)
+    if cache_dir is None or known:
+        return reference_rate(device, precision, shapes)
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    key = json.dumps([machine, device.type, torch.__version__, torch.get_num_threads(), precision,
+                      str(compute_dtype(device, precision)), sorted(shapes),
+                      [os.environ.get(v) for v in _ISA_VARIABLES]])
+    path = Path(cache_dir) / "matmul_rates" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key and stored.get("rate", 0) > 0:
+            return float(stored["rate"]), f"{stored['how']}, stored in {path.parent}"
+    except (OSError, ValueError, AttributeError):
+        pass
+    rate, how = reference_rate(device, precision, shapes)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"key": key, "rate": rate, "how": how}))
+        partial.replace(path)  # whole or absent for a reader
+    except OSError:
+        pass
     return rate, how
 
 

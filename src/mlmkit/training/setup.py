@@ -35,7 +35,7 @@ from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint import resolve_resume
 from mlmkit.training.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training.optim import build_optimizer, build_scheduler
-from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, reference_rate
+from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, stored_reference_rate
 from mlmkit.training.resume import check_model_shape
 from mlmkit.training.runtime import (
     apply_speed_settings,
@@ -266,7 +266,8 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
         compile_encoder(model)
     block_tokens = tc.batch_size * cfg.data.max_seq_length  # one micro-batch's products
     shapes = model_matmul_shapes(model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens))
-    peak_rate, peak_source = reference_rate(device, precision, shapes)
+    peak_rate, peak_source = stored_reference_rate(Path(cfg.paths.cache_dir).expanduser(), device,
+                                                   precision, shapes)
     meter = ThroughputMeter(model.config, cfg.data.max_seq_length, peak_rate * accelerator.num_processes)
     log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
     objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction,
