@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import ROOT, TINY, assert_same_losses, assert_same_weights, events, free_port, python_run, run_train  # noqa: F401
+from runs import (  # noqa: F401
+    ROOT,
+    TINY,
+    assert_same_losses,
+    assert_same_weights,
+    events,
+    free_port,
+    python_run,
+    run_train,
+)
 
 
 @pytest.mark.slow

@@ -10,7 +10,14 @@ import sys
 
 import pytest
 from conftest import shared_file
-from runs import ROOT, assert_same_losses, assert_same_weights, events, python_run, run_finetune, run_train
+from runs import (
+    assert_same_losses,
+    assert_same_weights,
+    events,
+    python_run,
+    run_finetune,
+    run_train,
+)
 
 # three layers (global, local, local) with a window of 16 tokens, so blocks of 64 use it
 MODERNBERT = ["model=modernbert-tiny", "model.num_hidden_layers=3", "model.local_attention=16",

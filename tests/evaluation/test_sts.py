@@ -4,14 +4,11 @@ eval-sts (zero-shot STS-B), finetune task=stsb (regression) and the correlation 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import shared_file
-from runs import ROOT, python_run, run_finetune, run_train
+from runs import python_run, run_finetune, run_train
 
 from mlmkit.errors import DataError
 from mlmkit.evaluation.correlation import pearson, ranks, spearman
