@@ -46,12 +46,37 @@ def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool 
     return run_launch(cmd, timeout=900)
 
 
+# Five evaluation batches over two ranks: the rank with fewer must still take part in every
+# forward, which under FSDP and ZeRO-3 gathers the weights from all ranks.
+ENGINE_ARGS = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train.eval_every=5"]
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory, cache_dir) -> Path:
+    """``accelerate launch -m mlmkit train`` (the installed package's way) with two CPU
+    processes and ENGINE_ARGS, its run dir named by the launch time: the DDP run that the
+    one-process, resume, FSDP and DeepSpeed runs are compared with."""
+    out = tmp_path_factory.mktemp("ddp") / "outputs"
+    launch_two(Path(f"{out}/${{launch_time:%H-%M-%S}}"), cache_dir, *ENGINE_ARGS, as_module=True)
+    runs = list(out.iterdir())
+    assert len(runs) == 1, runs  # both ranks resolved the same launch time
+    return runs[0]
+
+
 @pytest.mark.slow
-def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, cache_dir):
+def test_two_processes_share_one_run_dir(ddp_reference):
+    """Both ranks write into one run dir, and its events once, not per rank."""
+    assert "2 process(es)" in (ddp_reference / "train.log").read_text()
+    assert [e["step"] for e in events(ddp_reference, "train")] == list(range(1, 11))
+    assert [e["step"] for e in events(ddp_reference, "eval")] == [5, 10]
+    assert (ddp_reference / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, cache_dir, ddp_reference):
     """2 processes x batch 8 = 1 process x batch 16: same rows, masks and normalisation."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    run_train(one, cache_dir, *COMMON, "train.batch_size=16")
-    launch_two(two, cache_dir, *COMMON, "train.batch_size=8", as_module=True)
+    one, two = tmp_path / "one", ddp_reference
+    run_train(one, cache_dir, *ENGINE_ARGS, "train.batch_size=16")
     a, b = events(one, "train"), events(two, "train")
     assert [e["step"] for e in a] == [e["step"] for e in b] == list(range(1, 11))
     for x, y in zip(a, b):
@@ -61,12 +86,10 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
     ea, eb = events(one, "eval")[-1], events(two, "eval")[-1]
     assert ea["eval_loss"] == pytest.approx(eb["eval_loss"], rel=1e-4)
 
-    # The 2-process run resumes from its step-5 checkpoint to the same end.
+    # The 2-process run resumes from its step-5 checkpoint to the same end (train.py this time).
     resumed = tmp_path / "resumed"
-    shutil.copytree(two, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_0000010")
-    shutil.rmtree(resumed / "final")
-    launch_two(resumed, cache_dir, *COMMON, "train.batch_size=8", "train.resume=auto")
+    resume_from_step_5(two, resumed)
+    launch_two(resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
     assert "Resumed from" in (resumed / "train.log").read_text()
     c = events(resumed, "train")
     assert [e["step"] for e in c] == list(range(1, 11))
@@ -82,19 +105,6 @@ def launch_engine(config: str, run_dir: Path, cache_dir: Path, *overrides: str) 
            "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
     return run_launch(cmd, timeout=300)
-
-
-# Five evaluation batches over two ranks: the rank with fewer must still take part in every
-# forward, which under FSDP and ZeRO-3 gathers the weights from all ranks.
-ENGINE_ARGS = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train.eval_every=5"]
-
-
-@pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory, cache_dir) -> Path:
-    """A two-process DDP run of ENGINE_ARGS: the reference the FSDP and DeepSpeed runs follow."""
-    run = tmp_path_factory.mktemp("ddp") / "run"
-    launch_two(run, cache_dir, *ENGINE_ARGS)
-    return run
 
 
 def assert_same_losses(a: Path, b: Path, rel: float) -> None:
