@@ -64,7 +64,7 @@ TEST_THREADS ?= 1
 test: venv  ## the test suite (CPU, a few minutes)
 	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
 
-test-long: venv  ## the long tests alone (pretraining that must pay off downstream, ~36 min on 2 cores without bf16 hardware)
+test-long: venv  ## the long tests alone (1,000 steps of bert-mini that must pay off on an SST-2 linear probe; docs/benchmarks.md)
 	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)
 
 test-fast: venv

@@ -10,8 +10,9 @@ answered by forking a child that runs the command as a fresh interpreter would (
 The server replies with the child's pid at once and with its exit status when it ends.
 
 The server only imports: it never runs a torch operation, so no OpenMP thread pool exists when
-it forks. The client sends only requests whose environment equals the server's (but for
-pytest's name of the current test), since libraries read some variables at import.
+it forks. The client sends only requests whose environment agrees with the server's in the
+variables that libraries read at import (``runs.IMPORT_TIME``); the child takes the request's
+whole environment.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def preload() -> None:
     for module, _, _ in mlmkit.cli.COMMANDS.values():
         importlib.import_module(module)
     import mlmkit.export.run  # noqa: F401
+    from mlmkit.data.sources import builtin_documents
+
+    builtin_documents()  # parsed once here (a few seconds), read from memory by every child
     for optional in ("deepspeed", "sentence_transformers", "hydra_plugins.hydra_submitit_launcher"):
         if importlib.util.find_spec(optional.split(".")[0]) is not None:
             importlib.import_module(optional)
@@ -79,7 +83,7 @@ def run_child(request: dict) -> None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG
             hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
             resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_size_limit"], hard))
-        os.environ.clear()  # the client's: the server's but for pytest's PYTEST_CURRENT_TEST
+        os.environ.clear()  # the request's own (it agrees with the server's where imports read)
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
         status = _run_argv(request["argv"])

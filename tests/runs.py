@@ -70,9 +70,20 @@ def _server_path(env: dict | None = None) -> str | None:
     return _server["path"]
 
 
+# Variables that torch, its math libraries, transformers, tokenizers, datasets or DeepSpeed read
+# when they are imported: a command whose environment differs from the server's in one of
+# these starts as a real process. Others (what a test or an in-process run sets, such as
+# MLFLOW_ALLOW_FILE_STORE, or TORCHINDUCTOR_CACHE_DIR, which inductor sets when it first
+# compiles) are read at run time, and the child takes the command's own.
+IMPORT_TIME = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_", "OMP_",
+               "MKL_", "KMP_", "ONEDNN_", "DNNL_", "ATEN_", "OPENBLAS_", "CUDA_", "NCCL_", "DS_",
+               "PYTHON", "LD_", "MLMKIT_TEST")
+RUN_TIME = ("TORCHINDUCTOR_",)
+
+
 def _stable(env: dict) -> dict:
-    """The environment but for what pytest changes with every test."""
-    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+    """The variables of ``env`` that imports read."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and not k.startswith(RUN_TIME)}
 
 
 def start_fork_server() -> None:

@@ -49,7 +49,7 @@ def _weights(path: Path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
 def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
     run = tmp_path / "run"
-    args = ["train.max_steps=400", "train.log_every=1", "train.save_every=0", "train.eval_every=0",
+    args = ["train.max_steps=150", "train.log_every=1", "train.save_every=0", "train.eval_every=0",
             "train.precision=no"]
     proc = _start(run, cache_dir, *args)
     deadline = time.time() + 120
@@ -63,10 +63,10 @@ def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
     ckpts = list_checkpoints(run / "checkpoints")
     assert len(ckpts) == 1
     stopped_at = int(ckpts[0].name.split("_")[1])
-    assert 3 <= stopped_at < 400
+    assert 3 <= stopped_at < 150
     # continue to the end: every step logged exactly once
     run_train(run, cache_dir, *args, "train.resume=auto")
-    assert _train_steps(run) == list(range(1, 401))
+    assert _train_steps(run) == list(range(1, 151))
 
 
 @pytest.mark.slow
@@ -252,7 +252,7 @@ def test_bad_inputs_each_one_sentence(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, cache_dir):
-    """12 kills during steps and saves; every restart resumes; the end matches a clean run."""
+    """8 kills during steps and saves; every restart resumes; the end matches a clean run."""
     args = ["train.max_steps=60", "train.save_every=3", "train.eval_every=20", "train.log_every=3",
             "train.precision=no", "train.keep_last=2"]
     clean = tmp_path / "clean"
@@ -264,7 +264,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, 
     run = tmp_path / "killed"
     rng = random.Random(0)
     kills = 0
-    while kills < 12:
+    while kills < 8:
         proc = _start(run, cache_dir, *args, "train.resume=auto")
         # anywhere from late in the start-up to the end: most kills land in training or a save
         time.sleep(rng.uniform(0.3, 1.0) * whole)

@@ -7,6 +7,7 @@ with weights; ``corpus_fingerprint`` names what was read, for the caches."""
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import hashlib
 import json
@@ -40,8 +41,15 @@ def builtin_documents() -> list[str]:
     """The language-reference topics of ``pydoc_data`` and the standard library's docstrings.
 
     Docstrings are read with ``ast`` (no module is imported), in sorted file order, so the
-    corpus is the same on every run of the same Python (about 1.7 MB on CPython 3.11).
+    corpus is the same on every run of the same Python (about 1.7 MB on CPython 3.11). Read
+    once per process (parsing the standard library takes a few seconds); each call returns a
+    new list.
     """
+    return list(_builtin_documents())
+
+
+@functools.cache
+def _builtin_documents() -> tuple[str, ...]:
     from pydoc_data.topics import topics
 
     docs = [topics[key].strip() for key in sorted(topics)]
@@ -60,7 +68,7 @@ def builtin_documents() -> list[str]:
                     doc = ast.get_docstring(node)
                     if doc and len(doc) >= _MIN_DOCSTRING_CHARS:
                         docs.append(doc.strip())
-    return docs
+    return tuple(docs)
 
 
 # ----------------------------------------------------------------------------------------
