@@ -73,17 +73,29 @@ def _server_path(env: dict | None = None) -> str | None:
 # Variables that torch, its math libraries, transformers, tokenizers, datasets or DeepSpeed read
 # when they are imported: a command whose environment differs from the server's in one of
 # these starts as a real process. Others (what a test or an in-process run sets, such as
-# MLFLOW_ALLOW_FILE_STORE, or TORCHINDUCTOR_CACHE_DIR, which inductor sets when it first
-# compiles) are read at run time, and the child takes the command's own.
+# MLFLOW_ALLOW_FILE_STORE; TORCHINDUCTOR_CACHE_DIR, which inductor sets when it first compiles;
+# PYTORCH_NVML_BASED_CUDA_CHECK, which accelerate sets; KMP_DUPLICATE_LIB_OK and
+# KMP_INIT_AT_FORK, which an import sets for an OpenMP runtime the server has loaded already)
+# are read at run time or no more, and the child takes the command's own.
 IMPORT_TIME = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_", "OMP_",
                "MKL_", "KMP_", "ONEDNN_", "DNNL_", "ATEN_", "OPENBLAS_", "CUDA_", "NCCL_", "DS_",
                "PYTHON", "LD_", "MLMKIT_TEST")
-RUN_TIME = ("TORCHINDUCTOR_",)
+RUN_TIME = ("TORCHINDUCTOR_", "PYTORCH_NVML_BASED_CUDA_CHECK", "KMP_DUPLICATE_LIB_OK",
+            "KMP_INIT_AT_FORK")
 
 
 def _stable(env: dict) -> dict:
     """The variables of ``env`` that imports read."""
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and not k.startswith(RUN_TIME)}
+
+
+def _log_fresh(args: list[str], why) -> None:
+    """With MLMKIT_TEST_FORK_LOG set, a line in that file for each command started as a fresh
+    interpreter, and why (the variables that differ from the server's)."""
+    if path := os.environ.get("MLMKIT_TEST_FORK_LOG"):
+        why = "no fork server" if isinstance(why, dict) else why
+        with open(path, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST')}: {args[:2]}: {why}\n")
 
 
 def start_fork_server() -> None:
@@ -146,6 +158,8 @@ def _forked(args: list[str], cwd: Path, env: dict, file_size_limit: int | None,
     """``python *args`` as a child of the fork server, or None where it cannot run there."""
     path = _server_path()
     if path is None or _stable(env) != _stable(_server["env"]):  # some are read at import
+        _log_fresh(args, env if path is None else
+                   sorted(set(_stable(env).items()) ^ set(_stable(_server["env"]).items())))
         return None
     folder = tempfile.mkdtemp(prefix="mlmkit-run-")
     out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")

@@ -3,9 +3,10 @@ exit status 2, one line on stderr that starts with "Error:" and names the file o
 and never a traceback.
 
 The fixtures (a tiny trained run, damaged copies of it, broken files) are built once, the
-run by ``python -m mlmkit train``. Each case then runs in a process of its own, forked by
-``tests/cli_runner.py`` after one import of the commands (``python -m mlmkit`` pays seconds
-of imports per call); a few cases run as ``python -m mlmkit`` too, with the same result.
+run by ``python -m mlmkit train`` in a fresh interpreter. Each case then runs as ``python -m
+mlmkit`` in a process of its own, forked by the tests' fork server (``tests/fork_server.py``)
+after one import of the commands; a few cases run in a fresh interpreter too, with the same
+result.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from runs import python_popen
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -332,23 +335,33 @@ RESUMES = {
 ENTRY_POINT = ("train-utf16-file", "eval-truncated-export", "tokenizer-out-is-a-file", "fill-mask-pickled-weights")
 
 
+def _run_forked(jobs: dict[str, list[str]], parallel: int = 2) -> dict[str, SimpleNamespace]:
+    """``python -m mlmkit <args>`` of each job, ``parallel`` at a time, through the fork server."""
+    pending, running, done = list(jobs.items()), {}, {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            name, args = pending.pop(0)
+            running[name] = (python_popen("-m", "mlmkit", *map(str, args), env=ENV), time.perf_counter())
+        for name, (proc, started) in list(running.items()):
+            if proc.poll() is not None:
+                out, err = proc.communicate()
+                done[name] = SimpleNamespace(returncode=proc.returncode, stdout=out, stderr=err,
+                                             seconds=round(time.perf_counter() - started, 2))
+                del running[name]
+        time.sleep(0.02)
+    return done
+
+
 @pytest.fixture(scope="module")
 def outcomes(fx) -> dict[str, SimpleNamespace]:
-    """Every command of the module, each in a process of its own (``cli_runner``)."""
+    """Every command of the module, each in a process of its own."""
     jobs = {case.id: case.argv(fx) for case in CASES} | {name: argv(fx) for name, argv in RESUMES.items()}
-    (fx.tmp / "jobs.json").write_text(json.dumps({k: [str(a) for a in v] for k, v in jobs.items()}))
-    runner = [sys.executable, str(ROOT / "tests" / "cli_runner.py"), str(fx.tmp / "jobs.json"),
-              str(fx.tmp / "results.json"), "2"]
     by_case = {case.id: case for case in CASES}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        forked = pool.submit(subprocess.run, runner, cwd=ROOT, env=ENV, capture_output=True, text=True,
-                             timeout=900)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the fresh interpreters beside the forks
         direct = {name: pool.submit(mlmkit, *by_case[name].argv(fx)) for name in ENTRY_POINT}
-        proc = forked.result()
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        results = _run_forked(jobs)
         fx.direct = {name: future.result() for name, future in direct.items()}
-    results = json.loads((fx.tmp / "results.json").read_text())
-    return {name: SimpleNamespace(**result) for name, result in results.items()}
+    return results
 
 
 def test_the_table_covers_the_commands():
