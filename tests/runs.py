@@ -41,7 +41,8 @@ def free_port() -> str:
 # A command such as ``python train.py ...`` spends seconds importing torch, transformers and
 # datasets before it does anything. The fork server imports them once per test process and forks
 # a child per command: a process of its own (its own pid, exit status, signals, files), as a
-# fresh interpreter runs it. MLMKIT_TEST_FORK=0 starts every command as a real process instead.
+# fresh interpreter runs it. MLMKIT_TEST_FORK=0 starts every command as a real process instead,
+# as on any platform but Linux.
 
 _server: dict = {}
 _server_lock = threading.Lock()
@@ -50,7 +51,9 @@ _server_lock = threading.Lock()
 def _server_path(env: dict | None = None) -> str | None:
     """The socket of this test process's fork server, started on first use with ``env`` (this
     process's, by default); None when off."""
-    if os.environ.get("MLMKIT_TEST_FORK", "1") == "0":
+    # Linux only: elsewhere forking a process that has loaded torch is not safe (macOS's
+    # Objective-C runtime aborts such children), and every command starts a fresh interpreter
+    if os.environ.get("MLMKIT_TEST_FORK", "1") == "0" or not sys.platform.startswith("linux"):
         return None
     with _server_lock:
         proc = _server.get("proc")

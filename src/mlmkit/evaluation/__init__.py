@@ -1,2 +1,3 @@
-"""Evaluation: ``mlmkit eval``, the training loop's own MLM evaluation of a saved model
-(``mlm``), GLUE fine-tuning (``finetune``) and offline metric modules (``metric_modules``)."""
+"""Evaluation of a saved model: ``mlmkit eval`` (``mlm``: the training loop's own MLM
+evaluation, ``training.validation``, on the same fixed masks), zero-shot STS-B (``sts``), GLUE
+fine-tuning (``finetune``) and offline metric modules (``metric_modules``)."""
