@@ -7,6 +7,14 @@ from mlmkit.masking.collator import MLMCollator
 __version__ = "0.1.0"
 
 
+def compose(overrides=()):
+    """The ``Config`` that ``mlmkit train <overrides>`` runs with (its presets and recipes);
+    see ``mlmkit.cli.train.compose``."""
+    from mlmkit.cli.train import compose as _compose
+
+    return _compose(overrides)
+
+
 def train(cfg, run_dir):
     """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.export.run.train``."""
     from mlmkit.config import to_config
@@ -15,4 +23,4 @@ def train(cfg, run_dir):
     return _train(to_config(cfg), run_dir)
 
 
-__all__ = ["Config", "MLMCollator", "MLMKitError", "train", "__version__"]
+__all__ = ["Config", "MLMCollator", "MLMKitError", "compose", "train", "__version__"]

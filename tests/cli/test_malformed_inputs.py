@@ -352,13 +352,19 @@ def _run_forked(jobs: dict[str, list[str]], parallel: int = 2) -> dict[str, Simp
     return done
 
 
+def _own_run_dir(argv: list[str]) -> list[str]:
+    """``argv`` with a run dir of its own: a fresh interpreter beside the forked run of the same
+    case would otherwise find that run's lock on the dir."""
+    return [f"{arg}-direct" if arg.startswith("hydra.run.dir=") else arg for arg in argv]
+
+
 @pytest.fixture(scope="module")
 def outcomes(fx) -> dict[str, SimpleNamespace]:
     """Every command of the module, each in a process of its own."""
     jobs = {case.id: case.argv(fx) for case in CASES} | {name: argv(fx) for name, argv in RESUMES.items()}
     by_case = {case.id: case for case in CASES}
     with ThreadPoolExecutor(max_workers=1) as pool:  # the fresh interpreters beside the forks
-        direct = {name: pool.submit(mlmkit, *by_case[name].argv(fx)) for name in ENTRY_POINT}
+        direct = {name: pool.submit(mlmkit, *_own_run_dir(by_case[name].argv(fx))) for name in ENTRY_POINT}
         results = _run_forked(jobs)
         fx.direct = {name: future.result() for name, future in direct.items()}
     return results

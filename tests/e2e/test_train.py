@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from runs import (  # noqa: F401
     ROOT,
     TINY,
@@ -122,6 +123,17 @@ def test_continued_pretraining_from_an_exported_model(trained_run, tmp_path, cac
         assert (before[name].float() - after[name].float()).abs().max() < 1e-6, name
     # the tokenizer is the source model's, not one trained on the new corpus
     assert (source / "tokenizer.json").read_text() == (run / "final" / "tokenizer.json").read_text()
+    # the continued-pretraining recipe took what the command line left unset, said so and saved it
+    log = (run / "train.log").read_text()
+    recipe = next(line for line in log.splitlines() if "Continued pretraining from" in line)
+    assert "masking.mlm_probability=0.15" in recipe
+    assert "optim.lr" not in recipe and "optim.warmup" not in recipe  # given on the command line
+    assert f"Model {trained_run.name}/final (continued):" in log  # named by what it loaded
+    saved = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    assert saved["masking"]["mlm_probability"] == 0.15 and saved["optim"]["lr"] == 1e-12
+    card = (run / "final" / "README.md").read_text()
+    assert f"Continued pretraining of: {source}." in card
+    assert f"# {trained_run.name}/final (continued) (masked language model)" in card.splitlines()
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from runs import events, run_train
 
-from mlmkit.config import OptimConfig, TrainConfig
+from mlmkit.config import OptimConfig, TrainConfig, compose
+from mlmkit.config.schema import DEFAULT_MAX_STEPS
 from mlmkit.errors import ConfigError
 from mlmkit.training.budget import Budget, parse_duration
 from mlmkit.training.optim import lr_lambda
@@ -99,8 +100,18 @@ def test_global_batch_derives_accumulation():
         TrainConfig(batch_size=8, global_batch_size=64).accumulation_steps(world=3)
     with pytest.raises(ConfigError, match="set only one of them"):
         TrainConfig(batch_size=8, global_batch_size=64, grad_accum_steps=2).accumulation_steps(world=2)
-    with pytest.raises(ConfigError, match="Set a budget"):
-        TrainConfig(max_steps=None)
+
+
+def test_a_token_or_time_budget_alone_is_the_only_budget():
+    assert TrainConfig().max_steps == TrainConfig(max_steps=None).max_steps == DEFAULT_MAX_STEPS
+    assert TrainConfig(max_time="24h").max_steps is None
+    assert TrainConfig(max_tokens=10**9).max_steps is None
+    assert TrainConfig(max_time="24h", max_steps=500).max_steps == 500
+    assert TrainConfig(max_time="24h").budget_description() == "Budget: 24h of training (train.max_time), no step cap"
+    assert TrainConfig().budget_description() == (
+        "Budget: 3,000 steps (train.max_steps), the default when no budget is set")
+    assert TrainConfig(max_tokens=10**6, max_steps=20).budget_description() == (
+        "Budget: the first reached of 20 steps (train.max_steps) and 1,000,000 tokens (train.max_tokens)")
 
 
 @pytest.mark.slow

@@ -1,17 +1,20 @@
 """``mlmkit train [settings]`` (and ``python train.py`` in a checkout): Hydra composes
-conf/config.yaml with the command line's overrides, then ``mlmkit.export.run.train``
-runs in Hydra's run dir, on every process under ``accelerate launch``."""
+conf/config.yaml with the command line's overrides, composition's recipes apply
+(``training.recipes``: continued pretraining with ``model.init_from``), then
+``mlmkit.export.run.train`` runs in Hydra's run dir, on every process under ``accelerate
+launch``. ``compose`` gives the Python API the same config as the command line."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from mlmkit.cli.errors import exit_on_error, run_hydra_main
-from mlmkit.config import CONFIG_PATH, register_configs, to_config
+from mlmkit.config import CONFIG_MODULE, CONFIG_PATH, Config, register_configs, to_config
 from mlmkit.errors import ConfigError
 
 
@@ -27,6 +30,43 @@ def check_run_dir_override(argv: list[str]) -> None:
                                   "hydra.run.dir to a writable folder.") from None
 
 
+def apply_recipes(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """Composition's recipes on ``cfg`` for what ``overrides`` leaves unset; the log's lines."""
+    from mlmkit.training.recipes import apply_continued_pretraining, recipe_note
+
+    note = recipe_note(apply_continued_pretraining(cfg, overrides), cfg.model.get("init_from"))
+    return [note] if note else []
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The ``Config`` that ``mlmkit train <overrides>`` runs with: conf/config.yaml, the
+    presets it names, the overrides and the recipes (``compose(["model=bert-mini"])``)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    overrides = list(overrides)
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    apply_recipes(cfg, overrides)
+    return to_config(cfg)
+
+
+def _save_config(cfg: DictConfig, output_dir: str) -> None:
+    """Rewrite the run's ``.hydra/config.yaml`` (written by Hydra before the recipes applied)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    subdir = HydraConfig.get().output_subdir
+    if subdir is None:
+        return
+    path = Path(output_dir) / subdir / "config.yaml"
+    tmp = path.with_name(f".tmp-{os.getpid()}-config.yaml")
+    OmegaConf.save(cfg, tmp)
+    os.replace(tmp, path)  # every rank writes the same file: each whole
+
+
 def main() -> None:
     exit_on_error(lambda: check_run_dir_override(sys.argv[1:]))
     register_configs()
@@ -37,6 +77,15 @@ def main() -> None:
 
         from mlmkit.export.run import train
 
-        exit_on_error(lambda: train(to_config(cfg), HydraConfig.get().runtime.output_dir) and None)
+        hydra_cfg = HydraConfig.get()
+        output_dir = hydra_cfg.runtime.output_dir
+
+        def start() -> None:
+            notes = apply_recipes(cfg, list(hydra_cfg.overrides.task))
+            if notes:
+                _save_config(cfg, output_dir)
+            train(to_config(cfg), output_dir, notes)
+
+        exit_on_error(start)
 
     run_hydra_main(run)

@@ -27,6 +27,7 @@ STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")  # masking.strategy
 PRECISIONS = ("auto", "no", "fp16", "bf16")  # train.precision, and precision= of eval and finetune
 # task.metrics: the metric scripts shipped in mlmkit.evaluation.metric_modules, one folder each
 METRICS = ("accuracy", "matthews_correlation", "pearson", "spearman")
+DEFAULT_MAX_STEPS = 3000  # train.max_steps when no budget is set
 
 
 def check_precision(value: str, setting: str) -> None:
@@ -396,8 +397,10 @@ class TrainConfig:
     # Sequences per optimizer step over all processes. When set, grad_accum_steps is derived:
     # global_batch_size / (batch_size x processes), which must be a whole number.
     global_batch_size: int | None = None
-    # Budgets: the run stops at the first one reached, with a checkpoint and the export.
-    max_steps: int | None = 3000  # optimizer steps
+    # Budgets: the run stops at the first one reached, with a checkpoint and the export. With
+    # none set, DEFAULT_MAX_STEPS; a token or time budget alone is the only one (set max_steps
+    # too for a cap on steps).
+    max_steps: int | None = None  # optimizer steps
     max_tokens: int | None = None  # tokens seen (all processes, padding included)
     max_time: str | None = None  # training wall-clock time, e.g. 24h, 1h30m, 90m, 3600
     # Mixed precision: auto (bf16 where the hardware has it, else fp16 on CUDA, else none),
@@ -431,8 +434,8 @@ class TrainConfig:
         _check(self.eval_every >= 0, "train.eval_every must not be negative.")
         _check(self.save_every >= 0, "train.save_every must not be negative.")
         _check(self.keep_last >= 1, "train.keep_last must be at least 1.")
-        _check(self.max_steps is not None or self.max_tokens is not None or self.max_time is not None,
-               "Set a budget: train.max_steps, train.max_tokens or train.max_time.")
+        if self.max_steps is None and self.max_tokens is None and self.max_time is None:
+            self.max_steps = DEFAULT_MAX_STEPS
         _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps must be at least 1.")
         _check(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be at least 1.")
         parse_duration(self.max_time)
@@ -441,6 +444,21 @@ class TrainConfig:
                f"train.batch_size ({self.batch_size}), the batch of one device.")
         _check(self.num_workers >= 0, "train.num_workers must not be negative.")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
+
+    def budget_description(self) -> str:
+        """Which budget ends the run, in words, for the log."""
+        budgets = []
+        if self.max_steps is not None:
+            budgets.append(f"{self.max_steps:,} steps (train.max_steps)")
+        if self.max_tokens is not None:
+            budgets.append(f"{self.max_tokens:,} tokens (train.max_tokens)")
+        if self.max_time is not None:
+            budgets.append(f"{self.max_time} of training (train.max_time)")
+        if len(budgets) == 1:
+            if self.max_steps == DEFAULT_MAX_STEPS:
+                return f"Budget: {budgets[0]}, the default when no budget is set"
+            return f"Budget: {budgets[0]}" + (", no step cap" if self.max_steps is None else "")
+        return f"Budget: the first reached of {' and '.join(budgets)}"
 
     def accumulation_steps(self, world: int) -> int:
         """Micro-batches per optimizer step with ``world`` processes: ``grad_accum_steps``,
@@ -545,22 +563,26 @@ class EvalConfig:
 
 @dataclass
 class TaskConfig:
-    """A sentence(-pair) classification or regression task in GLUE's TSV format, or on the Hub."""
+    """A sentence(-pair) classification or regression task: GLUE's TSV files, the Hub, or a
+    user's own TSV, CSV or JSONL files (conf/task/files.yaml)."""
 
     name: str = "sst2"
-    data_dir: str | None = None  # folder with train_file and eval_file; null: the Hub dataset
-    train_file: str = "train.tsv"
-    eval_file: str = "dev.tsv"
-    header: bool = True  # first line names the columns; else column_names does
+    data_dir: str | None = None  # folder of relative train_file and eval_file; null: the Hub dataset
+    # .csv: CSV; .jsonl / .json: one JSON object per line; any other name: TSV (as GLUE's, no quoting)
+    train_file: str | None = "train.tsv"  # a path: absolute, or relative to data_dir (else the working dir)
+    eval_file: str | None = "dev.tsv"
+    header: bool = True  # first line names the columns; else column_names does (TSV, CSV)
     column_names: list[str] = field(default_factory=list)
     text_columns: list[str] = field(default_factory=lambda: ["sentence"])  # one, or two for pairs
     label_column: str = "label"
-    labels: list[str] = field(default_factory=lambda: ["0", "1"])  # label values, in class-id order
+    # label values, in class-id order; empty: the training file's values, sorted
+    labels: list[str] = field(default_factory=lambda: ["0", "1"])
     # classification: labels are class names | regression: a real score (one output, MSE loss)
     kind: str = "classification"
     label_range: list[float] = field(default_factory=list)  # regression: [low, high] of the scores
-    metrics: list[str] = field(default_factory=lambda: ["accuracy"])  # the first one is the headline
-    hub_path: str = "nyu-mll/glue"  # used when data_dir is null
+    # the first one is the headline; empty: accuracy, or for regression spearman and pearson
+    metrics: list[str] = field(default_factory=lambda: ["accuracy"])
+    hub_path: str | None = "nyu-mll/glue"  # used when data_dir is null; null: files only
     hub_name: str | None = "sst2"
     hub_eval_split: str = "validation"
 
@@ -569,16 +591,25 @@ class TaskConfig:
                "task.text_columns must name one column (single sentences) or two (pairs).")
         _check(self.kind in ("classification", "regression"),
                f"task.kind must be classification or regression, got {self.kind!r}.")
-        _check(self.kind == "regression" or len(self.labels) >= 2,
-               "task.labels must list at least two label values.")
+        _check(self.kind == "regression" or len(self.labels) != 1,
+               "task.labels must list at least two label values, or none to take them from "
+               "the training file.")
         _check(not self.label_range or (len(self.label_range) == 2
                                         and self.label_range[0] < self.label_range[1]),
                f"task.label_range must be [low, high] with low < high, got {self.label_range}.")
         _check(self.header or len(self.column_names) > 0,
                "task.header=false needs task.column_names=[...] naming the TSV columns.")
+        _check(bool(self.hub_path) or (bool(self.train_file) and bool(self.eval_file)),
+               f"task={self.name} reads files only: set task.train_file=<file> and "
+               "task.eval_file=<file> (.tsv, .csv or .jsonl).")
+        if not self.metrics:
+            self.metrics = ["accuracy"] if self.kind == "classification" else ["spearman", "pearson"]
         for m in self.metrics:
             _check(m in METRICS,
                    f"task.metrics: {m!r} is not a metric shipped with mlmkit ({', '.join(METRICS)}).")
+            _check(self.kind == "classification" or m in ("pearson", "spearman"),
+                   f"task.metrics: {m} scores classes, and task.kind=regression predicts a score; "
+                   "use spearman or pearson.")
 
 
 @dataclass
@@ -596,13 +627,15 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1  # share of the steps with linear warmup, then linear decay
     classifier_dropout: float = 0.1  # dropout before the classification layer
-    pooling: str = "cls"  # cls: the [CLS] state (BERT) | mean: mean of the token states, padding excluded
+    # mean: mean of the token states, padding excluded (a briefly pretrained model's [CLS]
+    # state is nearly constant) | cls: the [CLS] state (BERT)
+    pooling: str = "mean"
     # Linear probing: the encoder stays as pretrained (frozen); only the pooler and the
     # classification layer train, so the score measures the pretrained representation.
     freeze_encoder: bool = False
     precision: str = "auto"  # auto | no | fp16 | bf16
     seed: int = 0
-    save_model: bool = False  # also write the fine-tuned model to <run dir>/model
+    save_model: bool = True  # write the fine-tuned model to <run dir>/model (mlmkit predict reads it)
 
     def __post_init__(self) -> None:
         _check(bool(self.checkpoint),

@@ -32,6 +32,8 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
                      "rotary positions, GeGLU FFN")
     if source == "files":
         source = ", ".join(data.get("train_files", []))
+    init_from = config.get("model", {}).get("init_from")
+    started = f"- Continued pretraining of: {init_from}.\n" if init_from else ""
     return f"""---
 library_name: transformers
 pipeline_tag: fill-mask
@@ -43,7 +45,7 @@ tags: [bert, fill-mask, mlmkit, sentence-transformers, feature-extraction]
 A {family} encoder pretrained with masked language modeling by mlmkit.
 
 - Architecture: {type(model).__name__} (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{attention}), {count_parameters(model) / 1e6:.2f}M parameters.
-- Data: {source}, blocks of {data.get("max_seq_length")} tokens.
+{started}- Data: {source}, blocks of {data.get("max_seq_length")} tokens.
 - Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
 
 ## Final evaluation (validation set, fixed masks)

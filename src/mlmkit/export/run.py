@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from mlmkit.config import Config
@@ -21,13 +22,14 @@ from mlmkit.training.trainer import Trainer
 log = logging.getLogger("mlmkit")
 
 
-def train(cfg: Config, run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``.
+def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) -> dict[str, Any]:
+    """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``
+    (``notes``: lines for the run's log, such as the recipe composition took).
 
     Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
     """
     try:
-        trainer = Trainer(cfg, Path(run_dir))
+        trainer = Trainer(cfg, Path(run_dir), notes)
         trainer.resume()
         last_eval = trainer.fit()
         export_run(trainer, last_eval)

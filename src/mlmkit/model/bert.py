@@ -135,9 +135,10 @@ def silence_padded_vocab(model, n_real: int) -> None:
         bias[n_real:] = PADDED_VOCAB_BIAS
 
 
-def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", setting: str = "model.init_from"):
-    """Load a ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (safetensors only, no custom
-    code) with one clear error on failure; ``setting`` names where the path came from."""
+def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
+    """The config of the BERT or ModernBERT model at ``name_or_path`` (a local dir, checked for
+    safetensors and custom code before transformers opens it, or a Hub name), with one clear
+    error on failure; ``setting`` names where the path came from."""
     from transformers import AutoConfig
 
     from mlmkit.model.safety import refuse_custom_code, require_safetensors
@@ -164,6 +165,15 @@ def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", settin
             f"{setting}={name_or_path!r} is a {config.model_type!r} model; mlmkit loads BERT "
             "and ModernBERT models only."
         )
+    return config
+
+
+def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", setting: str = "model.init_from"):
+    """Load a ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (safetensors only, no custom
+    code) with one clear error on failure; ``setting`` names where the path came from."""
+    config = load_pretrained_config(name_or_path, setting)
+    local = Path(name_or_path).expanduser()
+    source = str(local) if local.exists() else name_or_path
     masked_lm = transformers_class(architecture(config.model_type).masked_lm)
     try:
         return masked_lm.from_pretrained(

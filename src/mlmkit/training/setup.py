@@ -274,6 +274,7 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
                          document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer))
     optimizer = build_optimizer(objective, cfg.optim, device.type)
     budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
+    log.info(tc.budget_description())
     scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=budget.lr_factor)
     return ModelParts(model, objective, optimizer, budget, scheduler, meter)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -60,9 +61,12 @@ class LogWindow:
 class Trainer:
     """A run: its parts (built by ``setup``), its state, and the loop over them."""
 
-    def __init__(self, cfg: Config, run_dir: Path) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = ()) -> None:
+        """``notes``: lines for the log from before it opened (what composition chose)."""
         self.cfg, tc = cfg, cfg.train
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
+        for note in notes:
+            log.info(note)
         acc = self.accelerator
         self.ckpt_dir = self.run_dir / "checkpoints"
         # a resume is checked against the checkpoint before anything in the run dir is written
