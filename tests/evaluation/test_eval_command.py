@@ -87,23 +87,32 @@ def test_evaluate_user_errors_are_one_sentence(tmp_path):
 @pytest.mark.slow
 def test_document_isolated_run_and_its_evaluation(tmp_path, cache_dir):
     """data.packing=documents trains (the same cached blocks as concatenate), and mlmkit eval
-    with data.packing=documents gives the figures the run logged; read with plain packing,
-    the same model scores differently (its attention then crosses documents)."""
+    of the run, given no data settings, scores the run's own data (its files, its packing)
+    with the figures the run logged; read with plain packing, the same model scores
+    differently (its attention then crosses documents)."""
+    from pydoc_data.topics import topics
+
     from runs import run_train
 
+    corpus = tmp_path / "own.txt"  # the run's own corpus, not the built-in one eval defaults to
+    corpus.write_text("\n\n".join(topics[key].strip() for key in sorted(topics)[:60]))
     run = tmp_path / "run"
-    run_train(run, cache_dir, "data.packing=documents", "train.max_steps=20", "train.eval_every=20",
-              "train.save_every=0")
+    run_train(run, cache_dir, "data=files", f"data.train_files=[{corpus}]", "data.packing=documents",
+              "train.max_steps=20", "train.eval_every=20", "train.save_every=0")
     logged = events(run, "eval")[-1]
     assert logged["step"] == 20 and math.isfinite(logged["eval_loss"])
     figures = {}
-    for packing in ("documents", "concatenate"):
-        out = tmp_path / f"eval-{packing}.json"
-        run_eval(f"checkpoint={run / 'final'}", f"paths.cache_dir={cache_dir}", f"output={out}",
-                 f"data.packing={packing}")
+    for packing in ("the run's", "concatenate"):
+        out = tmp_path / f"eval-{packing.replace(chr(39), '')}.json".replace(" ", "-")
+        proc = run_eval(f"checkpoint={run / 'final'}", f"paths.cache_dir={cache_dir}", f"output={out}",
+                        *([] if packing == "the run's" else [f"data.packing={packing}"]))
         figures[packing] = json.loads(out.read_text())
-    assert figures["documents"]["tokens"] == logged["eval_tokens"]
-    assert figures["documents"]["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
+        scored = next(line for line in proc.stdout.splitlines() if line.startswith("Scored "))
+        assert scored.startswith(f"Scored the run's validation split (data.train_files=['{corpus}']"), scored
+    assert figures["the run's"]["tokens"] == logged["eval_tokens"]
+    assert figures["the run's"]["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
+    assert "data.packing=documents" in figures["the run's"]["data"]
+    assert "data.packing=concatenate" in figures["concatenate"]["data"]
     # a 20-step model barely uses its context (a 6e-6 relative change was seen), yet reading
     # across documents moves its loss by more than the repeat above may (1e-6)
     assert abs(figures["concatenate"]["loss"] - logged["eval_loss"]) > 1e-6 * logged["eval_loss"]

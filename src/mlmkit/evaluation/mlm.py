@@ -41,10 +41,10 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
     return blocks
 
 
-def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
+def run_evaluation(cfg: EvalConfig, data: str | None = None) -> dict[str, Any]:
     """``mlmkit eval``: evaluate ``cfg.checkpoint`` as the training loop does (``evaluate``);
     returns the figures (``loss``, ``perplexity``, ``accuracy``, ``top5_accuracy``,
-    ``tokens``, ...) and writes them to ``cfg.output`` if set."""
+    ``tokens``, ...; ``data``: what was scored, in words) and writes them to ``cfg.output`` if set."""
 
     from accelerate import Accelerator
 
@@ -62,7 +62,9 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
     batches = fixed_eval_batches(blocks, tokenizer, cfg.masking, cfg.batch_size)
     objective = accelerator.prepare(MaskedLM(model, document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer)))
     figures = evaluate(accelerator, objective, batches)  # the figures of the training loop's eval
-    result = {"checkpoint": str(resolved), "blocks": len(blocks), "max_seq_length": cfg.data.max_seq_length,
+    if data is None:
+        data = f"files {', '.join(cfg.files)} (whole)" if cfg.files else f"the validation split of data={cfg.data.source}"
+    result = {"checkpoint": str(resolved), "data": data, "blocks": len(blocks), "max_seq_length": cfg.data.max_seq_length,
               **{key.removeprefix("eval_"): value for key, value in figures.items()}}
     if accelerator.is_main_process and cfg.output:
         out = Path(cfg.output).expanduser()

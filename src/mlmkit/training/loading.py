@@ -15,6 +15,7 @@ from mlmkit.errors import CheckpointError, ConfigError
 from mlmkit.model.architectures import fit_tokenizer
 from mlmkit.model.bert import load_pretrained, model_from_checkpoint
 from mlmkit.training.checkpoint import is_checkpoint, list_checkpoints
+from mlmkit.training.resume import saved_loop_state
 
 RUN_MODEL_DIR = "model"  # <run dir>/model: config.json and the tokenizer
 
@@ -68,3 +69,27 @@ def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
     fit_tokenizer(tokenizer, model)
     return model, tokenizer, resolved
 
+
+
+def run_settings(resolved: Path) -> tuple[Path, dict] | None:
+    """``(run dir, its settings)`` of the run a resolved model path (``resolve_model_path``)
+    came from: a run's ``final/`` or a checkpoint of it. The settings are the run's
+    ``.hydra/config.yaml`` (the command line's run, recipes applied), else those its newest
+    readable checkpoint saved (a Python API run); None for a model dir of no run."""
+    import yaml
+
+    run = resolved.parent.parent if is_checkpoint(resolved) else resolved.parent
+    if not (resolved.name == "final" or is_checkpoint(resolved)) or not (run / RUN_MODEL_DIR).is_dir():
+        return None
+    saved = run / ".hydra" / "config.yaml"
+    if saved.is_file():
+        try:
+            settings = yaml.safe_load(saved.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"The run's settings {str(saved)!r} cannot be read ({exc}); set data= "
+                              "(or files=) to say what to evaluate.") from None
+        if isinstance(settings, dict):
+            return run, settings
+    found = list_checkpoints(run / "checkpoints")
+    settings = saved_loop_state(found[-1]).get("settings") if found else None
+    return (run, settings) if isinstance(settings, dict) else None
