@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from runs import events, run_train
 
-from mlmkit.config import OptimConfig, TrainConfig, compose
+from mlmkit.config import OptimConfig, TrainConfig
 from mlmkit.config.schema import DEFAULT_MAX_STEPS
 from mlmkit.errors import ConfigError
 from mlmkit.training.budget import Budget, parse_duration

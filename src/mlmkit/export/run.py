@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 from mlmkit.config import Config
