@@ -32,7 +32,7 @@ class TrainingDiverged(MLMKitError):
 
 
 class Preempted(MLMKitError):
-    """A signal (SIGTERM, SIGINT, SIGUSR1) stopped the run after a checkpoint was saved."""
+    """A signal (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) stopped the run after a checkpoint was saved."""
 
     exit_code = 75  # EX_TEMPFAIL: try again (train.resume=auto continues the run)
 

@@ -46,7 +46,8 @@ def _weights(path: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2],
+                         ids=lambda sig: sig.name)
 def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
     run = tmp_path / "run"
     args = ["train.max_steps=150", "train.log_every=1", "train.save_every=0", "train.eval_every=0",

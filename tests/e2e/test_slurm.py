@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from runs import ROOT, TINY, events, python_run
+from runs import ROOT, TINY, events, python_popen
 
 from mlmkit.config import register_configs
 
@@ -31,15 +35,43 @@ def test_sbatch_examples_are_valid_bash():
         assert proc.returncode == 0, proc.stderr
 
 
+def _wait_for_train_steps(run: Path, count: int, proc, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while len(events_or_none(run)) < count:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, "the job logged no training steps"
+        time.sleep(0.1)
+
+
+def events_or_none(run: Path) -> list[dict]:
+    try:
+        return events(run, "train")
+    except (FileNotFoundError, ValueError):  # not written yet, or a line being written
+        return []
+
+
 @pytest.mark.slow
-def test_a_job_runs_through_the_submitit_launcher(tmp_path, cache_dir):
-    """submitit_local runs the job the way submitit_slurm does on a cluster node."""
+def test_submitit_requeues_a_preempted_job_after_mlmkits_checkpoint(tmp_path, cache_dir):
+    """submitit_local runs the job the way submitit_slurm does on a cluster node, signals and
+    all: submitit's SIGUSR2 makes mlmkit save a checkpoint, then submitit requeues the job
+    (here: starts it again), and train.resume=auto continues it to the end."""
     sweep = tmp_path / "sweep"
-    proc = python_run(ROOT / "train.py", "-m", "hydra/launcher=submitit_local", *TINY,
-                      f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}", "train.max_steps=10",
-                      "train.resume=auto", "logger=none", "hydra.launcher.timeout_min=10")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = python_popen(ROOT / "train.py", "-m", "hydra/launcher=submitit_local", *TINY,
+                        f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}",
+                        "train.max_steps=150", "train.log_every=1", "train.eval_every=0",
+                        "train.save_every=0", "train.precision=no", "train.resume=auto",
+                        "logger=none", "hydra.launcher.timeout_min=10")
     run = sweep / "0"
-    assert [e["step"] for e in events(run, "train")] == [5, 10]
+    _wait_for_train_steps(run, 3, proc)
+    job_pid = int((run / ".lock").read_text().split()[0])  # the job's process holds the run dir
+    os.kill(job_pid, signal.SIGUSR2)  # what submitit has SLURM send before the time limit
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
+    assert "Stopped by SIGUSR2" in logs, logs[-3000:]
+    assert "Requeued job" in logs  # submitit's own handler ran after the checkpoint
+    assert "Resumed from" in logs and "Traceback" not in logs
+    steps = [e["step"] for e in events(run, "train")]
+    assert steps == list(range(1, 151))  # every step once: the requeued job resumed, not restarted
     assert (run / "final" / "config.json").is_file()
-    assert list((sweep / ".submitit").glob("*/*_result.pkl"))  # submitit ran it and stored the result
+    assert list((sweep / ".submitit").glob("*/*_result.pkl"))  # submitit stored the result

@@ -90,12 +90,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _hand_back_signal(signum: int | None) -> None:
-    """After the checkpoint, pass a SIGUSR1 on to the handler that was there before training.
+    """After the checkpoint, pass a SIGUSR1 or SIGUSR2 on to the handler that was there before
+    training.
 
-    Under Hydra's submitit launcher that is submitit's, which requeues the SLURM job; the
-    requeued job runs the same overrides, and train.resume=auto continues from the checkpoint.
+    Under Hydra's submitit launcher that is submitit's (SIGUSR2 by default, or the signal of
+    ``SUBMITIT_PREEMPT_SIGNAL``), which requeues the SLURM job and exits; the requeued job runs
+    the same overrides, and train.resume=auto continues from the checkpoint.
     """
-    if signum is None or signum != getattr(signal, "SIGUSR1", None):
+    user_signals = {getattr(signal, name, None) for name in ("SIGUSR1", "SIGUSR2")} - {None}
+    if signum is None or signum not in user_signals:
         return
     handler = signal.getsignal(signum)
     if callable(handler):

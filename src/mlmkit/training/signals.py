@@ -1,4 +1,5 @@
-"""Stop requests: SIGTERM, SIGINT and SIGUSR1 (SLURM's warning) end the run cleanly."""
+"""Stop requests: SIGTERM, SIGINT, SIGUSR1 (SLURM's warning) and SIGUSR2 (submitit's) end the
+run cleanly."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import torch
 
 
 class StopSignals:
-    """Turns SIGTERM, SIGINT and SIGUSR1 (SLURM's warning) into a request to stop cleanly.
+    """Turns SIGTERM, SIGINT, SIGUSR1 (SLURM's warning, ``--signal=USR1@300``) and SIGUSR2
+    (what submitit asks SLURM to send before the time limit) into a request to stop cleanly.
 
     The loop checks ``requested`` after each optimizer step, saves a checkpoint and exits
     with ``Preempted.exit_code``. A second SIGINT interrupts at once.
     """
 
-    SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+    SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 
     def __init__(self) -> None:
         self.received: int | None = None
