@@ -3,27 +3,71 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from mlmkit.errors import ConfigError, MLMKitError, Preempted
 
+# Under ``mlmkit launch`` each rank reports how it ended (status, sentence) in a file of this
+# folder, and the launcher prints each distinct sentence once and exits with the status.
+LAUNCH_DIR_ENV = "MLMKIT_LAUNCH_DIR"
+PEER_GONE = 3  # the exit status of a rank that stopped because another process ended
+# how torch.distributed's collectives fail when another process has ended (gloo, NCCL)
+_PEER_GONE_TEXT = ("closed by peer", "reset by peer", "Broken pipe", "remote process exited",
+                   "Connection refused", "communicator was aborted")
+
 
 def report_errors(fn: Callable[[], int | None]) -> int:
     """Run ``fn``; a user's error becomes one sentence on stderr and exit status 2, a
-    preemption the message and ``Preempted.exit_code`` (after the checkpoint)."""
+    preemption the message and ``Preempted.exit_code`` (after the checkpoint). A rank of
+    several whose collective fails because another rank ended (its error is that rank's to
+    tell) exits with ``PEER_GONE`` and no traceback of its own."""
     try:
         return fn() or 0
     except Preempted as exc:
-        print(str(exc), file=sys.stderr)
+        tell(Preempted.exit_code, str(exc), every_rank=False)
         _hand_back_signal(exc.signum)
         return Preempted.exit_code
     except MLMKitError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
+        tell(2, f"Error: {exc}")
         return 2
+    except Exception as exc:
+        if not peer_gone(exc):
+            raise
+        tell(PEER_GONE, None)
+        # at once: the collective's threads would abort the interpreter's exit with a message
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(PEER_GONE)
+
+
+def peer_gone(exc: BaseException) -> bool:
+    """True for the error of a collective whose other processes have ended."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return False
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(part in text for part in _PEER_GONE_TEXT)
+
+
+def tell(status: int, line: str | None, every_rank: bool = True) -> None:
+    """How this process ends: ``line`` on stderr, or, under ``mlmkit launch``, both in this
+    rank's file for the launcher to print once. Without the launcher ``every_rank=False``
+    keeps a line all ranks would print alike (a preemption) to the main process."""
+    folder, rank = os.environ.get(LAUNCH_DIR_ENV), os.environ.get("RANK")
+    if folder and rank is not None:
+        try:
+            path = Path(folder) / f"rank-{rank}.json"
+            path.write_text(json.dumps({"status": status, "line": line, "pid": os.getpid()}))
+            return
+        except OSError:
+            pass  # the launcher's folder is gone: say it here
+    if line is not None and (every_rank or rank in (None, "0")):
+        print(line, file=sys.stderr)
 
 
 def exit_on_error(fn: Callable[[], int | None]) -> None:
@@ -45,16 +89,20 @@ class ArgumentParser(argparse.ArgumentParser):
 def run_hydra_main(run: Callable[[], None]) -> None:
     """Run a ``@hydra.main`` function; a config Hydra cannot compose (a misspelt key or
     group option, a value of the wrong type, an override it cannot parse) is one sentence
-    and exit status 2 instead of Hydra's report of several lines."""
+    and exit status 2 instead of Hydra's report of several lines. Its ``--help`` lists only
+    the config groups the command composes (``cli.hydra_help``)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    from mlmkit.cli.hydra_help import composed_groups_only
 
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises the error instead of printing it
     try:
-        run()
+        with composed_groups_only():
+            run()
     except (HydraException, OmegaConfBaseException) as exc:
-        print(f"Error: {hydra_error_sentence(exc)}", file=sys.stderr)
+        tell(2, f"Error: {hydra_error_sentence(exc)}")
         sys.exit(2)
     finally:
         if saved is None:

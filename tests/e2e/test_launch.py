@@ -1,0 +1,103 @@
+"""Several processes, one mistake or one signal: one sentence on the console and an exit
+status that says what happened (``mlmkit launch``); the other ranks print no traceback
+(also under a bare ``accelerate launch``)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runs import ROOT, TINY, free_port
+
+from mlmkit.cli import COMMANDS
+from mlmkit.cli.launch import explained, split_command
+from mlmkit.errors import ConfigError
+
+ENV = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+OPTIONS = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no"]
+
+
+def test_the_command_line_splits_at_the_command():
+    assert split_command(["--multi_gpu", "--num_processes", "2", "train", "model=bert-mini"], COMMANDS) == (
+        ["--multi_gpu", "--num_processes", "2"], ["train", "model=bert-mini"])
+    with pytest.raises(ConfigError, match="name the command"):
+        split_command(["--multi_gpu"], COMMANDS)
+
+
+def test_the_ranks_endings_give_the_status():
+    assert explained({0: {"status": 2}, 1: {"status": 3}}) == 2  # a user's error; a rank stopped by it
+    assert explained({1: {"status": 2}}) == 2  # rank 0 killed by the launcher before it could say
+    assert explained({0: {"status": 75}, 1: {"status": 75}}) == 75
+    assert explained({0: {"status": 3}, 1: {"status": 3}}) is None  # who ended first is not known
+    assert explained({0: {"status": 2}, 1: {"status": 1}}) is None  # a crash: its traceback stays
+    assert explained({}) is None
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(list(args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: int = 300) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the launch did not end within {timeout} s:\n{proc.communicate()[1][-3000:]}") from None
+
+
+@pytest.fixture
+def locked_run_dir(tmp_path):
+    """A run dir whose lock another run holds (this test process, as pid 4242 on host elsewhere)."""
+    run = tmp_path / "locked"
+    run.mkdir()
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, b"4242 elsewhere\n", 0)
+    yield run
+    os.close(fd)
+
+
+@pytest.mark.slow
+def test_a_refused_run_is_one_sentence_from_many_processes(locked_run_dir, cache_dir):
+    args = [*TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={locked_run_dir}", "train.max_steps=2"]
+    launched = _start(sys.executable, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
+                      "train", *args)
+    bare = Path(sys.executable).with_name("accelerate")
+    out, err = _finish(launched)
+    assert launched.returncode == 2, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("\t", "The following",
+                                                                                         "To avoid"))]
+    assert lines == ["Error: The run dir " + repr(str(locked_run_dir)) + " is in use by another run "
+                     "(pid 4242 on host elsewhere); wait for it to end or choose a new hydra.run.dir."], err
+    # a bare accelerate launch: the launcher's own report stays, but no rank adds a traceback
+    plain = _start(str(bare), "launch", "--main_process_port", free_port(), *OPTIONS, "-m", "mlmkit", "train", *args)
+    out, err = _finish(plain)
+    assert plain.returncode != 0 and err.count("Error: The run dir") == 1, err[-3000:]
+    assert "[rank1]" not in err and "Connection closed by peer" not in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_launcher_stops_every_rank_with_a_checkpoint(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    proc = _start(sys.executable, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
+                  "train", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", "train.max_steps=5000",
+                  "train.eval_every=0", "train.save_every=0", "logger=none", "train.log_every=1")
+    deadline = time.monotonic() + 240
+    while not (run / "metrics.jsonl").is_file() or '"train"' not in (run / "metrics.jsonl").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, _finish(proc)[1][-3000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGUSR2)  # submitit's signal, sent to the launcher alone
+    out, err = _finish(proc)
+    assert proc.returncode == 75, err[-3000:]
+    stopped = [line for line in err.splitlines() if line.startswith("Stopped by")]
+    assert len(stopped) == 1 and "SIGUSR2" in stopped[0], err[-3000:]
+    assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]
+    assert len(list((run / "checkpoints").glob("step_*"))) == 1
