@@ -136,3 +136,25 @@ def test_token_and_time_budgets_stop_with_checkpoint_and_export(tmp_path, cache_
     assert train[-1]["lr"] < 0.5 * max(e["lr"] for e in train)  # decayed against the clock
     assert events(run, "eval")[-1]["step"] == train[-1]["step"]
     assert (run / "final" / "config.json").is_file()
+
+
+def _deepspeed(world: int, **ds_config):
+    """What check_engine reads of an accelerator running DeepSpeed."""
+    from types import SimpleNamespace
+
+    plugin = SimpleNamespace(deepspeed_config={"train_micro_batch_size_per_gpu": "auto", **ds_config})
+    return SimpleNamespace(num_processes=world, distributed_type=SimpleNamespace(value="DEEPSPEED"),
+                           state=SimpleNamespace(deepspeed_plugin=plugin))
+
+
+def test_nothing_accumulates_under_deepspeed():
+    from mlmkit.config import Config
+    from mlmkit.training.setup import check_engine
+
+    accelerator = _deepspeed(2, gradient_accumulation_steps=1)
+    assert check_engine(accelerator, Config(train=TrainConfig(batch_size=8, global_batch_size=16))) == 1
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == 8
+    with pytest.raises(ConfigError, match="nothing accumulates .this run derives 4"):
+        check_engine(_deepspeed(2), Config(train=TrainConfig(batch_size=8, global_batch_size=64)))
+    with pytest.raises(ConfigError, match="the DeepSpeed config sets 8"):
+        check_engine(_deepspeed(2, gradient_accumulation_steps=8), Config(train=TrainConfig(batch_size=8)))

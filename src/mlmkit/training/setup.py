@@ -203,20 +203,23 @@ def _prepare_streaming(cfg: Config, accelerator: Accelerator, run_tokenizer: Pat
 
 
 def check_engine(accelerator: Accelerator, cfg: Config) -> int:
-    """The accumulation steps of the run, checked against the engine (DeepSpeed takes the
-    micro-batch and accumulation from its own config)."""
+    """The accumulation steps of the run, checked against the engine. Under DeepSpeed nothing
+    accumulates: an optimizer step is one micro-batch of train.batch_size per process, and
+    DeepSpeed takes that micro-batch from its own config."""
     tc, world = cfg.train, accelerator.num_processes
     accum = tc.accumulation_steps(world)
     if accelerator.distributed_type.value == "DEEPSPEED":
-        if accum > 1:
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds_accum = ds_config.get("gradient_accumulation_steps", 1)
+        if accum > 1 or ds_accum not in (1, "auto"):
+            derived = f"this run derives {accum}" if accum > 1 else f"the DeepSpeed config sets {ds_accum}"
             raise ConfigError(
-                f"With DeepSpeed, accumulate in DeepSpeed's own config (gradient_accumulation_steps) "
-                f"and keep train.grad_accum_steps=1 (this run derives {accum}); lower "
-                "train.global_batch_size or raise train.batch_size."
+                f"Under DeepSpeed nothing accumulates ({derived} accumulation steps): keep "
+                "train.grad_accum_steps=1 and DeepSpeed's gradient_accumulation_steps at 1, and raise "
+                "train.batch_size or lower train.global_batch_size for the batch you want."
             )
         # No dataloader goes through accelerate's prepare (the loop feeds its own batches),
         # so DeepSpeed takes the micro-batch from its config.
-        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         micro = ds_config.get("train_micro_batch_size_per_gpu", "auto")
         if micro == "auto":
             ds_config["train_micro_batch_size_per_gpu"] = tc.batch_size
