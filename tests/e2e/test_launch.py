@@ -77,6 +77,14 @@ def test_a_refused_run_is_one_sentence_from_many_processes(locked_run_dir, cache
                                                                                          "To avoid"))]
     assert lines == ["Error: The run dir " + repr(str(locked_run_dir)) + " is in use by another run "
                      "(pid 4242 on host elsewhere); wait for it to end or choose a new hydra.run.dir."], err
+    # a mistake every rank finds alike (a misspelt key) is said once too
+    launched = _start(sys.executable, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
+                      "train", *args, "train.bach_size=3")
+    out, err = _finish(launched)
+    assert launched.returncode == 2, err[-3000:]
+    assert [line for line in err.splitlines() if "bach_size" in line] == [
+        line for line in err.splitlines() if line.startswith("Error:")], err
+    assert err.count("Error:") == 1 and "Traceback" not in err, err
     # a bare accelerate launch: the launcher's own report stays, but no rank adds a traceback
     plain = _start(str(bare), "launch", "--main_process_port", free_port(), *OPTIONS, "-m", "mlmkit", "train", *args)
     out, err = _finish(plain)
