@@ -322,6 +322,11 @@ CASES = [
     Case("sweep-missing-dir", lambda fx: ["sweep", str(fx.missing)], ("missing.txt",)),
     Case("sweep-binary-metrics", lambda fx: ["sweep", str(fx.tmp / "metrics_binary")], ("metrics.jsonl",)),
     Case("sweep-overrides-not-yaml", lambda fx: ["sweep", str(fx.overrides_bad)], ("overrides.yaml",)),
+    # accelerate-config
+    Case("accelerate-config-unknown-name", lambda fx: ["accelerate-config", "ddp-bf16"],
+         ("'ddp-bf16'", "ddp_bf16", "single_gpu")),
+    Case("accelerate-config-out-under-a-file",
+         lambda fx: ["accelerate-config", "fsdp", "--out", str(fx.afile / "fsdp.yaml")], ("--out", "fsdp.yaml")),
 ]
 
 # commands that must succeed, with a warning
@@ -374,7 +379,8 @@ def test_the_table_covers_the_commands():
     from mlmkit.cli import COMMANDS
 
     covered = {case.argv(SimpleNamespace(**{k: Path("/x") for k in FIELDS}))[0] for case in CASES}
-    assert covered == {"train", "eval", "finetune", "tokenizer", "fill-mask", "plot", "sweep", "export"}
+    assert covered == {"train", "eval", "finetune", "tokenizer", "fill-mask", "plot", "sweep", "export",
+                       "accelerate-config"}
     assert covered <= set(COMMANDS)
 
 

@@ -78,4 +78,20 @@ def test_installed_wheel_trains_and_evaluates_from_outside_the_checkout(wheel, t
     assert (work / "tok" / "tokenizer.json").is_file()
     finetune = mlmkit("finetune", "--cfg", "job")  # composes conf/finetune.yaml
     assert finetune.returncode == 0 and "task:" in finetune.stdout, finetune.stderr[-3000:]
+    accelerate_config = mlmkit("accelerate-config", "multi_node", "--out", "multi_node.yaml")
+    assert accelerate_config.returncode == 0, accelerate_config.stderr[-3000:]
+    assert accelerate_config.stdout.strip() == "multi_node.yaml"  # for --config_file "$(...)"
+    assert (work / "multi_node.yaml").read_text() == (ROOT / "conf" / "accelerate" / "multi_node.yaml").read_text()
     assert not (work / "conf").exists()
+
+
+def test_flash_attn_is_an_extra_of_its_own_for_linux_and_not_in_dev(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:")]
+    assert "Provides-Extra: flash" in metadata.splitlines()
+    flash = [r for r in requires if r.startswith("flash-attn")]
+    assert flash == ['flash-attn>=2.6; platform_system == "Linux" and extra == "flash"']
+    dev = [r for r in requires if 'extra == "dev"' in r]
+    assert dev and not any(r.startswith(("flash-attn", "mlmkit")) for r in dev)  # dev stays buildable anywhere

@@ -9,6 +9,7 @@
     mlmkit fill-mask outputs/<run>/final "The [MASK] is here."
     mlmkit plot      outputs/<run> [more runs] [--out file.png]
     mlmkit sweep     multirun/<date>/<time>
+    mlmkit accelerate-config ddp_bf16 --out ddp.yaml        a packaged accelerate config
 
 Each command lives in ``mlmkit.cli.<name>`` and takes Hydra overrides (or, for fill-mask,
 plot and sweep, plain arguments). Under ``accelerate launch -m mlmkit train ...`` (or
@@ -34,6 +35,8 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "fill-mask": ("mlmkit.cli.fill_mask", True, "fill the [MASK] of a sentence"),
     "plot": ("mlmkit.cli.plot", True, "plot the curves of runs"),
     "sweep": ("mlmkit.cli.sweep", True, "the final figures of a sweep, as a table"),
+    "accelerate-config": ("mlmkit.cli.accelerate_config", True,
+                          "print or write a packaged accelerate config (none: list them)"),
 }
 
 

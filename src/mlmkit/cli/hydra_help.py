@@ -1,0 +1,52 @@
+"""``mlmkit <command> --help`` lists the config groups that command can override.
+
+Hydra's help lists every folder of the config dir as a group, so each command would offer
+the groups of the others (``train`` would offer ``task``, and ``accelerate``, which holds
+accelerate's configs, not Hydra's). A group can be overridden (``group=option``) only where
+the command's config composes it: the groups of its defaults list, which Hydra records in
+``hydra.runtime.choices``. While a command shows its help, the list keeps only those.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def overridable(group: str, choices) -> bool:
+    """Whether ``group=option`` is an override of the config whose defaults chose ``choices``
+    (Hydra's own groups, ``hydra/...``, are listed by ``--hydra-help`` as they are)."""
+    return group == "hydra" or group.startswith("hydra/") or group in choices
+
+
+@contextmanager
+def composed_groups_only(argv: list[str] | None = None) -> Iterator[None]:
+    """Within: Hydra's ``--help`` lists only the groups the command's config composes."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        from hydra._internal.hydra import Hydra
+    except ImportError:  # another Hydra layout: its help as it is
+        yield
+        return
+    original = getattr(Hydra, "format_config_groups", None)
+    if original is None or not any(arg in HELP_FLAGS for arg in argv):
+        yield
+        return
+
+    def format_config_groups(self, predicate: Callable[[str], bool], compact: bool = True) -> str:
+        from hydra.core.hydra_config import HydraConfig
+
+        try:
+            choices = HydraConfig.get().runtime.choices  # set while the help is printed
+        except ValueError:
+            return original(self, predicate, compact)
+        return original(self, lambda group: predicate(group) and overridable(group, choices), compact)
+
+    Hydra.format_config_groups = format_config_groups
+    try:
+        yield
+    finally:
+        Hydra.format_config_groups = original
