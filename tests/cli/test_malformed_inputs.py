@@ -94,6 +94,9 @@ def _make_files(fx) -> None:
             (tmp / "glue" / name / split).write_bytes(content)
     (tmp / "metrics_binary").mkdir()
     (tmp / "metrics_binary" / "metrics.jsonl").write_bytes(bytes(range(256)) * 8)
+    fx.own = tmp / "own"  # labelled files of one's own (task=files)
+    fx.own.mkdir()
+    (fx.own / "train.csv").write_text('text,label\ngood film,pos\n"slow, long",maybe\nbad,neg\n')
 
 
 def _make_damaged_artifacts(fx) -> None:
@@ -141,6 +144,23 @@ def _make_damaged_artifacts(fx) -> None:
                                        ignore=shutil.ignore_patterns("checkpoints", "final", ".lock"))
     (fx.overrides_bad / ".hydra").mkdir(exist_ok=True)
     (fx.overrides_bad / ".hydra" / "overrides.yaml").write_text("key: [unclosed\n")
+    _make_classifiers(fx)
+
+
+def _make_classifiers(fx) -> None:
+    """A classifier dir as mlmkit finetune writes it (untrained), and a copy naming custom code."""
+    from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassification
+
+    config = AutoConfig.from_pretrained(fx.run / "final")
+    config.id2label, config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    fx.classifier = fx.tmp / "classifier"
+    BertForSequenceClassification(config).save_pretrained(fx.classifier)
+    AutoTokenizer.from_pretrained(fx.run / "final").save_pretrained(fx.classifier)
+    fx.custom_classifier = shutil.copytree(fx.classifier, fx.tmp / "custom_classifier")
+    config = json.loads((fx.custom_classifier / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForSequenceClassification": "custom.C"}
+    (fx.custom_classifier / "config.json").write_text(json.dumps(config))
+    (fx.custom_classifier / "custom.py").write_text(f"open({str(fx.marker)!r}, 'w').write('ran')\n")
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +205,12 @@ def _finetune(fx, *args: str) -> list[str]:
 
 def _glue(fx, name: str) -> str:
     return f"task.data_dir={fx.tmp / 'glue' / name}"
+
+
+def _own(fx, *args: str) -> list[str]:
+    """finetune task=files on the fixture's own CSV file."""
+    return _finetune(fx, f"checkpoint={fx.run}", "task=files", f"task.train_file={fx.own / 'train.csv'}",
+                     f"task.eval_file={fx.own / 'train.csv'}", *args)
 
 
 def _tokenizer(fx, *args: str) -> list[str]:
@@ -273,6 +299,29 @@ CASES = [
          ("max_seq_length",)),
     Case("finetune-dropout-out-of-range", lambda fx: _finetune(fx, f"checkpoint={fx.run}", "classifier_dropout=1.5"),
          ("classifier_dropout",)),
+    # finetune task=files: one's own labelled files
+    Case("finetune-files-label-outside", lambda fx: _own(fx, "task.labels=[neg,pos]"),
+         ("train.csv", "line 3", "'maybe'", "task.labels (neg, pos)")),
+    Case("finetune-files-missing-column", lambda fx: _own(fx, "task.label_column=gold"),
+         ("train.csv", "'gold'", "task.label_column")),
+    Case("finetune-files-missing-file", lambda fx: _own(fx, f"task.train_file={fx.missing}"),
+         ("task.train_file", "missing.txt")),
+    Case("finetune-files-no-files", lambda fx: _finetune(fx, f"checkpoint={fx.run}", "task=files"),
+         ("task.train_file", "task.eval_file")),
+    # predict
+    Case("predict-missing-dir", lambda fx: ["predict", str(fx.missing), "a text"], ("model_dir", "missing.txt")),
+    Case("predict-not-a-classifier", lambda fx: ["predict", str(fx.run / "final"), "a text"],
+         ("model_dir", "BertForMaskedLM", "not a fine-tuned classifier")),
+    Case("predict-custom-code", lambda fx: ["predict", str(fx.custom_classifier), "a text"],
+         ("model_dir", "auto_map")),
+    Case("predict-no-input", lambda fx: ["predict", str(fx.classifier)], ("texts", "--file")),
+    Case("predict-empty-text", lambda fx: ["predict", str(fx.classifier), "a text", " "], ("Text 2", "empty")),
+    Case("predict-empty-file", lambda fx: ["predict", str(fx.classifier), "--file", str(fx.empty)],
+         ("--file", "empty.txt")),
+    Case("predict-jsonl-no-json", lambda fx: ["predict", str(fx.classifier), "--file", str(fx.garbage)],
+         ("--file", "garbage.jsonl", "no JSON object")),
+    Case("predict-batch-size-zero", lambda fx: ["predict", str(fx.classifier), "a", "--batch-size", "0"],
+         ("--batch-size",)),
     # tokenizer (out= is checked before the corpus is read, so before any training)
     Case("tokenizer-out-is-a-file", lambda fx: _tokenizer(fx, _files(fx.missing), f"out={fx.afile}"),
          ("out=", "afile"), ("data.train_files",)),
@@ -379,7 +428,7 @@ def test_the_table_covers_the_commands():
     from mlmkit.cli import COMMANDS
 
     covered = {case.argv(SimpleNamespace(**{k: Path("/x") for k in FIELDS}))[0] for case in CASES}
-    assert covered == {"train", "eval", "finetune", "tokenizer", "fill-mask", "plot", "sweep", "export",
+    assert covered == {"train", "eval", "finetune", "tokenizer", "fill-mask", "predict", "plot", "sweep", "export",
                        "accelerate-config"}
     assert covered <= set(COMMANDS)
 
@@ -387,7 +436,7 @@ def test_the_table_covers_the_commands():
 FIELDS = ("tmp", "cache", "corpus", "bin", "utf16", "empty", "adir", "afile", "unknown", "ints", "structs",
           "objs", "garbage", "trunc_parquet", "marker", "run", "missing", "run_trunc", "run_empty_state",
           "run_only_empty_state", "run_no_rng", "run_pickle", "final_trunc", "pickled", "custom", "garbled",
-          "custom_tokenizer", "overrides_bad")
+          "custom_tokenizer", "overrides_bad", "own", "classifier", "custom_classifier")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)

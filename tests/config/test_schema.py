@@ -42,7 +42,7 @@ def test_every_conf_file_is_covered():
     """A new YAML file anywhere under conf/ must be reachable by the test above."""
     covered = {CONF / "config.yaml"} | {CONF / g / f"{o}.yaml" for g, o in _group_options()}
     covered |= {CONF / f"{name}.yaml" for name in OTHER_PRIMARY}
-    covered |= {CONF / "task" / f"{t}.yaml" for t in TASKS}  # finetune test below
+    covered |= {CONF / "task" / f"{t}.yaml" for t in (*TASKS, "files")}  # finetune tests below
     present = {p for p in CONF.rglob("*.yaml") if "accelerate" not in p.parts}  # tested elsewhere
     assert present == covered
 
@@ -162,6 +162,24 @@ def test_finetune_config_composes_for_every_task(task):
     assert ft.task.name == task and ft.task.hub_name == task
     assert ("matthews_correlation" in ft.task.metrics) == (task == "cola")
     assert (ft.task.kind == "regression") == (task == "stsb")
+
+
+def test_finetune_config_composes_for_own_files():
+    from mlmkit.config import FinetuneConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        files = ["checkpoint=x", "task=files", "task.train_file=a.csv", "task.eval_file=b.jsonl"]
+        cfg = compose(config_name="finetune", overrides=files)
+        regression = compose(config_name="finetune", overrides=[*files, "task.kind=regression"])
+        missing = compose(config_name="finetune", overrides=["checkpoint=x", "task=files"])
+    ft = to_config(cfg, FinetuneConfig)
+    assert ft.task.hub_path is None and ft.task.labels == [] and ft.task.metrics == ["accuracy"]
+    assert ft.pooling == "mean" and ft.save_model  # the defaults of conf/finetune.yaml
+    assert to_config(regression, FinetuneConfig).task.metrics == ["spearman", "pearson"]
+    with pytest.raises(ConfigError, match="task.train_file=<file> and task.eval_file=<file>"):
+        to_config(missing, FinetuneConfig)
 
 
 def test_eval_sts_config_composes_and_validates():

@@ -14,11 +14,13 @@ from mlmkit.errors import DataError
 from mlmkit.evaluation.finetune import load_task, read_tsv
 
 
-def _task(name: str) -> TaskConfig:
+def _task(name: str, **settings) -> TaskConfig:
+    """conf/task/<name>.yaml with ``settings``."""
     from omegaconf import OmegaConf
 
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig),
-                                               OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml")))
+                                               OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml"),
+                                               settings))
 
 
 @pytest.mark.parametrize("name,folder,n_text", [("sst2", "SST-2", 1), ("cola", "CoLA", 1), ("rte", "RTE", 2)])
@@ -158,3 +160,213 @@ def test_a_regression_head_starts_at_the_mean_training_label():
     model.eval()
     out = model(input_ids=torch.randint(5, 100, (3, 6))).logits
     assert (out - 2.5).abs().max() < 1.0  # the weights start near zero: predictions near the mean
+
+
+# ---- own labelled files (task=files) and mlmkit predict -------------------------------------
+
+WORDS = ["cat", "dog", "bird", "fish", "horse", "mouse", "tree", "house", "river", "road"]
+
+
+def _pairs(n: int, seed: int = 0) -> list[dict]:
+    """``n`` premise/hypothesis pairs labelled same or other (the same animal or not), with a
+    comma and a quote in some texts (CSV quoting)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.choice(WORDS), rng.choice(WORDS)
+        rows.append({"premise": f'The {a} sat, said "{WORDS[i % 10]}", by the {b}.' if i % 3 == 0
+                     else f"The {a} sat by the {b}.",
+                     "hypothesis": f"A {a if i % 2 else rng.choice(WORDS)} was there.",
+                     "gold": "same" if i % 2 else "other", "score": round(i % 5 + 0.5 * (i % 2), 1)})
+    return rows
+
+
+def _write(path, rows: list[dict], columns=("premise", "hypothesis", "gold", "score")):
+    """``rows`` as a CSV, JSONL or TSV file, by the suffix of ``path``."""
+    import csv
+
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        if path.suffix == ".jsonl":
+            f.writelines(json.dumps({c: r[c] for c in columns}) + "\n" for r in rows)
+        else:
+            writer = csv.writer(f, delimiter="," if path.suffix == ".csv" else "\t",
+                                quoting=csv.QUOTE_MINIMAL if path.suffix == ".csv" else csv.QUOTE_NONE,
+                                escapechar=None if path.suffix == ".csv" else "\\")
+            writer.writerow(columns)
+            writer.writerows([r[c] for c in columns] for r in rows)
+    return path
+
+
+def _files_task(tmp_path, train, dev, **settings) -> TaskConfig:
+    return _task("files", **{"data_dir": str(tmp_path), "train_file": str(train), "eval_file": str(dev),
+                             "text_columns": ["premise", "hypothesis"], "label_column": "gold", **settings})
+
+
+def test_own_csv_jsonl_and_tsv_files_give_the_same_examples(tmp_path):
+    rows = _pairs(12)
+    rows[4]["premise"] = "A line\nbroken, in a quoted CSV field."
+    examples = {}
+    for suffix in (".csv", ".jsonl"):
+        _write(tmp_path / f"train{suffix}", rows)
+        _write(tmp_path / f"dev{suffix}", rows[:5])
+        # relative to task.data_dir, and absolute
+        task = _files_task(tmp_path, f"train{suffix}", tmp_path / f"dev{suffix}")
+        train, dev = load_task(task)
+        assert task.labels == ["other", "same"]  # taken from the training file, sorted
+        examples[suffix] = (train, dev)
+    assert examples[".csv"] == examples[".jsonl"]
+    train, dev = examples[".csv"]
+    assert len(train) == 12 and len(dev) == 5
+    assert train[0] == {"text": [rows[0]["premise"], rows[0]["hypothesis"]], "label": 0}
+    assert '"' in train[0]["text"][0] and "," in train[0]["text"][0] and "\n" in train[4]["text"][0]
+    # a TSV (no quoting, as GLUE's) of the texts without tabs or newlines
+    plain = [dict(r, premise=f"The {WORDS[i % 10]} sat.") for i, r in enumerate(rows)]
+    _write(tmp_path / "train.tsv", plain)
+    _write(tmp_path / "plain.jsonl", plain)
+    tsv = load_task(_files_task(tmp_path, "train.tsv", "train.tsv"))
+    assert tsv == load_task(_files_task(tmp_path, "plain.jsonl", "plain.jsonl"))
+    # numbers as labels: sorted by value; a JSONL number reads as the same label
+    for i, r in enumerate(plain):
+        r["gold"] = [2, 10, 1][i % 3]
+    _write(tmp_path / "numbers.jsonl", plain)
+    task = _files_task(tmp_path, "numbers.jsonl", "numbers.jsonl")
+    train, _ = load_task(task)
+    assert task.labels == ["1", "2", "10"] and [e["label"] for e in train[:3]] == [1, 2, 0]
+    # regression: the score column
+    task = _files_task(tmp_path, "train.csv", "dev.csv", kind="regression", label_column="score")
+    train, _ = load_task(task)
+    assert task.metrics == ["spearman", "pearson"] and [e["label"] for e in train[:3]] == [0.0, 1.5, 2.0]
+
+
+def test_a_label_outside_the_task_labels_is_an_error(tmp_path):
+    rows = _pairs(6)
+    rows[3]["gold"] = "maybe"
+    _write(tmp_path / "train.csv", rows)
+    task = _files_task(tmp_path, "train.csv", "train.csv", labels=["other", "same"])
+    with pytest.raises(DataError, match=r"train.csv' line 5: the gold 'maybe' is not one of "
+                                        r"task.labels \(other, same\)"):
+        load_task(task)  # line 5: the header is line 1
+    # labels from the training file: the eval file's own label is an error, naming it
+    rows[3]["gold"] = "same"
+    _write(tmp_path / "train.jsonl", rows)
+    _write(tmp_path / "dev.jsonl", [dict(rows[0], gold="maybe")])
+    with pytest.raises(DataError, match=r"dev.jsonl' line 1: the gold 'maybe' is not one of task.labels"):
+        load_task(_files_task(tmp_path, "train.jsonl", "dev.jsonl", labels=[]))
+    # the GLUE presets too: SST-2's labels are 0 and 1
+    (tmp_path / "sst").mkdir()
+    (tmp_path / "sst" / "train.tsv").write_text("sentence\tlabel\nfine\t1\nbad\tnegative\n")
+    sst = _task("sst2")
+    sst.data_dir = str(tmp_path / "sst")
+    with pytest.raises(DataError, match=r"line 3: the label 'negative' is not one of task.labels \(0, 1\)"):
+        load_task(sst)
+
+
+def test_own_files_errors_name_the_setting(tmp_path):
+    from mlmkit.config import FinetuneConfig
+    from mlmkit.errors import ConfigError
+
+    _write(tmp_path / "train.csv", _pairs(4))
+    with pytest.raises(DataError, match=r"task.eval_file: '.*dev.csv' does not exist; set task.eval_file"):
+        load_task(_files_task(tmp_path, "train.csv", "dev.csv"))
+    with pytest.raises(DataError, match=r"no column 'gold2' \(columns: premise, hypothesis, gold, score\)"):
+        load_task(_files_task(tmp_path, "train.csv", "train.csv", label_column="gold2"))
+    _write(tmp_path / "one.csv", [dict(r, gold="same") for r in _pairs(4)])
+    with pytest.raises(DataError, match=r"every example has the gold 'same'.*task.kind=regression"):
+        load_task(_files_task(tmp_path, "one.csv", "one.csv"))
+    with pytest.raises(ConfigError, match=r"set task.train_file=<file> and task.eval_file=<file>"):
+        TaskConfig(name="files", hub_path=None, train_file=None, eval_file=None, labels=[])
+    with pytest.raises(ConfigError, match=r"task.metrics: accuracy scores classes"):
+        TaskConfig(kind="regression", labels=[])
+    assert FinetuneConfig(checkpoint="x").pooling == "mean" and FinetuneConfig(checkpoint="x").save_model
+
+
+def _predict(*args) -> list[dict]:
+    from runs import python_run
+
+    proc = python_run("-m", "mlmkit", "predict", *map(str, args), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def _finetune_files(trained_run, out, train, dev, *settings, label: str = "gold"):
+    return run_finetune(f"checkpoint={trained_run}", "task=files", f"task.train_file={train}",
+                        f"task.eval_file={dev}", "task.text_columns=[premise,hypothesis]",
+                        f"task.label_column={label}", "epochs=1", "max_seq_length=64", "batch_size=8",
+                        "precision=no", f"hydra.run.dir={out}", *settings)
+
+
+def _eval_predictions(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_own_csv_pairs_give_a_plain_model_dir_that_predict_and_pipeline_serve(trained_run, tmp_path):
+    from transformers import AutoModelForSequenceClassification, pipeline
+
+    train, dev = _write(tmp_path / "train.csv", _pairs(40)), _write(tmp_path / "dev.csv", _pairs(12, seed=1))
+    out = tmp_path / "ft"
+    proc = _finetune_files(trained_run, out, train, dev, "pooling=cls")
+    result = json.loads((out / "results.json").read_text())
+    assert result["labels"] == ["other", "same"] and result["pooling"] == "cls"
+    assert result["model"] == str(out / "model") and f"the model: {out / 'model'}" in proc.stdout
+    assert "task.labels from" in proc.stdout + proc.stderr
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "other", "1": "same"} and config["label2id"] == {"other": 0, "same": 1}
+    assert config["mlmkit_task"]["text_columns"] == ["premise", "hypothesis"]
+    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()
+    evaluated = _eval_predictions(out)
+    assert [e["label"] for e in evaluated] == [r["gold"] for r in _pairs(12, seed=1)]
+    predicted = _predict(out / "model", "--file", dev)
+    assert [p["label"] for p in predicted] == [e["prediction"] for e in evaluated]
+    assert all(0.5 <= p["probability"] <= 1.0 for p in predicted)
+    # a [CLS]-pooled model dir is a plain transformers classifier: the pipeline agrees
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model")
+    assert type(model).__name__ == "BertForSequenceClassification"
+    classify = pipeline("text-classification", model=str(out / "model"))
+    served = classify([{"text": r["premise"], "text_pair": r["hypothesis"]} for r in _pairs(12, seed=1)])
+    assert [s["label"] for s in served] == [p["label"] for p in predicted]
+    assert [s["score"] for s in served] == pytest.approx([p["probability"] for p in predicted], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_predict_serves_a_mean_pooled_model_as_it_was_evaluated(trained_run, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from mlmkit.evaluation.predict import load_classifier
+
+    train, dev = _write(tmp_path / "train.jsonl", _pairs(40)), _write(tmp_path / "dev.jsonl", _pairs(12, seed=1))
+    out = tmp_path / "ft"
+    _finetune_files(trained_run, out, train, dev, "task.labels=[same,other]")  # pooling=mean: the default
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["classifier_pooling"] == "mean" and config["id2label"] == {"0": "same", "1": "other"}
+    evaluated = _eval_predictions(out)
+    texts = [t for r in _pairs(12, seed=1) for t in (r["premise"], r["hypothesis"])]
+    predicted = _predict(out, *texts)  # the run dir stands for its model/; the texts two by two
+    assert [p["label"] for p in predicted] == [e["prediction"] for e in evaluated]
+    assert [p["text"] for p in predicted][0] == texts[:2]
+    # what transformers' auto class would do instead: [CLS] pooling, other logits
+    model, tokenizer, _ = load_classifier(out)
+    enc = tokenizer(texts[0::2], texts[1::2], padding=True, truncation=True, max_length=64,
+                    return_tensors="pt")
+    with torch.no_grad():
+        mean = model(**enc).logits
+        cls = AutoModelForSequenceClassification.from_pretrained(out / "model").eval()(**enc).logits
+    probs = mean.softmax(-1).max(-1).values
+    assert probs.tolist() == pytest.approx([p["probability"] for p in predicted], abs=1e-5)
+    assert not torch.allclose(mean, cls, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_regression_file_predicts_the_scores_it_was_evaluated_with(trained_run, tmp_path):
+    train, dev = _write(tmp_path / "train.csv", _pairs(40)), _write(tmp_path / "dev.csv", _pairs(12, seed=1))
+    out = tmp_path / "ft"
+    proc = _finetune_files(trained_run, out, train, dev, "task.kind=regression", label="score")
+    result = json.loads((out / "results.json").read_text())
+    assert "eval_spearman" in result and "eval_pearson" in result and "labels" not in result
+    assert "files dev spearman:" in proc.stdout
+    evaluated = _eval_predictions(out)
+    assert [e["label"] for e in evaluated] == [r["score"] for r in _pairs(12, seed=1)]
+    predicted = _predict(out / "model", "--file", dev)
+    assert [p["score"] for p in predicted] == pytest.approx([e["prediction"] for e in evaluated], abs=1e-4)

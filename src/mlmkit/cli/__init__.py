@@ -7,11 +7,12 @@
     mlmkit export    outputs/<run>/checkpoints/step_0001000 out/  a checkpoint as a model dir
     mlmkit tokenizer data=files data.train_files=[a.txt] out=tok/
     mlmkit fill-mask outputs/<run>/final "The [MASK] is here."
+    mlmkit predict   outputs/finetune/<task>/<date>/<time>/model "a text"
     mlmkit plot      outputs/<run> [more runs] [--out file.png]
     mlmkit sweep     multirun/<date>/<time>
     mlmkit accelerate-config ddp_bf16 --out ddp.yaml        a packaged accelerate config
 
-Each command lives in ``mlmkit.cli.<name>`` and takes Hydra overrides (or, for fill-mask,
+Each command lives in ``mlmkit.cli.<name>`` and takes Hydra overrides (or, for fill-mask, predict,
 plot and sweep, plain arguments). Under ``accelerate launch -m mlmkit train ...`` (or
 ``accelerate launch train.py ...``) it runs on every process. A problem with a setting or
 an input stops with exit status 2 and one sentence that names it (``cli.errors``).
@@ -29,10 +30,11 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "train": ("mlmkit.cli.train", False, "pretrain a masked language model"),
     "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
     "eval-sts": ("mlmkit.cli.eval_sts", False, "zero-shot STS-B similarity of the model's sentence embeddings"),
-    "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task (SST-2, CoLA, RTE, STS-B)"),
+    "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task or your own labelled files"),
     "export": ("mlmkit.cli.export", True, "a checkpoint as a plain model dir (as final/)"),
     "tokenizer": ("mlmkit.cli.tokenizer", True, "train a tokenizer on a corpus"),
     "fill-mask": ("mlmkit.cli.fill_mask", True, "fill the [MASK] of a sentence"),
+    "predict": ("mlmkit.cli.predict", True, "classify texts with a fine-tuned model"),
     "plot": ("mlmkit.cli.plot", True, "plot the curves of runs"),
     "sweep": ("mlmkit.cli.sweep", True, "the final figures of a sweep, as a table"),
     "accelerate-config": ("mlmkit.cli.accelerate_config", True,

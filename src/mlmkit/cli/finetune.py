@@ -1,5 +1,5 @@
-"""``mlmkit finetune checkpoint=<run> task=sst2 [settings]``: GLUE fine-tuning
-(``mlmkit.evaluation.finetune``; settings: conf/finetune.yaml)."""
+"""``mlmkit finetune checkpoint=<run> task=sst2|...|files [settings]``: fine-tuning on a GLUE
+task or on your own files (``mlmkit.evaluation.finetune``; settings: conf/finetune.yaml)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,16 @@ def main() -> None:
 
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
         results = []
-        exit_on_error(lambda: results.append(
-            finetune(to_config(cfg, FinetuneConfig), HydraConfig.get().runtime.output_dir)))
-        summary = results[0]
+
+        def job() -> None:
+            ft = to_config(cfg, FinetuneConfig)
+            results.append((ft.task.metrics[0], finetune(ft, HydraConfig.get().runtime.output_dir)))
+
+        exit_on_error(job)
+        headline, summary = results[0]
         if PartialState().is_main_process:
-            headline = cfg.task.metrics[0]
+            saved = f"; the model: {summary['model']}" if summary["model"] else ""
             print(f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
-                  f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s)")
+                  f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s){saved}")
 
     run_hydra_main(run)

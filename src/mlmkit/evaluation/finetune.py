@@ -4,18 +4,24 @@
     mlmkit finetune checkpoint=outputs/<run> task=cola task.data_dir=../shared/data/glue/CoLA
     mlmkit finetune checkpoint=outputs/<run> task=rte task.data_dir=../shared/data/glue/RTE
     mlmkit finetune checkpoint=outputs/<run> task=stsb task.data_dir=../shared/data/glue/STS-B
+    mlmkit finetune checkpoint=outputs/<run> task=files task.train_file=train.csv \
+        task.eval_file=dev.jsonl 'task.text_columns=[premise,hypothesis]' task.label_column=label
     mlmkit finetune ... init=random          # same architecture from scratch
-    mlmkit finetune ... pooling=mean         # classify from the mean token state
+    mlmkit finetune ... pooling=cls          # classify from the [CLS] state (default: the mean)
 
 ``BertForSequenceClassification`` (or ``ModernBertForSequenceClassification``) takes the
 checkpoint's encoder (and ModernBERT's MLM head, its pooler); the pooler and the
 classifier start from a seeded random init, the same one for ``init=random``, so the two
-differ only by pretraining. Data: GLUE-format TSV files (``task.data_dir``), or the Hub's
-``glue`` dataset when ``task.data_dir`` is null and the Hub can be reached. The dev-set
-figures (accuracy; Matthews correlation for CoLA; Spearman and Pearson correlation for the
-regression task STS-B, one output trained with MSE) come from the ``evaluate`` metric modules
-shipped in mlmkit and are written to ``<run dir>/results.json`` and metrics.jsonl.
-Settings: conf/finetune.yaml and conf/task/.
+differ only by pretraining. Data: GLUE-format TSV files (``task.data_dir``), the Hub's
+``glue`` dataset when ``task.data_dir`` is null and the Hub can be reached, or your own TSV,
+CSV or JSONL files (``task=files``, conf/task/files.yaml), whose classes are task.labels or
+the training file's label values, sorted; a label outside them is an error naming the file
+and line. The dev-set figures (accuracy; Matthews correlation for CoLA; Spearman and Pearson
+correlation for a regression task such as STS-B, one output trained with MSE) come from the
+``evaluate`` metric modules shipped in mlmkit and are written to ``<run dir>/results.json``
+and metrics.jsonl, the last epoch's dev predictions to ``eval_predictions.jsonl``, and the
+model (a plain model dir, its classes in ``id2label``) to ``<run dir>/model``, which
+``mlmkit predict`` serves. Settings: conf/finetune.yaml and conf/task/.
 """
 
 from __future__ import annotations
@@ -45,65 +51,184 @@ log = logging.getLogger("mlmkit")
 
 
 # ---- data -----------------------------------------------------------------------------------
+# A task's files: TSV (GLUE's layout: no quoting), CSV (quoted fields allowed) or JSONL (one
+# object per line, its keys the columns). Each is read into rows ``(line number, {column:
+# value})``, then into examples ``{"text": [...], "label": class id | score}``.
 
-def read_tsv(path: Path, task: TaskConfig) -> list[dict[str, Any]]:
-    """Examples ``{"text": [...], "label": class id | score}`` of one GLUE-format TSV file."""
+CSV_DIALECTS = {"tsv": {"delimiter": "\t", "quoting": csv.QUOTE_NONE}, "csv": {"delimiter": ","}}
+
+
+def file_format(path: Path) -> str:
+    """csv, jsonl or tsv, by the file's suffix (any other suffix: TSV, as GLUE's files)."""
+    suffix = path.suffix.lower()
+    return "csv" if suffix == ".csv" else "jsonl" if suffix in (".jsonl", ".json") else "tsv"
+
+
+def reads_files(task: TaskConfig) -> bool:
+    """Whether the task's examples come from files (else from the Hub)."""
+    return bool(task.data_dir) or not task.hub_path
+
+
+def task_file(task: TaskConfig, split: str) -> Path:
+    """The file of ``split`` (train | eval): absolute, or relative to task.data_dir."""
+    path = Path(task.train_file if split == "train" else task.eval_file).expanduser()
+    return path if path.is_absolute() else Path(task.data_dir or ".").expanduser() / path
+
+
+def file_setting(task: TaskConfig, split: str) -> str:
+    """The setting that points at the file of ``split``, for messages: task.data_dir for the
+    GLUE presets (a folder of their files), else task.train_file or task.eval_file."""
+    return "task.data_dir" if task.hub_path else f"task.{split}_file"
+
+
+def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
+              columns: list[str] | None = None) -> list[tuple[int, dict[str, str]]]:
+    """``(line, {column: value})`` of each row of a TSV, CSV or JSONL file that holds all of
+    ``columns`` (default: the task's text and label columns); the other rows are skipped with
+    a warning, and a file without one of the columns is an error."""
     if not path.is_file():
-        raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
-                        f"{task.train_file} and {task.eval_file}.")
-    check_not_binary(str(path), "task.data_dir")  # UTF-16 (named) or binary: one sentence
-    csv.field_size_limit(1 << 24)
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    if not rows:
-        raise DataError(f"task.data_dir: {str(path)!r} is empty; fill it with examples in GLUE's TSV "
-                        "format or point task.data_dir at another folder.")
-    names, rows, first_line = _columns(path, task, rows)
-    wanted = [*task.text_columns, task.label_column]
+        if setting == "task.data_dir":
+            raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
+                            f"{task.train_file} and {task.eval_file}.")
+        raise DataError(f"{setting}: {str(path)!r} does not exist; set {setting} to a .tsv, .csv or "
+                        ".jsonl file (absolute, or relative to task.data_dir).")
+    check_not_binary(str(path), setting)  # UTF-16 (named) or binary: one sentence
+    fmt = file_format(path)
+    names, rows = _json_rows(path) if fmt == "jsonl" else _delimited_rows(path, task, fmt, setting)
+    if names is None:
+        raise DataError(f"{setting}: {str(path)!r} is empty; fill it with examples, or point {setting} "
+                        "at other files.")
+    if not names:  # JSON lines, none of them an object
+        raise DataError(f"{setting}: {str(path)!r} holds no JSON object; write one object per line, "
+                        "its keys the columns.")
+    wanted = list(columns or [*task.text_columns, task.label_column])
     missing = [c for c in wanted if c not in names]
     if missing:
+        fix = ("set task.text_columns / task.label_column, or task.column_names for files without "
+               "a header" if setting.startswith("task.") else
+               f"give {setting} a file with the columns {', '.join(wanted)}")
         raise DataError(f"{str(path)!r} has no column {missing[0]!r} (columns: {', '.join(names)}); "
-                        "set task.text_columns / task.label_column, or task.column_names for "
-                        "files without a header.")
-    index = {c: names.index(c) for c in wanted}
+                        f"{fix}.")
+    kept = [(line, row) for line, row in rows
+            if row is not None and all(row.get(c) is not None for c in wanted)]
+    if len(kept) < len(rows):
+        log.warning("%s: skipped %d line(s) with missing columns", path, len(rows) - len(kept))
+    return kept
+
+
+def _delimited_rows(path: Path, task: TaskConfig, fmt: str, setting: str):
+    """``(column names, rows)`` of a TSV or CSV file; a row with too few fields is None, blank
+    lines are left out; names are None for a file without a line."""
+    csv.field_size_limit(1 << 24)
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        reader, lines, end = csv.reader(f, **CSV_DIALECTS[fmt]), [], 0
+        for fields in reader:
+            if fields:  # a blank line is no row
+                lines.append((end + 1, fields))
+            end = reader.line_num
+    if not lines:
+        return None, []
+    names, lines = _columns(path, task, lines, fmt, setting)
+    return names, [(line, dict(zip(names, fields)) if len(fields) >= len(names) else None)
+                   for line, fields in lines]
+
+
+def _columns(path: Path, task: TaskConfig, lines: list, fmt: str, setting: str):
+    """``(column names, data lines)``: the header's names, or task.column_names."""
+    first = lines[0][1]
+    if task.header:
+        return [c.strip() for c in first], lines[1:]
+    names = list(task.column_names)
+    if [c.strip().lower() for c in first] == [c.lower() for c in names]:
+        return names, lines[1:]  # a header line that repeats task.column_names (GLUE's STS-B)
+    if len(first) != len(names):
+        sep = "tab" if fmt == "tsv" else "comma"
+        raise DataError(f"{str(path)!r} has {len(first)} {sep}-separated columns in its first line, "
+                        f"but {task.name} files have {len(names)} ({', '.join(names)}); point "
+                        f"{setting} at files in that format, or set task.column_names.")
+    return names, lines
+
+
+def _json_rows(path: Path):
+    """``(column names, rows)`` of a JSONL file: the keys of its first object, and each line's
+    values as text (a number as written in JSON, null as missing); a line that is no JSON
+    object is None; names are None for a file without a line."""
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                obj = None
+            rows.append((line, {k: v if isinstance(v, str) or v is None else json.dumps(v)
+                                for k, v in obj.items()} if isinstance(obj, dict) else None))
+    if not rows:
+        return None, []
+    return next((list(row) for _, row in rows if row is not None), []), rows
+
+
+def examples_of(rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig) -> list[dict[str, Any]]:
+    """Examples ``{"text": [...], "label": class id | score}`` of rows of ``path``."""
     label_of = _label_reader(path, task)
-    examples, bad = [], 0
-    for line, row in enumerate(rows, first_line):
-        label = label_of(row[index[task.label_column]], line) if len(row) >= len(names) else None
-        if label is None:
-            bad += 1
-            continue
-        examples.append({"text": [row[index[c]].strip() for c in task.text_columns], "label": label})
-    if bad:
-        log.warning("%s: skipped %d line(s) with missing columns%s", path, bad,
-                    f" or a label outside task.labels ({', '.join(task.labels)})"
-                    if task.kind == "classification" else "")
+    examples = [{"text": [row[c].strip() for c in task.text_columns],
+                 "label": label_of(row[task.label_column], line)} for line, row in rows]
     if not examples:
-        raise DataError(f"{str(path)!r} holds no usable example; check task.labels and the columns.")
+        raise DataError(f"{str(path)!r} holds no usable example; check the columns and that it has "
+                        "lines below its header.")
     return examples
 
 
-def _columns(path: Path, task: TaskConfig, rows: list[list[str]]) -> tuple[list[str], list[list[str]], int]:
-    """``(column names, data rows, line number of the first data row)``."""
-    if task.header:
-        return [c.strip() for c in rows[0]], rows[1:], 2
-    names = list(task.column_names)
-    if [c.strip().lower() for c in rows[0]] == [c.lower() for c in names]:
-        return names, rows[1:], 2  # a header line that repeats task.column_names (GLUE's STS-B)
-    if len(rows[0]) != len(names):
-        raise DataError(f"{str(path)!r} has {len(rows[0])} tab-separated columns in its first line, "
-                        f"but {task.name} files have {len(names)} ({', '.join(names)}); point "
-                        "task.data_dir at files in that format, or set task.column_names.")
-    return names, rows, 1
+def read_examples(path: Path, task: TaskConfig, setting: str = "task.data_dir") -> list[dict[str, Any]]:
+    """Examples ``{"text": [...], "label": class id | score}`` of a TSV, CSV or JSONL file."""
+    return examples_of(read_rows(path, task, setting), path, task)
+
+
+read_tsv = read_examples  # the name of the GLUE-format reader
+
+
+def discover_labels(rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig) -> list[str]:
+    """The label values of the training rows, sorted (numbers by value), for a task that lists none."""
+    values = {row[task.label_column].strip() for _, row in rows}
+
+    def number(value: str) -> float | None:
+        try:
+            return float(value)
+        except ValueError:
+            return None
+
+    numbers = {v: number(v) for v in values}
+    labels = sorted(values, key=lambda v: (0, numbers[v], v) if numbers[v] is not None else (1, 0.0, v))
+    if len(labels) < 2:
+        raise DataError(f"{str(path)!r}: every example has the {task.label_column} "
+                        f"{(labels or [''])[0]!r}; a classifier needs two labels or more (for scores "
+                        "set task.kind=regression).")
+    log.info("task.labels from %s: %s (class ids in this order; set task.labels=[...] to fix them)",
+             path, ", ".join(labels))
+    if len(labels) > 20 and all(numbers[v] is not None for v in labels):
+        log.warning("%s: the %s takes %d different numbers; if they are scores, set task.kind=regression",
+                    path, task.label_column, len(labels))
+    return labels
 
 
 def _label_reader(path: Path, task: TaskConfig):
-    """``(value, line) -> label``: the class id (None for a value outside task.labels), or for
-    a regression task the score, where a value that is no number or lies outside
-    task.label_range is an error naming the line."""
+    """``(value, line) -> label``: the class id, or for a regression task the score; a value
+    outside task.labels, one that is no number, or one outside task.label_range is an error
+    naming the line."""
     if task.kind == "classification":
+        if not task.labels:
+            raise ConfigError("task.labels is empty; list the label values (task.labels=[...]).")
         label_ids = {v: i for i, v in enumerate(task.labels)}
-        return lambda value, line: label_ids.get(value.strip())
+
+        def class_id(value: str, line: int) -> int:
+            if value.strip() not in label_ids:
+                raise DataError(f"{str(path)!r} line {line}: the {task.label_column} {value.strip()!r} "
+                                f"is not one of task.labels ({', '.join(task.labels)}); correct the "
+                                "line, or list every label value in task.labels.")
+            return label_ids[value.strip()]
+
+        return class_id
     low, high = task.label_range or (-math.inf, math.inf)
 
     def score(value: str, line: int) -> float:
@@ -114,7 +239,7 @@ def _label_reader(path: Path, task: TaskConfig):
         if not low <= x <= high:  # NaN fails too
             what = "is not a number" if math.isnan(x) else f"is outside task.label_range [{low}, {high}]"
             raise DataError(f"{str(path)!r} line {line}: the {task.label_column} {value.strip()!r} "
-                            f"{what}; correct the line or point task.data_dir at other files.")
+                            f"{what}; correct the line, or use other files.")
         return x
 
     return score
@@ -128,19 +253,25 @@ def _hub_label(task: TaskConfig, value) -> float | int | None:
 
 
 def load_split(task: TaskConfig, split: str) -> list[dict[str, Any]]:
-    """The examples of ``split`` (train | eval) from ``task.data_dir`` or the Hub."""
-    if task.data_dir:
-        name = task.train_file if split == "train" else task.eval_file
-        return read_tsv(Path(task.data_dir).expanduser() / name, task)
+    """The examples of ``split`` (train | eval) from the task's files or the Hub."""
+    if reads_files(task):
+        return read_examples(task_file(task, split), task, file_setting(task, split))
     return _from_hub(task, ["train" if split == "train" else task.hub_eval_split])[0]
 
 
 def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, eval) examples from ``task.data_dir`` or the Hub."""
-    if task.data_dir:
-        return load_split(task, "train"), load_split(task, "eval")
-    train, dev = _from_hub(task, ["train", task.hub_eval_split])
-    return train, dev
+    """(train, eval) examples from the task's files or the Hub; a classification task that
+    lists no labels takes the training file's (``task.labels`` is set)."""
+    if not reads_files(task):
+        if task.kind == "classification" and not task.labels:
+            raise ConfigError("task.labels is empty; list the label values (task.labels=[...]).")
+        train, dev = _from_hub(task, ["train", task.hub_eval_split])
+        return train, dev
+    path = task_file(task, "train")
+    rows = read_rows(path, task, file_setting(task, "train"))
+    if task.kind == "classification" and not task.labels:
+        task.labels = discover_labels(rows, path, task)
+    return examples_of(rows, path, task), load_split(task, "eval")
 
 
 def _from_hub(task: TaskConfig, splits: list[str]) -> list[list[dict[str, Any]]]:
@@ -178,14 +309,20 @@ class Collate:
 
 # ---- model ----------------------------------------------------------------------------------
 
-def build_classifier(cfg: FinetuneConfig):
-    """``(Bert- or ModernBertForSequenceClassification, tokenizer, source path)`` for ``cfg``."""
-    mlm, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
+def build_classifier(cfg: FinetuneConfig, mlm):
+    """``Bert-`` (or ``ModernBertForSequenceClassification``) for ``cfg`` on the encoder of the
+    masked-LM model ``mlm``; its config names the classes (id2label) and records the task
+    (``mlmkit_task``: its text columns and kind, which ``mlmkit predict`` reads)."""
     config = mlm.config.__class__.from_dict(mlm.config.to_dict())
-    if cfg.task.kind == "regression":  # one output, MSE loss
-        config.num_labels, config.problem_type = 1, "regression"
+    task = cfg.task
+    if task.kind == "regression":  # one output, MSE loss
+        config.problem_type = "regression"
+        config.id2label, config.label2id = {0: task.label_column}, {task.label_column: 0}
     else:
-        config.num_labels = len(cfg.task.labels)
+        config.id2label = dict(enumerate(task.labels))
+        config.label2id = {label: i for i, label in enumerate(task.labels)}
+    config.mlmkit_task = {"name": task.name, "kind": task.kind, "text_columns": list(task.text_columns),
+                          "label_column": task.label_column, "max_seq_length": cfg.max_seq_length}
     config.classifier_dropout = cfg.classifier_dropout
     config._attn_implementation = "sdpa"
     arch = parts_of(mlm)  # BERT or ModernBERT: the classifier of the same architecture
@@ -199,7 +336,7 @@ def build_classifier(cfg: FinetuneConfig):
     if cfg.max_seq_length > config.max_position_embeddings:
         raise ConfigError(f"max_seq_length ({cfg.max_seq_length}) is longer than the model's "
                           f"{config.max_position_embeddings} positions; lower max_seq_length.")
-    return model, tokenizer, resolved
+    return model
 
 
 def start_at_mean_label(model, train_set: list[dict[str, Any]]) -> None:
@@ -248,11 +385,12 @@ def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, floa
 
 
 def fit_classifier(accelerator, model, optimizer, scheduler, train_loader, eval_loader, total: int,
-                   task: TaskConfig, metrics) -> tuple[int, dict[str, Any]]:
+                   task: TaskConfig, metrics) -> tuple[int, dict[str, Any], list[float]]:
     """``total`` optimizer steps, the dev set scored after every epoch (and the last step);
-    returns the steps taken and the last ``eval`` event."""
+    returns the steps taken, the last ``eval`` event and the dev predictions it scored."""
     step, epoch = 0, 0
     results: dict[str, Any] = {}
+    preds: list[float] = []
     model.train()
     while step < total:
         loss_sum, n = 0.0, 0
@@ -264,21 +402,35 @@ def fit_classifier(accelerator, model, optimizer, scheduler, train_loader, eval_
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            loss_sum, n = loss_sum + float(loss), n + 1
+            loss_sum, n = loss_sum + float(loss.detach()), n + 1
             if step >= total:
                 break
         epoch += 1
-        figures = score(task, *predict(accelerator, model, eval_loader))
+        preds, refs = predict(accelerator, model, eval_loader)
+        figures = score(task, preds, refs)
         results = {"event": "eval", "step": step, "epoch": epoch, "train_loss": loss_sum / max(n, 1),
                    **{f"eval_{k}": v for k, v in figures.items()}}
         metrics.write(results)
         log.info("epoch %d | step %d | train loss %.4f | %s", epoch, step, results["train_loss"],
                  " | ".join(f"{k} {v:.4f}" for k, v in figures.items()))
-    return step, results
+    return step, results, preds
+
+
+def write_predictions(path: Path, task: TaskConfig, eval_set: list[dict[str, Any]], preds: list[float]) -> None:
+    """``<run dir>/eval_predictions.jsonl``: each dev example's texts, label and prediction
+    (label names, or scores for regression), in the order of the eval file."""
+    def name(value):
+        return task.labels[int(value)] if task.kind == "classification" else value
+
+    with open(path, "w", encoding="utf-8") as f:
+        for example, pred in zip(eval_set, preds, strict=True):
+            f.write(json.dumps({"text": example["text"], "label": name(example["label"]),
+                                "prediction": name(pred)}, ensure_ascii=False) + "\n")
 
 
 def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Fine-tune and evaluate after every epoch; returns the final dev figures."""
+    """Fine-tune and evaluate after every epoch; returns the final dev figures (and where the
+    model was saved, ``model``)."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
@@ -288,10 +440,12 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu,
                                                                               setting="precision"))
     set_seed(cfg.seed)
-    model, tokenizer, source = build_classifier(cfg)
+    mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
+    train_set, eval_set = load_task(cfg.task)  # before the classifier: its labels may come from the data
+    model = build_classifier(cfg, mlm)
+    del mlm
     if cfg.freeze_encoder:
         freeze_encoder(model)
-    train_set, eval_set = load_task(cfg.task)
     if cfg.max_train_samples:
         train_set = train_set[:cfg.max_train_samples]
     if cfg.task.kind == "regression":
@@ -309,20 +463,25 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     metrics.truncate_after(-1)
-    log.info("Fine-tuning %s (%s) on %s: %d train / %d dev examples, %d steps", source, cfg.init,
-             cfg.task.name, len(train_set), len(eval_set), total)
+    log.info("Fine-tuning %s (%s, %s pooling) on %s: %d train / %d dev examples, %d steps", source,
+             cfg.init, cfg.pooling, cfg.task.name, len(train_set), len(eval_set), total)
 
     t0 = time.perf_counter()
-    step, results = fit_classifier(accelerator, model, optimizer, scheduler, train_loader, eval_loader,
-                                   total, cfg.task, metrics)
-    summary = {"task": cfg.task.name, "checkpoint": str(source), "init": cfg.init, "steps": step,
-               "train_examples": len(train_set), "eval_examples": len(eval_set),
+    step, results, preds = fit_classifier(accelerator, model, optimizer, scheduler, train_loader,
+                                          eval_loader, total, cfg.task, metrics)
+    summary = {"task": cfg.task.name, "checkpoint": str(source), "init": cfg.init, "pooling": cfg.pooling,
+               "steps": step, "train_examples": len(train_set), "eval_examples": len(eval_set),
                "seconds": round(time.perf_counter() - t0, 1),
+               **({"labels": list(cfg.task.labels)} if cfg.task.kind == "classification" else {}),
+               "model": str(run_dir / "model") if cfg.save_model else None,
                **{k: v for k, v in results.items() if k.startswith("eval_")}}
     if accelerator.is_main_process:
         (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_predictions(run_dir / "eval_predictions.jsonl", cfg.task, eval_set, preds)
         if cfg.save_model:
-            accelerator.unwrap_model(model).save_pretrained(str(run_dir / "model"))
-            tokenizer.save_pretrained(str(run_dir / "model"))
+            accelerator.unwrap_model(model).save_pretrained(summary["model"])
+            tokenizer.save_pretrained(summary["model"])
+            log.info("Saved the fine-tuned model to %s (mlmkit predict %s \"some text\")",
+                     summary["model"], summary["model"])
     accelerator.end_training()
     return summary

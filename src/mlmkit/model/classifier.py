@@ -11,7 +11,10 @@ sentence vector; ModernBERT offers it as ``classifier_pooling="mean"``).
 The model keeps ``BertForSequenceClassification``'s weights and names (the pooler's
 dense + tanh, dropout and the classifier), so the two poolings differ only in which
 vector reaches the pooler; the saved config records ``classifier_pooling: mean``. Load a
-saved model with ``MeanPoolBertForSequenceClassification.from_pretrained(dir)``.
+saved model with ``MeanPoolBertForSequenceClassification.from_pretrained(dir)``, or any
+classifier mlmkit fine-tuned with ``mlmkit.evaluation.predict.load_classifier(dir)``, which
+picks the class from the config (transformers' ``AutoModelForSequenceClassification`` and
+``pipeline`` would pool [CLS]).
 """
 
 from __future__ import annotations
