@@ -100,7 +100,7 @@ def test_the_design_layout_lists_every_module():
     layout = layout[:layout.index("```")]
     package = ROOT / "src" / "mlmkit"
     for sub in sorted(p for p in package.iterdir() if (p / "__init__.py").is_file() and p.name != "conf"):
-        line = re.search(rf"^  {sub.name}/(.*?)(?=^  \S)", layout, flags=re.M | re.S)
+        line = re.search(rf"^  {sub.name}/(.*?)(?=^  \S|\Z)", layout, flags=re.M | re.S)
         assert line, f"docs/design.md's layout lacks {sub.name}/"
         named = set(re.findall(r"([a-z_]+)\.py", line.group(1)))
         modules = {p.stem for p in sub.glob("*.py") if p.stem != "__init__"}
