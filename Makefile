@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml
 QUICK_START_TIME ?= 5m
 QUICK_START_VOCAB ?= 4096
 
-train: venv  ## quick start: bert-tiny on the built-in corpus for 5 minutes (at most 3,000 steps)
+train: venv  ## quick start: bert-tiny on the built-in corpus for 5 minutes
 	$(BIN)/python train.py train.max_time=$(QUICK_START_TIME) tokenizer.vocab_size=$(QUICK_START_VOCAB) $(ARGS)
 
 eval: venv  ## MLM figures of a model: make eval ARGS="checkpoint=outputs/<run>"
