@@ -54,14 +54,18 @@ def events_or_none(run: Path) -> list[dict]:
 def test_submitit_requeues_a_preempted_job_after_mlmkits_checkpoint(tmp_path, cache_dir):
     """submitit_local runs the job the way submitit_slurm does on a cluster node, signals and
     all: submitit's SIGUSR2 makes mlmkit save a checkpoint, then submitit requeues the job
-    (here: starts it again), and train.resume=auto continues it to the end."""
-    sweep = tmp_path / "sweep"
+    (here: starts it again), and train.resume=auto continues it to the end, in the same run
+    dir of the default sweep dir (multirun/<date>/<time>, named once at submission)."""
     proc = python_popen(ROOT / "train.py", "-m", "hydra/launcher=submitit_local", *TINY,
-                        f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}",
-                        "train.max_steps=150", "train.log_every=1", "train.eval_every=0",
-                        "train.save_every=0", "train.precision=no", "train.resume=auto",
-                        "logger=none", "hydra.launcher.timeout_min=10")
-    run = sweep / "0"
+                        f"paths.cache_dir={cache_dir}", "train.max_steps=150", "train.log_every=1",
+                        "train.eval_every=0", "train.save_every=0", "train.precision=no",
+                        "train.resume=auto", "logger=none", "hydra.launcher.timeout_min=10", cwd=tmp_path)
+    deadline = time.time() + 180
+    while not (runs := list(tmp_path.glob("multirun/*/*/0"))):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    (run,) = runs
+    sweep = run.parent
     _wait_for_train_steps(run, 3, proc)
     job_pid = int((run / ".lock").read_text().split()[0])  # the job's process holds the run dir
     os.kill(job_pid, signal.SIGUSR2)  # what submitit has SLURM send before the time limit
@@ -71,6 +75,7 @@ def test_submitit_requeues_a_preempted_job_after_mlmkits_checkpoint(tmp_path, ca
     assert "Stopped by SIGUSR2" in logs, logs[-3000:]
     assert "Requeued job" in logs  # submitit's own handler ran after the checkpoint
     assert "Resumed from" in logs and "Traceback" not in logs
+    assert list(tmp_path.glob("multirun/*/*/0")) == [run]  # the requeued job ran in the same dir
     steps = [e["step"] for e in events(run, "train")]
     assert steps == list(range(1, 151))  # every step once: the requeued job resumed, not restarted
     assert (run / "final" / "config.json").is_file()
