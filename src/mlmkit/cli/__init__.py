@@ -11,6 +11,7 @@
     mlmkit plot      outputs/<run> [more runs] [--out file.png]
     mlmkit sweep     multirun/<date>/<time>
     mlmkit accelerate-config ddp_bf16 --out ddp.yaml        a packaged accelerate config
+    mlmkit launch    --multi_gpu --num_processes 2 train ...  accelerate launch, one sentence however it ends
 
 Each command lives in ``mlmkit.cli.<name>`` and takes Hydra overrides (or, for fill-mask, predict,
 plot and sweep, plain arguments). Under ``accelerate launch -m mlmkit train ...`` (or
@@ -39,6 +40,8 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "sweep": ("mlmkit.cli.sweep", True, "the final figures of a sweep, as a table"),
     "accelerate-config": ("mlmkit.cli.accelerate_config", True,
                           "print or write a packaged accelerate config (none: list them)"),
+    "launch": ("mlmkit.cli.launch", True, "a command on several processes (accelerate launch), with one "
+               "sentence and a meaningful exit status however it ends"),
 }
 
 
@@ -62,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     module, takes_args, _ = COMMANDS[command]
+    from mlmkit.cli.launch import record_pid
+
+    record_pid()  # a rank under mlmkit launch: where the launcher's signals go
     run = importlib.import_module(module).main
     sys.argv = [f"mlmkit {command}", *rest]  # Hydra and argparse read the command line here
     if not takes_args:  # Hydra's mains report their own errors (exit_on_error)
