@@ -109,3 +109,15 @@ def test_a_signal_to_the_launcher_stops_every_rank_with_a_checkpoint(tmp_path, c
     assert len(stopped) == 1 and "SIGUSR2" in stopped[0], err[-3000:]
     assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]
     assert len(list((run / "checkpoints").glob("step_*"))) == 1
+
+
+def test_the_one_process_of_accelerates_simple_launcher_is_rank_0(monkeypatch, tmp_path):
+    from mlmkit.cli.errors import LAUNCH_DIR_ENV, launched_rank, tell
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv(LAUNCH_DIR_ENV, raising=False)
+    assert launched_rank() is None  # not under mlmkit launch
+    monkeypatch.setenv(LAUNCH_DIR_ENV, str(tmp_path))
+    assert launched_rank() == "0"
+    tell(75, "Stopped by SIGUSR1 at step 3 after saving a checkpoint.")
+    assert explained({0: {"status": 75}}) == 75 and (tmp_path / "rank-0.json").is_file()

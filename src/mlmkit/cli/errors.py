@@ -54,11 +54,20 @@ def peer_gone(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(part in text for part in _PEER_GONE_TEXT)
 
 
+def launched_rank() -> str | None:
+    """This process's rank: torchrun's ``RANK``, or "0" for the one process that accelerate's
+    simple launcher starts under ``mlmkit launch`` (it sets no rank)."""
+    rank = os.environ.get("RANK")
+    if rank is None and os.environ.get(LAUNCH_DIR_ENV):
+        return "0"
+    return rank
+
+
 def tell(status: int, line: str | None, every_rank: bool = True) -> None:
     """How this process ends: ``line`` on stderr, or, under ``mlmkit launch``, both in this
     rank's file for the launcher to print once. Without the launcher ``every_rank=False``
     keeps a line all ranks would print alike (a preemption) to the main process."""
-    folder, rank = os.environ.get(LAUNCH_DIR_ENV), os.environ.get("RANK")
+    folder, rank = os.environ.get(LAUNCH_DIR_ENV), launched_rank()
     if folder and rank is not None:
         try:
             path = Path(folder) / f"rank-{rank}.json"

@@ -10,7 +10,9 @@ with the main process's status: 0, 2 (a user's error), 75 (stopped with a checkp
 the launcher's own for anything else (a crash, whose traceback is kept).
 
 SIGTERM, SIGUSR1 and SIGUSR2 sent to this launcher (SLURM's warning, submitit's signal) go
-on to every rank, which saves a checkpoint and exits with status 75.
+on to every rank, which saves a checkpoint and exits with status 75; accelerate's own
+launcher ignores SIGUSR1 and SIGUSR2, which would end it (SLURM signals every process of a
+job step).
 
     mlmkit launch --multi_gpu --num_processes 8 train model=bert-base
     mlmkit launch --config_file ddp.yaml train model=bert-base train.max_time=24h
@@ -27,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mlmkit.cli.errors import LAUNCH_DIR_ENV, PEER_GONE
+from mlmkit.cli.errors import LAUNCH_DIR_ENV, PEER_GONE, launched_rank
 from mlmkit.errors import ConfigError, Preempted
 
 FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2")
@@ -85,9 +87,19 @@ def _forward_signals(folder: Path) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _ignore_user_signals() -> None:
+    """In the launcher's process, before it starts: SIGUSR1 and SIGUSR2 ignored. torchrun's agent
+    does not handle them, and a scheduler that signals every process of the job (SLURM's
+    --signal) would kill it; the ranks, which inherit this, set their own handlers when
+    training starts (``training.signals``)."""
+    for name in ("SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def record_pid() -> None:
     """In a rank under ``mlmkit launch``: write this process's pid for the launcher's signals."""
-    folder, rank = os.environ.get(LAUNCH_DIR_ENV), os.environ.get("RANK")
+    folder, rank = os.environ.get(LAUNCH_DIR_ENV), launched_rank()
     if folder and rank is not None:
         try:
             (Path(folder) / f"pid-{rank}").write_text(str(os.getpid()))
@@ -104,7 +116,7 @@ def main(args: list[str]) -> int:
         env = {**os.environ, LAUNCH_DIR_ENV: tmp}
         launcher = [sys.executable, "-m", "accelerate.commands.launch", *options, "-m", "mlmkit", *command]
         proc = subprocess.Popen(launcher, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                                bufsize=1)
+                                bufsize=1, preexec_fn=_ignore_user_signals)
         _forward_signals(folder)
         # torch's report of the failed processes and the launcher's traceback (from the first
         # unprefixed traceback on), held back and printed only when the ranks cannot explain it
