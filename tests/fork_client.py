@@ -28,25 +28,16 @@ import sys
 import tempfile
 import threading
 
-# run in the forked child: the inherited ignored signals, sys.executable, then the command as
-# ``python <argv>`` runs it
+# run in the forked child (whose __main__ is tests/fork_server.py): the inherited ignored
+# signals, sys.executable, then the command as ``python <argv>`` runs it
 PRELUDE = """
-import json, os, runpy, signal, sys
+import json, signal, sys
+
 spec = json.loads(sys.argv.pop(1))
 for name in spec["ignore"]:
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 sys.executable = spec["executable"]
-argv = spec["argv"]
-if argv[0] == "-c":
-    sys.argv = ["-c", *argv[2:]]
-    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
-elif argv[0] == "-m":
-    sys.argv = [argv[1], *argv[2:]]
-    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-else:
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-    runpy.run_path(argv[0], run_name="__main__")
+sys.modules["__main__"]._run_argv(spec["argv"])  # the fork server's, as for any command
 """
 
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
