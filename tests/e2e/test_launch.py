@@ -40,8 +40,8 @@ def test_the_ranks_endings_give_the_status():
     assert explained({}) is None
 
 
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(list(args), cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def _start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(list(args), cwd=ROOT, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
 
@@ -109,6 +109,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_with_a_checkpoint(tmp_path, c
     assert len(stopped) == 1 and "SIGUSR2" in stopped[0], err[-3000:]
     assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]
     assert len(list((run / "checkpoints").glob("step_*"))) == 1
+    assert "Budget:" in err and "Saved checkpoint" in err, err[-3000:]  # the run's own log comes through
 
 
 def test_the_one_process_of_accelerates_simple_launcher_is_rank_0(monkeypatch, tmp_path):

@@ -30,10 +30,12 @@ def report_errors(fn: Callable[[], int | None]) -> int:
     try:
         return fn() or 0
     except Preempted as exc:
+        leave_process_group()
         tell(Preempted.exit_code, str(exc), every_rank=False)
         _hand_back_signal(exc.signum)
         return Preempted.exit_code
     except MLMKitError as exc:
+        leave_process_group()
         tell(2, f"Error: {exc}")
         return 2
     except Exception as exc:
@@ -44,6 +46,19 @@ def report_errors(fn: Callable[[], int | None]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(PEER_GONE)
+
+
+def leave_process_group() -> None:
+    """Close this rank's process group, if it has one, before the process ends with an error:
+    left to the interpreter's exit, gloo's threads can abort it with a C++ message ("terminate
+    called without an active exception"). The other ranks' next collective then fails, and
+    they stop without a traceback (``peer_gone``)."""
+    dist = sys.modules.get("torch.distributed")  # never imported here: a command without torch
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # the group is already broken: nothing to close
+        pass
 
 
 def peer_gone(exc: BaseException) -> bool:

@@ -33,8 +33,10 @@ from mlmkit.cli.errors import LAUNCH_DIR_ENV, PEER_GONE, launched_rank
 from mlmkit.errors import ConfigError, Preempted
 
 FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2")
-# torch.distributed.elastic's log lines about the processes it stops (W1201 22:40:47.911000 ...)
-_ELASTIC_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distributed/")
+# torch.distributed.elastic's log lines about the processes it stops (W1201 22:40:47.911000 ...),
+# and the C++ runtime's last words of a rank whose collective threads outlived it
+_ELASTIC_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distributed/elastic/"
+                          r"|^terminate called without an active exception$")
 
 
 def split_command(args: list[str], commands) -> tuple[list[str], list[str]]:
@@ -121,8 +123,10 @@ def main(args: list[str]) -> int:
         # torch's report of the failed processes and the launcher's traceback (from the first
         # unprefixed traceback on), held back and printed only when the ranks cannot explain it
         held: list[str] = []
+        tail = False
         for line in proc.stderr:
-            if held or line.startswith("Traceback (most recent call last):") or _ELASTIC_LOG.match(line):
+            tail = tail or line.startswith("Traceback (most recent call last):")
+            if tail or _ELASTIC_LOG.match(line.rstrip("\n")):
                 held.append(line)
             else:
                 sys.stderr.write(line)
