@@ -28,7 +28,9 @@ def report_errors(fn: Callable[[], int | None]) -> int:
     several whose collective fails because another rank ended (its error is that rank's to
     tell) exits with ``PEER_GONE`` and no traceback of its own."""
     try:
-        return fn() or 0
+        status = fn() or 0
+        leave_process_group()
+        return status
     except Preempted as exc:
         leave_process_group()
         tell(Preempted.exit_code, str(exc), every_rank=False)
@@ -49,10 +51,11 @@ def report_errors(fn: Callable[[], int | None]) -> int:
 
 
 def leave_process_group() -> None:
-    """Close this rank's process group, if it has one, before the process ends with an error:
-    left to the interpreter's exit, gloo's threads can abort it with a C++ message ("terminate
-    called without an active exception"). The other ranks' next collective then fails, and
-    they stop without a traceback (``peer_gone``)."""
+    """Close this rank's process group, if it has one, before the process ends: left to the
+    interpreter's exit, gloo's threads can abort it with a C++ message ("terminate called
+    without an active exception", exit status -6, even after a run that finished). After an
+    error the other ranks' next collective then fails, and they stop without a traceback
+    (``peer_gone``)."""
     dist = sys.modules.get("torch.distributed")  # never imported here: a command without torch
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
