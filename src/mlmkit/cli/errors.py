@@ -17,9 +17,10 @@ from mlmkit.errors import ConfigError, MLMKitError, Preempted
 # folder, and the launcher prints each distinct sentence once and exits with the status.
 LAUNCH_DIR_ENV = "MLMKIT_LAUNCH_DIR"
 PEER_GONE = 3  # the exit status of a rank that stopped because another process ended
-# how torch.distributed's collectives fail when another process has ended (gloo, NCCL)
+# how torch.distributed's collectives fail when another process has ended (gloo, NCCL); not
+# "Connection refused", which a rank that cannot reach the rendezvous gets (its traceback stays)
 _PEER_GONE_TEXT = ("closed by peer", "reset by peer", "Broken pipe", "remote process exited",
-                   "Connection refused", "communicator was aborted")
+                   "communicator was aborted")
 
 
 def report_errors(fn: Callable[[], int | None]) -> int:
