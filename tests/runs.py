@@ -278,3 +278,16 @@ def run_finetune(*overrides: str, check: bool = True):
     if check and proc.returncode != 0:
         raise AssertionError(f"finetune failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
+
+
+def train_steps(run: Path) -> list[int]:
+    """The steps of the run's train events so far (a line being written is left out)."""
+    path, steps = Path(run) / "metrics.jsonl", []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == "train":
+            steps.append(event["step"])
+    return steps

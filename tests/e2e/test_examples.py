@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import runs
 from conftest import SHARED_DATA, shared_file
-from runs import ROOT, TEST_ENV, TINY, free_port
+from runs import ROOT, TEST_ENV, TINY, free_port, train_steps
 
 EXAMPLES = ROOT / "examples"
 FAKE_SLURM = Path(__file__).resolve().parent / "fake_slurm"
@@ -81,19 +81,6 @@ def bash(script: str, *args: str, env: dict, cwd: Path, timeout: float = 240, ch
     if check:
         assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def train_steps(run: Path) -> list[int]:
-    """The steps of the run's train events so far (a line being written is left out)."""
-    path, steps = run / "metrics.jsonl", []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if event.get("event") == "train":
-            steps.append(event["step"])
-    return steps
 
 
 def test_every_example_is_tested_here_and_linked_from_the_readme():

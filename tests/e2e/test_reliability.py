@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
 import shutil
@@ -13,7 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, assert_same_weights, events, limited_file_size, python_popen, run_train
+from runs import (
+    ROOT,
+    TINY,
+    assert_same_weights,
+    events,
+    limited_file_size,
+    python_popen,
+    run_train,
+    train_steps,
+)
 
 from mlmkit.errors import CheckpointError
 from mlmkit.training.checkpoint import list_checkpoints, save_checkpoint
@@ -22,21 +30,6 @@ from mlmkit.training.checkpoint import list_checkpoints, save_checkpoint
 def _start(run: Path, cache_dir: Path, *overrides: str) -> subprocess.Popen:
     return python_popen(ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}",
                         f"hydra.run.dir={run}", *overrides)
-
-
-def _train_steps(run: Path) -> list[int]:
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if e.get("event") == "train":
-            steps.append(e["step"])
-    return steps
 
 
 def _weights(path: Path):
@@ -54,7 +47,7 @@ def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
             "train.precision=no"]
     proc = _start(run, cache_dir, *args)
     deadline = time.time() + 120
-    while len(_train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
+    while len(train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     proc.send_signal(sig)
@@ -67,7 +60,7 @@ def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
     assert 3 <= stopped_at < 150
     # continue to the end: every step logged exactly once
     run_train(run, cache_dir, *args, "train.resume=auto")
-    assert _train_steps(run) == list(range(1, 151))
+    assert train_steps(run) == list(range(1, 151))
 
 
 @pytest.mark.slow
@@ -164,7 +157,7 @@ def test_full_disk_while_training_stops_with_one_sentence_and_resume_finishes(tm
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000002"]
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before
     run_train(run, cache_dir, *args, "train.max_steps=4", "train.resume=auto")
-    assert _train_steps(run) == [2, 4]
+    assert train_steps(run) == [2, 4]
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_0000002", "step_0000004"]
 
 
@@ -182,7 +175,7 @@ def test_a_second_run_into_the_same_run_dir_is_refused_and_writes_nothing(tmp_pa
     first = _start(run, cache_dir, *args, "train.max_steps=400")
     try:
         deadline = time.time() + 120
-        while len(_train_steps(run)) < 2 and time.time() < deadline and first.poll() is None:
+        while len(train_steps(run)) < 2 and time.time() < deadline and first.poll() is None:
             time.sleep(0.1)
         assert first.poll() is None, first.communicate()[1][-3000:]
         first.send_signal(signal.SIGSTOP)  # frozen: the run dir changes only if the second run writes
@@ -199,7 +192,7 @@ def test_a_second_run_into_the_same_run_dir_is_refused_and_writes_nothing(tmp_pa
         first.send_signal(signal.SIGKILL)  # a crash: its lock goes with it
         first.communicate()
     run_train(run, cache_dir, *args, "train.max_steps=3", "train.resume=auto")
-    assert _train_steps(run) == [1, 2, 3]
+    assert train_steps(run) == [1, 2, 3]
 
 
 @pytest.mark.slow
@@ -326,7 +319,7 @@ def test_sigusr1_goes_on_to_the_launchers_handler_after_the_checkpoint(tmp_path,
                         f"hydra.run.dir={run}", "train.max_steps=400", "train.log_every=1",
                         "train.save_every=0", "train.eval_every=0", "logger=none")
     deadline = time.time() + 120
-    while len(_train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
+    while len(train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     proc.send_signal(signal.SIGUSR1)
