@@ -2,9 +2,18 @@
 
 from mlmkit.config import Config
 from mlmkit.errors import MLMKitError
-from mlmkit.masking.collator import MLMCollator
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The collator imports torch: ``import mlmkit.config`` and the commands that need no model
+    # (``mlmkit --help``, ``mlmkit launch``'s own process, accelerate-config) start without it.
+    if name == "MLMCollator":
+        from mlmkit.masking.collator import MLMCollator
+
+        return MLMCollator
+    raise AttributeError(f"module 'mlmkit' has no attribute {name!r}")
 
 
 def compose(overrides=()):

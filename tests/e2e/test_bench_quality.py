@@ -22,7 +22,7 @@ REACH = re.compile(r"^time to reach the Trainer's final held-out loss \((\S+)\):
 @pytest.mark.slow
 def test_quality_benchmark_runs_both_sides_and_reports_the_time_to_reach(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--budget", "5", "--preset", "bert-tiny",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--budget", "3", "--preset", "bert-tiny",
            "--builtin", "--eval-every", "10", "--calibration-steps", "2", "--out", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)

@@ -206,7 +206,7 @@ deepspeed_config:
   deepspeed_config_file: {ds_json}
   zero3_init_flag: false
 num_machines: 1
-num_processes: 2
+num_processes: 1
 use_cpu: false
 """)
     accelerate = Path(sys.executable).with_name("accelerate")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import shutil
@@ -244,24 +245,48 @@ def test_bad_inputs_each_one_sentence(tmp_path, cache_dir):
     assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr
 
 
+def _last_logged_step(run: Path) -> int:
+    """The step of the run's last train event in metrics.jsonl (0: none yet); a line still
+    being written is skipped."""
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "train":
+            return event["step"]
+    return 0
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, cache_dir):
-    """8 kills during steps and saves; every restart resumes; the end matches a clean run."""
-    args = ["train.max_steps=60", "train.save_every=3", "train.eval_every=20", "train.log_every=3",
+    """5 kills during steps and saves; every restart resumes; the end matches a clean run.
+
+    Each kill waits for a step drawn from those the restarted run has still to take (its
+    metrics show it), then a random fraction of the time a step and a save take: so it lands
+    in a step or a save, however far the run had come before."""
+    steps = 36
+    args = [f"train.max_steps={steps}", "train.save_every=3", "train.eval_every=12", "train.log_every=1",
             "train.precision=no", "train.keep_last=2"]
     clean = tmp_path / "clean"
-    started = time.perf_counter()
     run_train(clean, cache_dir, *args)
-    whole = time.perf_counter() - started  # start-up, 60 steps, 20 saves and the export
     expected = _weights(clean / "final")
 
     run = tmp_path / "killed"
     rng = random.Random(0)
     kills = 0
-    while kills < 8:
+    while kills < 5:
+        done = list_checkpoints(run / "checkpoints") if (run / "checkpoints").is_dir() else []
+        resumed_at = int(done[-1].name.split("_")[-1]) if done else 0
+        target = rng.randint(resumed_at + 1, steps - 1)
         proc = _start(run, cache_dir, *args, "train.resume=auto")
-        # anywhere from late in the start-up to the end: most kills land in training or a save
-        time.sleep(rng.uniform(0.3, 1.0) * whole)
+        while proc.poll() is None and _last_logged_step(run) < target:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.15))  # into the next step, or the save after a multiple of 3
         if proc.poll() is not None:
             out, err = proc.communicate()
             assert proc.returncode == 0, err[-3000:]

@@ -72,13 +72,13 @@ class Trainer:
         # a resume is checked against the checkpoint before anything in the run dir is written
         saved = resume.saved_loop_state(self.resume_from) if self.resume_from else {}
         self.changed = resume.check_settings(cfg, saved.get("settings"), self.resume_from) if saved else []
+        self.accum = setup.check_engine(acc, cfg)  # before the data: an engine's refusal costs no tokenizing
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
         data = setup.prepare_data(cfg, acc, run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
         if saved:
             resume.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
         self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
-        self.accum = setup.check_engine(acc, cfg)
         self.tokenizer = data.tokenizer
         counts = token_counts(data.baseline_set, data.tokenizer)
         parts = setup.build_model_parts(cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
