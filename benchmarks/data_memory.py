@@ -39,9 +39,9 @@ import datasets
 datasets.disable_progress_bars()
 from mlmkit.config import DataConfig, TokenizerConfig
 from mlmkit.data.sources import builtin_documents
-from mlmkit.data.tokenizer import train_wordpiece
+from mlmkit.data.tokenizer import train_tokenizer
 mode, folder, tmp, num_proc, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-tok = train_wordpiece(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), builtin_documents())
+tok = train_tokenizer(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), builtin_documents())
 files = sorted(str(p) for p in __import__("pathlib").Path(folder).glob("*.txt"))
 t0 = time.perf_counter()
 if mode == "map":

@@ -92,12 +92,12 @@ def main() -> None:
         from mlmkit.config import DataConfig, TokenizerConfig
         from mlmkit.data.packing import pack_corpus
         from mlmkit.data.sources import builtin_documents, load_corpus
-        from mlmkit.data.tokenizer import train_wordpiece
+        from mlmkit.data.tokenizer import train_tokenizer
 
         datasets.disable_progress_bars()
         files = build_corpus(Path(tmp), args.mb)
         mb = sum(f.stat().st_size for f in files) / 1e6
-        tokenizer = train_wordpiece(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000),
+        tokenizer = train_tokenizer(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000),
                                     builtin_documents())
         cfg = DataConfig(source="files", train_files=[str(f) for f in files],
                          validation_files=[str(files[0])])

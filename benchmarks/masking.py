@@ -20,7 +20,7 @@ import torch
 from mlmkit.config import ModelConfig, TokenizerConfig
 from mlmkit.data.packing import pack_ids
 from mlmkit.data.sources import builtin_documents
-from mlmkit.data.tokenizer import train_wordpiece
+from mlmkit.data.tokenizer import train_tokenizer
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.bert import MaskedLM, build_model
 from mlmkit.training.runtime import cpu_has_bf16
@@ -36,7 +36,7 @@ def main() -> None:
     from transformers import DataCollatorForLanguageModeling
 
     docs = builtin_documents()
-    tokenizer = train_wordpiece(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), docs)
+    tokenizer = train_tokenizer(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), docs)
     # padded to 128 at tokenization: transformers' whole-word masking needs offsets of
     # equal length, and every collator then gets the very same input_ids
     enc = tokenizer(docs[:2000], truncation=True, max_length=128, padding="max_length",

@@ -45,9 +45,9 @@ def tokenizer():
     """A WordPiece tokenizer trained on the built-in corpus (a few seconds)."""
     from mlmkit.config import TokenizerConfig
     from mlmkit.data.sources import builtin_documents
-    from mlmkit.data.tokenizer import train_wordpiece
+    from mlmkit.data.tokenizer import train_tokenizer
 
-    return train_wordpiece(TokenizerConfig(vocab_size=2000, max_train_chars=2_000_000), builtin_documents())
+    return train_tokenizer(TokenizerConfig(vocab_size=2000, max_train_chars=2_000_000), builtin_documents())
 
 
 @pytest.fixture(scope="session")

@@ -48,8 +48,10 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
                  f"{last_train['step']} optimizer steps, {last_train['tokens_seen']} tokens seen",
                  f"| eval_accuracy | {last_eval['eval_accuracy']:.4f} |",  # final eval metrics
                  '"hidden_size": 32', '"max_steps": 30',  # the full config
-                 'pipeline("fill-mask"', "mlmkit fill-mask"):  # usage
+                 'pipeline("fill-mask"', "mlmkit fill-mask",  # usage
+                 "[UNK] is 0.00% of the validation text's tokens"):  # the tokenizer's fit
         assert fact in card, fact
+    assert "Tokenizer: [UNK] is 0.00% of the tokens of the validation text" in (run / "train.log").read_text()
 
     # The export is a plain Hugging Face dir: fill-mask with nothing from mlmkit imported.
     code = (

@@ -21,7 +21,7 @@ from hydra.core.global_hydra import GlobalHydra
 from mlmkit.cli.errors import hydra_error_sentence
 from mlmkit.config import CONFIG_MODULE, Config, register_configs, to_config
 from mlmkit.data.streaming import iter_texts
-from mlmkit.data.tokenizer import train_tokenizer
+from mlmkit.data.tokenizer import train_tokenizer, unk_report
 from mlmkit.errors import ConfigError, TokenizerError
 
 
@@ -39,23 +39,50 @@ def main(argv: list[str] | None = None) -> int:
     target = check_out_dir(out[-1])  # before any training
     t0 = time.perf_counter()
     chars = 0
+    held_out: list[str] = []  # every HOLD_OUT-th text, for the [UNK] share
 
     def texts():
         nonlocal chars
-        for text in iter_texts(cfg.data):
+        for i, text in enumerate(iter_texts(cfg.data)):
+            if i % HOLD_OUT == HOLD_OUT - 1 and sum(map(len, held_out)) < HELD_OUT_CHARS:
+                held_out.append(text)
+                continue
             chars += len(text)
             yield text
 
     tokenizer = train_tokenizer(cfg.tokenizer, texts())
+    report, warn = held_out_report(tokenizer, held_out)
     try:
         tokenizer.save_pretrained(str(target))
+        (target / "README.md").write_text(tokenizer_card(cfg, tokenizer, chars, report))
     except OSError as exc:  # a full disk
         raise ConfigError(f"Could not write the tokenizer to out={out[-1]!r} ({exc.strerror or exc}); "
                           "free disk space there or set out= to another folder.") from None
     print(f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
           f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
           f"(use it with tokenizer.name_or_path={target}).")
+    print(("Warning: " if warn else "") + report)
     return 0
+
+
+HOLD_OUT, HELD_OUT_CHARS = 50, 2_000_000  # one text in 50 is held out, up to 2M characters
+
+
+def held_out_report(tokenizer, held_out: list[str]) -> tuple[str, bool]:
+    """The [UNK] share of the held-out texts, as a sentence (and whether it warns)."""
+    if not held_out:
+        return "No text was held out to measure the [UNK] share (the corpus has under 50 texts).", False
+    ids = [i for row in tokenizer(held_out, add_special_tokens=False)["input_ids"] for i in row]
+    unk = sum(i == tokenizer.unk_token_id for i in ids)
+    return unk_report(tokenizer, unk, len(ids), held_out)
+
+
+def tokenizer_card(cfg: Config, tokenizer, chars: int, report: str) -> str:
+    t = cfg.tokenizer
+    return (f"# {t.algorithm} tokenizer trained by mlmkit\n\n"
+            f"- Vocabulary: {len(tokenizer)} tokens; lowercase={t.lowercase}, strip_accents={t.strip_accents}.\n"
+            f"- Trained on {chars:,} characters ({cfg.data.source} data).\n"
+            f"- Held out one text in {HOLD_OUT}: {report}\n")
 
 
 def compose_training_config(overrides: list[str]) -> Config:

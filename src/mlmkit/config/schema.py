@@ -178,7 +178,10 @@ class TokenizerConfig:
     name_or_path: str | None = None
     algorithm: str = "wordpiece"  # when training: wordpiece (BERT) | bpe (byte-level) | unigram
     vocab_size: int = 8192  # vocabulary size when training (special tokens included)
-    lowercase: bool = True  # BERT-uncased normalisation (lowercase, strip accents)
+    lowercase: bool = True  # lowercase the text (every mark kept: é, and Devanagari's vowel signs)
+    # Strip accents too, as BERT-uncased (é -> e). Refused for a corpus in a script whose
+    # marks are letters (Devanagari, Bengali, Tamil, Thai, ...).
+    strip_accents: bool = False
     min_frequency: int = 2  # a pair must occur this often to be merged
     # Train on at most this many characters of the corpus (null: all of it).
     max_train_chars: int | None = 50_000_000

@@ -136,6 +136,18 @@ def token_counts(train_set, tokenizer, max_blocks: int = 20_000) -> torch.Tensor
     return counts
 
 
+def unk_tokens(blocks, tokenizer, max_blocks: int = 5_000) -> tuple[int, int]:
+    """``([UNK] ids, ids that are not special tokens or [UNK])`` in the first ``max_blocks`` of
+    ``blocks`` (a packed split, or any sequence of rows with ``input_ids``)."""
+    import torch
+
+    rows = [torch.as_tensor(blocks[i]["input_ids"]).reshape(-1) for i in range(min(len(blocks), max_blocks))]
+    ids = torch.cat(rows).long() if rows else torch.zeros(0, dtype=torch.long)
+    special = torch.tensor(tokenizer.all_special_ids, dtype=torch.long)
+    unk = int((ids == tokenizer.unk_token_id).sum()) if tokenizer.unk_token_id is not None else 0
+    return unk, unk + int((~torch.isin(ids, special)).sum())
+
+
 def _tokenize_and_pack(batch: dict, tokenizer, max_seq_length: int, packing: str = "concatenate") -> dict:
     ids = encode(tokenizer, batch["text"])
     if packing == "line_by_line":

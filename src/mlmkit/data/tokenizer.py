@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from mlmkit.config import TokenizerConfig
-from mlmkit.data import cache
+from mlmkit.data import cache, scripts
 from mlmkit.errors import ConfigError, TokenizerError
 
 log = logging.getLogger(__name__)
@@ -90,64 +90,56 @@ def _limited(texts: Iterable[str], max_chars: int | None) -> Iterator[str]:
             return
 
 
-def train_wordpiece(cfg: TokenizerConfig, texts: Iterable[str]):
-    """Train a BERT WordPiece tokenizer (BERT normalisation and special tokens)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-    from transformers import BertTokenizer
+# Control and format characters are deleted, as BERT's clean-up does, but for the zero-width
+# non-joiner and joiner: Persian, Urdu, Hindi and Malayalam spell with them.
+_CLEAN = r"[\x{0}\x{FFFD}[\p{C}&&[^\t\n\r\x{200C}\x{200D}]]]"
+SAMPLE_CHARS = 1_000_000  # the corpus sample checked before training
 
-    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    backend.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=cfg.lowercase
-    )
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
-        special_tokens=SPECIAL_TOKENS,
-        continuing_subword_prefix="##",
-        show_progress=False,
-    )
-    backend.train_from_iterator(_limited(texts, cfg.max_train_chars), trainer=trainer)
-    vocab = backend.get_vocab()
-    if len(vocab) <= len(SPECIAL_TOKENS):
-        raise TokenizerError(
-            "The training corpus yielded no tokens to build a vocabulary from; "
-            "check data.train_files (or data.text_column)."
+
+def _normalizer(cfg: TokenizerConfig):
+    """The tokenizer's normaliser. Lowercasing keeps every mark; accents go only with
+    tokenizer.strip_accents. WordPiece: BERT's, CJK ideographs spaced out as words of their own;
+    BPE and Unigram: NFKC first."""
+    from tokenizers import Regex, normalizers
+
+    if cfg.algorithm == "wordpiece":
+        steps = [normalizers.Replace(Regex(_CLEAN), ""),
+                 normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=True,
+                                            strip_accents=cfg.strip_accents, lowercase=cfg.lowercase)]
+    else:
+        steps = [normalizers.NFKC()]
+        if cfg.strip_accents:
+            steps += [normalizers.NFD(), normalizers.StripAccents(), normalizers.NFC()]
+        if cfg.lowercase:
+            steps.append(normalizers.Lowercase())
+    return normalizers.Sequence(steps)
+
+
+def check_normalizer(cfg: TokenizerConfig, sample: list[str]) -> None:
+    """Refuse tokenizer.strip_accents where it would delete letters (the vowel signs and
+    viramas of Devanagari, Thai, ...); where it only drops accents, warn with their share."""
+    if not cfg.strip_accents or not sample:
+        return
+    total, lost = scripts.lost_characters(_normalizer(cfg).normalize_str, sample)
+    letters = scripts.letters_lost(lost)
+    if sum(letters.values()) > 0.001 * total:
+        raise ConfigError(
+            f"tokenizer.strip_accents=true would delete {sum(letters.values()) / total:.1%} of the "
+            f"corpus's characters, marks that are letters in its script ({scripts.describe(letters)}); "
+            "set tokenizer.strip_accents=false."
         )
-    # BertTokenizer (the Rust-backed one) rebuilds BERT's normaliser, pre-tokenizer,
-    # [CLS] ... [SEP] template and WordPiece decoder around the learned vocabulary.
-    return BertTokenizer(vocab=vocab, do_lower_case=cfg.lowercase)
+    if lost:
+        log.warning("tokenizer.strip_accents=true changes %.2f%% of the corpus's characters (%s), "
+                    "as BERT-uncased does; set tokenizer.strip_accents=false to keep them.",
+                    100 * sum(lost.values()) / total, scripts.describe(lost))
 
 
-def _train_subword(cfg: TokenizerConfig, texts: Iterable[str]):
-    """Byte-level BPE (as RoBERTa) or Unigram (as SentencePiece) with BERT's special tokens."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+def _wrap(backend):
+    """A trained backend as a transformers fast tokenizer with BERT's specials and template:
+    its tokenizer.json (normaliser included) is what loads again."""
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    norm = [normalizers.NFKC()] + ([normalizers.Lowercase()] if cfg.lowercase else [])
-    if cfg.algorithm == "bpe":
-        backend = Tokenizer(models.BPE())
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-        backend.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                      special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    else:
-        backend = Tokenizer(models.Unigram())
-        backend.pre_tokenizer = pre_tokenizers.Metaspace()
-        backend.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
-                                          unk_token="[UNK]", show_progress=False)
-    backend.normalizer = normalizers.Sequence(norm)
-    backend.train_from_iterator(_limited(texts, cfg.max_train_chars), trainer=trainer)
     if backend.get_vocab_size() <= len(SPECIAL_TOKENS):
         raise TokenizerError(
             "The training corpus yielded no tokens to build a vocabulary from; "
@@ -165,14 +157,76 @@ def _train_subword(cfg: TokenizerConfig, texts: Iterable[str]):
     )
 
 
+def _backend_and_trainer(cfg: TokenizerConfig):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if cfg.algorithm == "wordpiece":  # BERT's WordPiece: split at spaces and punctuation, ## pieces
+        backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                            special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##",
+                                            show_progress=False)
+    elif cfg.algorithm == "bpe":  # byte-level BPE, as RoBERTa
+        backend = Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                      special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:  # Unigram, as SentencePiece
+        backend = Tokenizer(models.Unigram())
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
+                                          unk_token="[UNK]", show_progress=False)
+    backend.normalizer = _normalizer(cfg)
+    return backend, trainer
+
+
+def _with_sample(texts: Iterator[str], chars: int) -> tuple[list[str], Iterator[str]]:
+    """The first ``chars`` characters' worth of ``texts``, and the whole stream again."""
+    import itertools
+
+    sample, seen = [], 0
+    for text in texts:
+        sample.append(text)
+        seen += len(text)
+        if seen >= chars:
+            break
+    return sample, itertools.chain(sample, texts)
+
+
 def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]):
-    """Train the tokenizer ``cfg.algorithm`` names on ``texts`` (read once, as a stream)."""
-    if cfg.algorithm == "wordpiece":
-        tokenizer = train_wordpiece(cfg, texts)
-    else:
-        tokenizer = _train_subword(cfg, texts)
+    """Train the tokenizer ``cfg.algorithm`` names on ``texts`` (read once, as a stream),
+    after checking its normaliser against the start of the corpus."""
+    sample, stream = _with_sample(_limited(texts, cfg.max_train_chars), SAMPLE_CHARS)
+    check_normalizer(cfg, sample)
+    backend, trainer = _backend_and_trainer(cfg)
+    backend.train_from_iterator(stream, trainer=trainer)
+    tokenizer = _wrap(backend)
     check_special_tokens(tokenizer, f"{cfg.algorithm} training")
     return tokenizer
+
+
+def unk_report(tokenizer, unk: int, tokens: int, texts: Iterable[str] = ()) -> tuple[str, bool]:
+    """``(sentence, whether it is a warning)`` on the [UNK] share of held-out text: above 1%
+    it names the likely cause, from ``texts`` (a sample of the text) where given."""
+    share = unk / max(tokens, 1)
+    line = f"[UNK] is {share:.2%} of the tokens of the held-out text ({unk:,} of {tokens:,})"
+    if share <= 0.01:
+        return f"{line}.", False
+    limit = getattr(tokenizer.backend_tokenizer.model, "max_input_chars_per_word", None)
+    words, over = scripts.long_words(texts, limit) if limit else (0, 0)
+    if over and over >= 0.005 * words:
+        cause = (f"{over / words:.1%} of its words run over {limit} characters without a space (a script "
+                 "written without spaces?), and WordPiece makes each one [UNK]: train tokenizer.algorithm="
+                 "unigram or bpe")
+    else:
+        cause = ("characters or words the vocabulary lacks: a tokenizer trained on other text, or "
+                 "tokenizer.vocab_size too small for this script; train one on this corpus "
+                 "(tokenizer.name_or_path=null) or raise tokenizer.vocab_size")
+    return f"{line}: likely {cause}.", True
 
 
 def get_tokenizer(
@@ -197,9 +251,10 @@ def get_tokenizer(
             "corpus": corpus_fingerprint,
             "vocab_size": cfg.vocab_size,
             "lowercase": cfg.lowercase,
+            "strip_accents": cfg.strip_accents,
             "min_frequency": cfg.min_frequency,
             "max_train_chars": cfg.max_train_chars,
-            "kind": "wordpiece-v1" if cfg.algorithm == "wordpiece" else f"{cfg.algorithm}-v1",
+            "kind": f"{cfg.algorithm}-v2",  # v2: lowercasing keeps marks
         },
         sort_keys=True,
     )

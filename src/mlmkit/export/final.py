@@ -34,6 +34,9 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
         source = ", ".join(data.get("train_files", []))
     init_from = config.get("model", {}).get("init_from")
     started = f"- Continued pretraining of: {init_from}.\n" if init_from else ""
+    unk = summary.get("validation_unk_share")
+    unk_line = (f"- Tokenizer: {vocab} tokens; [UNK] is {unk:.2%} of the validation text's tokens.\n"
+                if unk is not None else "")
     return f"""---
 library_name: transformers
 pipeline_tag: fill-mask
@@ -46,7 +49,7 @@ A {family} encoder pretrained with masked language modeling by mlmkit.
 
 - Architecture: {type(model).__name__} (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{attention}), {count_parameters(model) / 1e6:.2f}M parameters.
 {started}- Data: {source}, blocks of {data.get("max_seq_length")} tokens.
-- Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
+{unk_line}- Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
 
 ## Final evaluation (validation set, fixed masks)
 

@@ -21,7 +21,8 @@ import torch
 
 from mlmkit.config import Config
 from mlmkit.data.loader import training_stream
-from mlmkit.data.packing import token_counts
+from mlmkit.data.packing import token_counts, unk_tokens
+from mlmkit.data.tokenizer import unk_report
 from mlmkit.errors import Preempted
 from mlmkit.training import resume, setup
 from mlmkit.training.checkpoint import load_checkpoint, load_latest, save_checkpoint
@@ -81,6 +82,10 @@ class Trainer:
         self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
         self.tokenizer = data.tokenizer
         counts = token_counts(data.baseline_set, data.tokenizer)
+        unk, tokens = unk_tokens(data.val_set, data.tokenizer)
+        line, warn = unk_report(data.tokenizer, unk, tokens)
+        (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
+        self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
         parts = setup.build_model_parts(cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
                                         counts)
         self.model, self.meter = parts.model, parts.meter
@@ -239,7 +244,8 @@ class Trainer:
         weights = acc.get_state_dict(self.objective)
         if not acc.is_main_process:
             return None
-        summary = {"step": state.step, "tokens_seen": state.tokens_seen, **last_eval, **self.baseline}
+        summary = {"step": state.step, "tokens_seen": state.tokens_seen, **last_eval, **self.baseline,
+                   **self.tokenizer_fit}
         # the training objective wraps the model as .model
         return (acc.unwrap_model(self.objective).model,
                 {k.removeprefix("model."): v for k, v in weights.items()}, summary)
