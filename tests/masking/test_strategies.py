@@ -169,3 +169,66 @@ def test_bad_strategy_settings(tokenizer):
         MaskingConfig(strategy="span", span_p=0.0)
     with pytest.raises(ConfigError, match="mlm_probability_end"):
         MaskingConfig(mlm_probability_end=1.2)
+
+
+# -- scripts written without spaces ---------------------------------------------------------------
+
+THAI = ["มนุษย์ทั้งหลายเกิดมามีอิสระและเสมอภาคกันในเกียรติศักดิ์และสิทธิ",
+        "ทุกคนมีสิทธิในการดำรงชีวิตเสรีภาพและความมั่นคงแห่งตัวตน",
+        "บุคคลใดจะถูกเหนี่ยวรั้งในภาวะทาสหรือภาวะจำยอมไม่ได้"]
+CHINESE = ["人人生而自由，在尊严和权利上一律平等。他们赋有理性和良心，并应以兄弟关系的精神相对待。",
+           "人人有权享有生命、自由和人身安全。任何人不得使为奴隶或奴役；一切形式的奴隶制度和奴隶买卖，均应予以禁止。"]
+
+
+def _unspaced_rows(algorithm: str, texts: list[str], n: int = 300):
+    from mlmkit.config import TokenizerConfig
+    from mlmkit.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(TokenizerConfig(algorithm=algorithm, vocab_size=200, min_frequency=1), iter(texts * 20))
+    enc = tok([texts[i % len(texts)] for i in range(n)], add_special_tokens=False)["input_ids"]
+    blocks = pack_ids(enc, tok.cls_token_id, tok.sep_token_id, 64)
+    return tok, [{"input_ids": b} for b in blocks]
+
+
+@pytest.mark.parametrize("algorithm", ["wordpiece", "unigram"])
+@pytest.mark.parametrize("strategy", ["whole_word", "span"])
+def test_a_clause_without_spaces_is_cut_into_words_of_at_most_max_word_tokens(algorithm, strategy):
+    """A Thai clause is one pre-tokenized word of many sub-tokens: uncut, one choice
+    masks all of them. Cut at masking.max_word_tokens, no word is longer, every word is
+    masked whole, and the token share still averages mlm_probability."""
+    tok, rows = _unspaced_rows(algorithm, THAI)
+    uncut = MLMCollator(tok, seed=0, strategy=strategy, max_word_tokens=10**6)
+    ids = torch.as_tensor([r["input_ids"] for r in rows])
+    sizes = torch.bincount(uncut._word_ids(ids, uncut.continuation, uncut.special_lookup).reshape(-1))
+    assert sizes.max() >= 10  # the clause is one word of many sub-tokens
+
+    collator = MLMCollator(tok, seed=0, strategy=strategy, max_word_tokens=4, mlm_probability=0.15)
+    words = collator._word_ids(ids, collator.continuation, collator.special_lookup).reshape(-1)
+    assert torch.bincount(words).max() <= 4
+    shares = []
+    for seed in range(4):
+        collator = MLMCollator(tok, seed=seed, strategy=strategy, max_word_tokens=4, mlm_probability=0.15)
+        batch = collator(rows)
+        chosen = (batch["labels"] != IGNORE_INDEX).reshape(-1)
+        real = ~collator.special_lookup[ids].reshape(-1)
+        # a word (of at most 4 sub-tokens) is chosen whole or not at all
+        per_word = torch.bincount(words, weights=chosen.float())
+        size = torch.bincount(words, weights=real.float())
+        assert torch.all((per_word == 0) | (per_word == size))
+        shares.append(chosen.sum().item() / real.sum().item())
+    assert abs(sum(shares) / len(shares) - 0.15) < 0.02, shares
+
+
+def test_cjk_ideographs_start_words_in_a_unigram_vocabulary():
+    """SentencePiece-style vocabularies mark a word's start with ▁, which Chinese, written
+    without spaces, gives only once a sentence: each token of ideographs starts a word."""
+    from mlmkit.masking.collator import continuation_lookup
+
+    tok, rows = _unspaced_rows("unigram", CHINESE, n=40)
+    cont = continuation_lookup(tok, len(tok))
+    ids = torch.as_tensor([r["input_ids"] for r in rows])
+    ideographs = [i for i in ids.reshape(-1).tolist() if "\u4e00" <= tok.decode([i]).strip()[:1] <= "\u9fff"]
+    assert len(ideographs) > 500 and not cont[ideographs].any()
+    collator = MLMCollator(tok, seed=0, strategy="whole_word")
+    words = collator._word_ids(ids, collator.continuation, collator.special_lookup)
+    assert torch.bincount(words.reshape(-1)).float().mean() < 1.5  # about one token a word

@@ -316,6 +316,9 @@ class MaskingConfig:
     mlm_probability_end: float | None = None
     span_p: float = 0.2  # span: geometric distribution of span lengths in words (SpanBERT: 0.2)
     span_max_words: int = 10  # span: longest span in words (SpanBERT: 10)
+    # whole_word and span: a word of more sub-tokens is cut into words of at most this many
+    # (a "word" of Thai, Lao, Khmer or Japanese kana, written without spaces, can be a clause).
+    max_word_tokens: int = 8
     # Mask inside the training step on the accelerator instead of in the dataloader.
     on_device: bool = False
     # Evaluation masks: BERT's 80-10-10 at this rate, fixed by eval_seed, whatever the
@@ -330,6 +333,7 @@ class MaskingConfig:
     def __post_init__(self) -> None:
         check_masking(self.mlm_probability, self.mask_replace_prob, self.random_replace_prob,
                       self.strategy, self.span_p, self.span_max_words)
+        _check(self.max_word_tokens >= 1, f"masking.max_word_tokens must be at least 1, got {self.max_word_tokens}.")
         _check(self.eval_min_masked_tokens >= 0,
                f"masking.eval_min_masked_tokens must be 0 or more, got {self.eval_min_masked_tokens}.")
         for key in ("eval_mlm_probability", "mlm_probability_end"):

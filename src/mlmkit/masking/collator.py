@@ -11,10 +11,14 @@ prediction depends on the strategy:
 - ``whole_word``: each *word* with that probability, and then all its sub-tokens, so the
   share of chosen tokens is still ``mlm_probability`` on average. Words come from the
   vocabulary: WordPiece ``##`` continuations, or the ``Ġ``/``▁`` word-start marks of
-  byte-level BPE and SentencePiece;
+  byte-level BPE and SentencePiece. In scripts written without spaces (Thai, Lao, Khmer,
+  Japanese kana) one such "word" can be a clause: a word is cut into pieces of at most
+  ``max_word_tokens`` sub-tokens, each a word of its own, and a token of CJK ideographs
+  starts a word (as WordPiece's pre-tokenizer makes each ideograph one);
 - ``span`` (SpanBERT, Joshi et al., 2020): spans of whole words whose lengths follow a
   geometric distribution (p=0.2, clipped at 10 words), until round(p x real tokens) of
-  each sequence are chosen;
+  each sequence are chosen (a row the whole spans cannot fill exactly takes one more span
+  with the probability that keeps the share at p on average);
 - ``fixed`` (cramming, Geiping & Goldstein, 2023): exactly round(p x (length - 2)) per
   sequence, the length counted without padding and the [CLS] ... [SEP] frame, so every
   packed batch predicts the same number of positions (static shapes).
@@ -38,6 +42,12 @@ from mlmkit.errors import ConfigError
 IGNORE_INDEX = -100
 
 
+def _is_ideograph(ch: str) -> bool:
+    import unicodedata
+
+    return unicodedata.name(ch, "").startswith(("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH"))
+
+
 def continuation_lookup(tokenizer, size: int) -> torch.Tensor:
     """Vocab id -> True where the token continues the previous word."""
     vocab = tokenizer.get_vocab()
@@ -51,6 +61,10 @@ def continuation_lookup(tokenizer, size: int) -> torch.Tensor:
             return cont
         special = set(tokenizer.all_special_ids)
         ids = [i for t, i in vocab.items() if not t.startswith(mark) and i not in special]
+        # a token of CJK ideographs starts a word, though no space came before it
+        text = (lambda t: t) if mark == "▁" else (lambda t: tokenizer.convert_tokens_to_string([t]))
+        starts = {i for t, i in vocab.items() if not t.isascii() and (s := text(t).strip()) and _is_ideograph(s[0])}
+        ids = [i for i in ids if i not in starts]
     cont[[i for i in ids if i < size]] = True
     return cont
 
@@ -70,6 +84,8 @@ class MLMCollator:
             worker's seed, so workers never repeat each other's masks.
         strategy: bernoulli | whole_word | span | fixed (see the module docstring).
         span_p, span_max_words: the geometric distribution of span lengths, in words.
+        max_word_tokens: a longer word is cut into words of at most this many sub-tokens
+            (whole_word and span).
         apply_mask: False to only pad (the masking then runs in the training step, on the
             device, through ``mask``).
     """
@@ -86,6 +102,7 @@ class MLMCollator:
         span_p: float = 0.2,
         span_max_words: int = 10,
         apply_mask: bool = True,
+        max_word_tokens: int = 8,
     ) -> None:
         check_masking(mlm_probability, mask_replace_prob, random_replace_prob, strategy, span_p, span_max_words)
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
@@ -102,6 +119,9 @@ class MLMCollator:
         self.strategy = strategy
         self.span_p = float(span_p)
         self.span_max_words = int(span_max_words)
+        if max_word_tokens < 1:
+            raise ConfigError(f"masking.max_word_tokens must be at least 1, got {max_word_tokens}.")
+        self.max_word_tokens = int(max_word_tokens)
         self.apply_mask = apply_mask
         self.mask_id = int(tokenizer.mask_token_id)
         self.pad_id = int(tokenizer.pad_token_id)
@@ -200,11 +220,15 @@ class MLMCollator:
     def _word_ids(self, ids: torch.Tensor, cont: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
         """Batch-unique word index of every position (a word = a start token + continuations).
 
-        A continuation right after a special token (a word cut by packing) starts a word.
+        A continuation right after a special token (a word cut by packing) starts a word, and
+        so does every ``max_word_tokens``-th sub-token of a word.
         """
         starts = ~cont[ids]
         starts[:, 0] = True
         starts[:, 1:] |= special[ids[:, :-1]]
+        pos = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
+        in_word = pos - torch.where(starts, pos, 0).cummax(dim=1).values  # sub-tokens since the start
+        starts |= in_word % self.max_word_tokens == 0
         word = starts.long().cumsum(dim=1) - 1
         return word + torch.arange(ids.size(0), device=ids.device)[:, None] * ids.size(1)
 
@@ -237,7 +261,8 @@ class MLMCollator:
         segment lengths follow the geometric distribution clipped at span_max_words (the
         geometric is memoryless, so restarting after a clip draws a fresh length). Segments
         are taken in random order while they fit in the row's budget of round(p x real
-        tokens); a second pass lets smaller segments fill what a large one left over.
+        tokens); a second pass lets smaller segments fill what a large one left over, and a row
+        still short takes one more segment with probability (tokens short) / (its size).
         """
         n_rows, length = ids.shape
         dev = ids.device
@@ -276,6 +301,14 @@ class MLMCollator:
             take = avail & (within <= remaining[rows_sorted])
             selected[order[take]] = True
             remaining = remaining - torch.bincount(rows_sorted, weights=s * take, minlength=n_rows)
+        # A row left short of its budget by segments too large to fit (words of many sub-tokens)
+        # takes its next segment with probability remaining / size: the share averages p.
+        avail = (valid & ~selected)[order] & (remaining[rows_sorted] > 0)
+        count = torch.bincount(rows_sorted, weights=avail.float(), minlength=n_rows)
+        nth = torch.cumsum(avail.float(), 0) - (torch.cumsum(count, 0) - count)[rows_sorted]
+        chance = remaining[rows_sorted] / sizes_sorted.clamp(min=1)
+        take = avail & (nth == 1) & (torch.rand(n, generator=g, device=dev) < chance)
+        selected[order[take]] = True
 
         chosen = selected[seg][word].view_as(ids) & candidates
         return chosen, seg[word].view_as(ids)

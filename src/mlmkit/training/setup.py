@@ -287,6 +287,6 @@ def build_collator(cfg: Config, tokenizer, rank: int) -> MLMCollator:
     return MLMCollator(
         tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
         seed=cfg.train.seed * 1000 + rank, strategy=m.strategy, span_p=m.span_p,
-        span_max_words=m.span_max_words, apply_mask=not m.on_device,
+        span_max_words=m.span_max_words, max_word_tokens=m.max_word_tokens, apply_mask=not m.on_device,
         pad_to_multiple_of=cfg.data.pad_to_multiple_of if cfg.data.packing == "line_by_line" else None,
     )
