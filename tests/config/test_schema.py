@@ -102,6 +102,9 @@ def test_wrong_type_is_refused_by_name():
     ("model.output_bias_init=prior", "model.output_bias_init"),
     ("model.attention_init=global", "model.attention_init"),
     ("model.position_init=normal", "model.attention_init=normal"),
+    ("tokenizer.extend_vocab=100", "set model.init_from, or tokenizer.extend_vocab=0"),
+    ("tokenizer.extend_vocab=-1", "tokenizer.extend_vocab must be 0 or more"),
+    ("masking.max_word_tokens=0", "masking.max_word_tokens"),
 ])
 def test_bad_values_name_the_setting(override, key):
     with pytest.raises(ConfigError) as info:

@@ -158,6 +158,23 @@ def test_glue_fine_tunes_on_three_tasks(gutenberg_run, env, tmp_path):
     assert sorted(p.parent.parent.name for p in results) == ["cola", "rte", "sst2"], proc.stderr[-3000:]
 
 
+def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(env, tmp_path, cache_dir):
+    shared_file("corpora/hindi/sevasadan.txt")
+    run = tmp_path / "outputs" / "hindi-bert-mini"
+    proc = bash("new_language.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}",
+                env={**env, "DATA": str(SHARED_DATA / "corpora"), "VOCAB": "2000"}, cwd=tmp_path)
+    assert "[UNK] is 0.00% of the tokens of the held-out text" in proc.stdout
+    assert train_steps(run)[-1] == 10
+    assert "[UNK] is 0.00% of the validation text's tokens" in (run / "final" / "README.md").read_text()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run / "final")
+    word = "स्वतन्त्रता"  # स्वतन्त्रता
+    assert tok.decode(tok(word)["input_ids"], skip_special_tokens=True) == word  # its viramas kept
+    answers = [line for line in proc.stdout.splitlines() if line.strip()][-5:]
+    assert len(answers) == 5 and all(re.search(r"\d\.\d", line) for line in answers), proc.stdout[-2000:]
+
+
 # --- the built-in corpus -------------------------------------------------------------------
 
 def test_sweep_lr_tables_and_plots_the_sweep(env, tmp_path, cache_dir):

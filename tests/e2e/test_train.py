@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 import yaml
+from conftest import SHARED_DATA, shared_file
 from runs import (  # noqa: F401
     ROOT,
     TINY,
@@ -18,6 +20,7 @@ from runs import (  # noqa: F401
     events,
     free_port,
     python_run,
+    run_finetune,
     run_train,
 )
 
@@ -136,6 +139,44 @@ def test_continued_pretraining_from_an_exported_model(trained_run, tmp_path, cac
     card = (run / "final" / "README.md").read_text()
     assert f"Continued pretraining of: {source}." in card
     assert f"# {trained_run.name}/final (continued) (masked language model)" in card.splitlines()
+
+
+@pytest.mark.slow
+def test_vocabulary_extension_trains_resumes_evaluates_and_fine_tunes(trained_run, tmp_path, cache_dir):
+    """tokenizer.extend_vocab: the base model's vocabulary grows by the domain's words, the
+    run resumes exactly, and its final/ is a plain model that mlmkit eval and finetune take."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    shared_file("corpora/gutenberg/melville-moby_dick.txt")
+    source = trained_run / "final"
+    book = SHARED_DATA / "corpora" / "gutenberg" / "melville-moby_dick.txt"
+    args = [f"model.init_from={source}", "data=files", f"data.train_files=[{book}]", "tokenizer.extend_vocab=100",
+            "train.max_steps=6", "train.save_every=3", "train.eval_every=6", "train.precision=no"]
+    run = tmp_path / "extended"
+    run_train(run, cache_dir, *args)
+    base, tok = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(run / "final")
+    added = len(tok) - len(base)
+    assert 50 <= added <= 100
+    assert "Vocabulary extension: " in (run / "train.log").read_text()
+    model = AutoModelForMaskedLM.from_pretrained(run / "final")  # plain transformers
+    assert model.get_input_embeddings().num_embeddings >= len(tok)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed, ignore=shutil.ignore_patterns(".lock"))
+    shutil.rmtree(resumed / "final")
+    shutil.rmtree(resumed / "checkpoints" / "step_0000006")
+    run_train(resumed, cache_dir, *args, "train.resume=auto")
+    first, again = load_file(run / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    for name, tensor in first.items():
+        assert torch.allclose(tensor, again[name], rtol=1e-5, atol=1e-6), name
+    out = tmp_path / "eval.json"
+    proc = python_run("-m", "mlmkit", "eval", f"checkpoint={run}", f"output={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["tokens"] > 0
+    sst = shared_file("glue/SST-2/train.tsv")
+    run_finetune(f"checkpoint={run}/final", "task=sst2", f"task.data_dir={sst.parent}", "max_train_samples=32",
+                 "epochs=1", "max_seq_length=32", "save_model=false", f"hydra.run.dir={tmp_path / 'ft'}")
+    assert (tmp_path / "ft" / "results.json").is_file()
 
 
 @pytest.mark.slow

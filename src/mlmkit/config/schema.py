@@ -182,6 +182,11 @@ class TokenizerConfig:
     # Strip accents too, as BERT-uncased (é -> e). Refused for a corpus in a script whose
     # marks are letters (Devanagari, Bengali, Tamil, Thai, ...).
     strip_accents: bool = False
+    # With model.init_from: add up to this many whole words of the training corpus to the
+    # model's WordPiece vocabulary, those that save the most tokens (count x (pieces - 1)),
+    # found by a WordPiece trained on the corpus; their embeddings and output biases start
+    # from the mean of their old pieces'. 0: keep the vocabulary.
+    extend_vocab: int = 0
     min_frequency: int = 2  # a pair must occur this often to be merged
     # Train on at most this many characters of the corpus (null: all of it).
     max_train_chars: int | None = 50_000_000
@@ -189,6 +194,7 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 100, f"tokenizer.vocab_size must be at least 100, got {self.vocab_size}.")
         _check(self.min_frequency >= 1, "tokenizer.min_frequency must be at least 1.")
+        _check(self.extend_vocab >= 0, f"tokenizer.extend_vocab must be 0 or more, got {self.extend_vocab}.")
         _check(self.max_train_chars is None or self.max_train_chars >= 1,
                "tokenizer.max_train_chars must be at least 1 (or null for the whole corpus).")
         _check(
@@ -534,6 +540,11 @@ class Config:
             or self.train.num_workers == 0,
             "masking.mlm_probability_end (a mask-rate schedule) needs train.num_workers=0 or "
             "masking.on_device=true, since worker processes cannot see the current step.",
+        )
+        _check(
+            not self.tokenizer.extend_vocab or self.model.init_from,
+            "tokenizer.extend_vocab adds words to the vocabulary of the model continued from; "
+            "set model.init_from, or tokenizer.extend_vocab=0.",
         )
         if self.model.init_from is None:
             _check(

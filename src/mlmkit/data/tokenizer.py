@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mlmkit.config import TokenizerConfig
 from mlmkit.data import cache, scripts
+from mlmkit.data.vocab import extend_tokenizer
 from mlmkit.errors import ConfigError, TokenizerError
 
 log = logging.getLogger(__name__)
@@ -241,32 +242,36 @@ def get_tokenizer(
     ``texts`` is called only when a tokenizer must be trained; the trained tokenizer is
     stored under ``cache_dir/tokenizers/<key>``, the key covering the corpus and settings.
     """
-    if cfg.name_or_path:
-        return load_tokenizer(cfg.name_or_path)
-    if init_from:
-        return load_tokenizer(init_from, setting="model.init_from")
+    if cfg.name_or_path or init_from:
+        base = (load_tokenizer(cfg.name_or_path) if cfg.name_or_path
+                else load_tokenizer(init_from, setting="model.init_from"))
+        if not cfg.extend_vocab:
+            return base
+        key = {"base": tokenizer_fingerprint(base), "corpus": corpus_fingerprint, "extend_vocab": cfg.extend_vocab,
+               "min_frequency": cfg.min_frequency, "max_train_chars": cfg.max_train_chars, "kind": "extend-v1"}
+        return _cached(cfg, key, cache_dir, lambda: extend_tokenizer(
+            base, _limited(texts(), cfg.max_train_chars), cfg.extend_vocab, cfg.min_frequency)[0])
 
-    key_src = json.dumps(
-        {
-            "corpus": corpus_fingerprint,
-            "vocab_size": cfg.vocab_size,
-            "lowercase": cfg.lowercase,
-            "strip_accents": cfg.strip_accents,
-            "min_frequency": cfg.min_frequency,
-            "max_train_chars": cfg.max_train_chars,
-            "kind": f"{cfg.algorithm}-v2",  # v2: lowercasing keeps marks
-        },
-        sort_keys=True,
-    )
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
-    target = Path(cache_dir) / "tokenizers" / key
+    key = {"corpus": corpus_fingerprint, "vocab_size": cfg.vocab_size, "lowercase": cfg.lowercase,
+           "strip_accents": cfg.strip_accents, "min_frequency": cfg.min_frequency,
+           "max_train_chars": cfg.max_train_chars, "kind": f"{cfg.algorithm}-v2"}  # v2: lowercasing keeps marks
+
+    def train():
+        log.info("Training a %s tokenizer (vocab %d) on the training corpus", cfg.algorithm, cfg.vocab_size)
+        return train_tokenizer(cfg, texts())
+
+    return _cached(cfg, key, cache_dir, train)
+
+
+def _cached(cfg: TokenizerConfig, key: dict, cache_dir, make: Callable[[], object]):
+    """The tokenizer cached under ``cache_dir/tokenizers/<hash of key>``, else ``make()``'s, cached."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    target = Path(cache_dir) / "tokenizers" / digest
     cache.remove_orphans(target.parent)
     cached = _load_cached(target)
     if cached is not None:
         return cached
-
-    log.info("Training a %s tokenizer (vocab %d) on the training corpus", cfg.algorithm, cfg.vocab_size)
-    tokenizer = train_tokenizer(cfg, texts())
+    tokenizer = make()
     try:
         cache.write_entry(target, lambda folder: tokenizer.save_pretrained(str(folder)))
     except Exception as exc:  # a full disk: OSError, or the Rust writer's own error

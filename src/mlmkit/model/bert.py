@@ -69,17 +69,20 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
 
 
 def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
-                attn_implementation: str | None = None):
+                attn_implementation: str | None = None, base_tokenizer=None):
     """``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (``cfg.architecture``) from a size
     preset, or from ``cfg.init_from`` (continued pretraining; its own architecture).
 
     Attention runs through torch SDPA (``attn_implementation="sdpa"``), bidirectional, or
     flash-attn where ``attn_implementation`` (default: ``cfg.attn_implementation``, with
-    ``auto`` read as ``sdpa``) says so.
+    ``auto`` read as ``sdpa``) says so. ``base_tokenizer``: the tokenizer of ``cfg.init_from``
+    where ``tokenizer`` extends it (``tokenizer.extend_vocab``): the embeddings grow to match.
     """
     attn = resolve_attn_implementation(attn_implementation or cfg.attn_implementation)
     if cfg.init_from:
         model = load_pretrained(cfg.init_from, attn)
+        if base_tokenizer is not None:
+            extend_embeddings(model, tokenizer, base_tokenizer, cfg.pad_vocab_multiple)
         emb = model.get_input_embeddings().num_embeddings
         vocab = max(tokenizer.get_vocab().values()) + 1
         if vocab > emb:
@@ -117,6 +120,30 @@ def init_output_bias(model, counts: torch.Tensor) -> None:
     n = min(counts.numel(), bias.numel())
     freq = counts[:n].double() + 0.5
     bias[:n] = torch.log(freq / freq.sum()).to(bias.dtype)
+
+
+@torch.no_grad()
+def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1) -> int:
+    """Grow the embeddings of a model made for ``base_tokenizer`` (and its tied output layer
+    and bias) to the ids ``tokenizer`` adds after the base's last: each new row, and its
+    output bias, starts as the mean of those of the base pieces its word splits into. Rows
+    beyond the tokenizer (padding to ``multiple``) are silenced. Returns the ids added."""
+    old = max(base_tokenizer.get_vocab().values()) + 1
+    new = max(tokenizer.get_vocab().values()) + 1
+    if new <= old:
+        return 0
+    rows = padded_vocab_size(tokenizer, multiple)
+    if rows > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(rows, mean_resizing=False)
+    weight = model.get_input_embeddings().weight
+    bias = parts_of(model).output_bias(model)
+    word = {i: w for w, i in tokenizer.get_vocab().items() if i >= old}
+    pieces = base_tokenizer([word[i] for i in range(old, new)], add_special_tokens=False)["input_ids"]
+    for i, ids in zip(range(old, new), pieces):
+        weight[i] = weight[ids].mean(dim=0)
+        bias[i] = bias[ids].mean()
+    silence_padded_vocab(model, new)
+    return new - old
 
 
 PADDED_VOCAB_BIAS = -1e4  # the output bias of the padding ids: exp(-1e4) is 0 in any dtype

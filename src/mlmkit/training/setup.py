@@ -253,7 +253,10 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     (``model.output_bias_init=unigram``)."""
     tc, device = cfg.train, accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
-    model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn)
+    base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
+    if cfg.tokenizer.extend_vocab and cfg.model.init_from:
+        base = load_tokenizer(cfg.tokenizer.name_or_path or cfg.model.init_from)
+    model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn, base_tokenizer=base)
     if (cfg.model.output_bias_init == "unigram" and token_counts is not None and resume_from is None
             and not cfg.model.init_from):
         init_output_bias(model, token_counts)

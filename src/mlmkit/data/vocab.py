@@ -1,0 +1,98 @@
+"""Vocabulary extension for continued pretraining (``tokenizer.extend_vocab``).
+
+An existing BERT's WordPiece vocabulary splits the words of a new domain into many pieces
+(``tokenization`` is one piece, ``subprocess`` three). ``extend_tokenizer`` trains a WordPiece
+on the domain corpus, keeps the whole words it learned that the old vocabulary lacks, ranks
+them by the tokens they save on the corpus (count x (old pieces - 1)), and adds the best ones
+to the old vocabulary, after its last id: every old id keeps its meaning, and WordPiece's
+longest match takes a new word whole. ``model.bert.extend_embeddings`` then grows the
+embeddings and the tied output layer, each new row starting from the mean of the old pieces
+of its word.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable
+
+from mlmkit.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SAMPLE_CHARS = 20_000_000  # the corpus read to count words and train the new pieces
+
+
+def _backend_model_type(tokenizer) -> str:
+    return json.loads(tokenizer.backend_tokenizer.to_str())["model"]["type"]
+
+
+def word_counts(tokenizer, texts: Iterable[str]) -> Counter:
+    """How often each word occurs, as the tokenizer's normaliser and pre-tokenizer cut them."""
+    backend = tokenizer.backend_tokenizer
+    counts: Counter = Counter()
+    for text in texts:
+        norm = backend.normalizer.normalize_str(text) if backend.normalizer else text
+        words = backend.pre_tokenizer.pre_tokenize_str(norm) if backend.pre_tokenizer else [(w, None) for w in norm.split()]
+        counts.update(w for w, _ in words)
+    return counts
+
+
+def tokens_per_word(tokenizer, counts: Counter) -> float:
+    """Sub-tokens per word over ``counts`` (words weighted by their count)."""
+    words = list(counts)
+    lengths = [len(ids) for ids in tokenizer(words, add_special_tokens=False)["input_ids"]] if words else []
+    total = sum(counts.values())
+    return sum(n * counts[w] for n, w in zip(lengths, words)) / max(total, 1)
+
+
+def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency: int = 2,
+                     sample_chars: int | None = SAMPLE_CHARS):
+    """``(extended tokenizer, the words added)``: at most ``count`` whole words of ``texts``,
+    absent from ``tokenizer``'s WordPiece vocabulary, that save the most tokens there."""
+    from tokenizers import Tokenizer, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    kind = _backend_model_type(tokenizer)
+    if kind != "WordPiece":
+        raise ConfigError(
+            f"tokenizer.extend_vocab adds words to a WordPiece vocabulary (BERT's), and this "
+            f"tokenizer is {kind}; set tokenizer.extend_vocab=0."
+        )
+    sample, seen = [], 0
+    for text in texts:
+        if text:
+            sample.append(text)
+            seen += len(text)
+        if sample_chars is not None and seen >= sample_chars:
+            break
+    counts = word_counts(tokenizer, sample)
+    vocab = tokenizer.get_vocab()
+    # new pieces learned on the domain (the old normaliser and pre-tokenizer): its whole words
+    learner = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    learner.post_processor = None
+    trainer = trainers.WordPieceTrainer(vocab_size=max(4 * count, 1000), min_frequency=min_frequency,
+                                        special_tokens=list(tokenizer.all_special_tokens),
+                                        continuing_subword_prefix="##", show_progress=False)
+    learner.train_from_iterator(sample, trainer=trainer)
+    candidates = [w for w in learner.get_vocab() if not w.startswith("##") and w not in vocab
+                  and counts[w] >= min_frequency and len(w) > 1]
+    pieces = tokenizer(candidates, add_special_tokens=False)["input_ids"] if candidates else []
+    saved = {w: counts[w] * (len(p) - 1) for w, p in zip(candidates, pieces) if len(p) > 1}
+    added = sorted(saved, key=lambda w: (-saved[w], w))[:count]
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    next_id = max(vocab.values()) + 1
+    for i, word in enumerate(added):
+        state["model"]["vocab"][word] = next_id + i
+    extended = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(state)),
+        unk_token=tokenizer.unk_token, cls_token=tokenizer.cls_token, sep_token=tokenizer.sep_token,
+        pad_token=tokenizer.pad_token, mask_token=tokenizer.mask_token,
+        model_input_names=list(tokenizer.model_input_names),
+    )
+    before, after = tokens_per_word(tokenizer, counts), tokens_per_word(extended, counts)
+    log.info("Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; tokens per "
+             "word on %.1fM characters of the corpus %.3f -> %.3f", len(added), len(vocab), seen / 1e6,
+             before, after)
+    return extended, added
