@@ -262,6 +262,16 @@ def _last_logged_step(run: Path) -> int:
     return 0
 
 
+def _starts(run: Path) -> int:
+    """How many times a run in ``run`` has begun its steps (its metrics.jsonl then holds only
+    what the checkpoint it resumed from had seen)."""
+    try:
+        log = (run / "train.log").read_text()
+    except FileNotFoundError:
+        return 0
+    return log.count("Resumed from ") + log.count("Baseline: ")
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, cache_dir):
     """5 kills during steps and saves; every restart resumes; the end matches a clean run.
@@ -282,9 +292,11 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, 
     while kills < 5:
         done = list_checkpoints(run / "checkpoints") if (run / "checkpoints").is_dir() else []
         resumed_at = int(done[-1].name.split("_")[-1]) if done else 0
-        target = rng.randint(resumed_at + 1, steps - 1)
+        # killed in its export after the last checkpoint, a restart has no step left to take
+        target = rng.randint(resumed_at + 1, steps - 1) if resumed_at < steps - 1 else steps
+        starts = _starts(run)
         proc = _start(run, cache_dir, *args, "train.resume=auto")
-        while proc.poll() is None and _last_logged_step(run) < target:
+        while proc.poll() is None and (_starts(run) == starts or _last_logged_step(run) < target):
             time.sleep(0.01)
         time.sleep(rng.uniform(0, 0.15))  # into the next step, or the save after a multiple of 3
         if proc.poll() is not None:
