@@ -76,8 +76,15 @@ def test_strip_accents_is_refused_where_the_marks_are_letters(hindi_lines):
     with pytest.raises(ConfigError) as info:
         train_tokenizer(TokenizerConfig(vocab_size=500, strip_accents=True), iter(hindi_lines[:2000]))
     message = str(info.value)
-    assert message.startswith("tokenizer.strip_accents=true would delete 1")  # about 19% of the characters
+    assert message.startswith("tokenizer.strip_accents=true would delete or change 1")  # about 19%
     assert "Devanagari" in message and message.endswith("set tokenizer.strip_accents=false.")
+
+
+def test_strip_accents_is_refused_for_kana_whose_marks_voice_the_letter():
+    with pytest.raises(ConfigError, match="Hiragana") as info:
+        train_tokenizer(TokenizerConfig(vocab_size=200, min_frequency=1, strip_accents=True),
+                        iter([UDHR["japanese"]] * 30))
+    assert str(info.value).endswith("set tokenizer.strip_accents=false.")
 
 
 @pytest.mark.parametrize("algorithm", ["wordpiece", "unigram"])
@@ -105,7 +112,12 @@ def test_unk_share_above_one_percent_names_the_cause():
     assert "run over 100 characters without a space" in line and "tokenizer.algorithm=unigram" in line
     latin = train_tokenizer(TokenizerConfig(vocab_size=300, min_frequency=1), iter([UDHR["german"]] * 30))
     ids = latin(UDHR["russian"], add_special_tokens=False)["input_ids"]
+    line, warn = unk_report(latin, ids.count(latin.unk_token_id), len(ids), [UDHR["russian"]], trained_here=False)
+    assert warn and "the vocabulary lacks" in line and "tokenizer.extend_vocab" in line
     line, warn = unk_report(latin, ids.count(latin.unk_token_id), len(ids), [UDHR["russian"]])
-    assert warn and "the vocabulary lacks" in line and "tokenizer.name_or_path=null" in line
+    assert warn and "too rare for the vocabulary" in line and "tokenizer.vocab_size" in line
+    # Chinese has no spaces, but WordPiece's normaliser makes each ideograph a word: not a long-word cause
+    line, _ = unk_report(latin, 50, 1000, [UDHR["chinese"] * 10])
+    assert "without a space (a script" not in line
     line, warn = unk_report(latin, 0, 1000)
     assert not warn and line == "[UNK] is 0.00% of the tokens of the held-out text (0 of 1,000)."

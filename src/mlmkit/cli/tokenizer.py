@@ -39,13 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     target = check_out_dir(out[-1])  # before any training
     t0 = time.perf_counter()
     chars = 0
-    held_out: list[str] = []  # every HOLD_OUT-th text, for the [UNK] share
+    held_out: list[str] = []  # every HOLD_OUT-th text (its first 20,000 characters), for the [UNK] share
+    held_chars = 0
 
     def texts():
-        nonlocal chars
+        nonlocal chars, held_chars
         for i, text in enumerate(iter_texts(cfg.data)):
-            if i % HOLD_OUT == HOLD_OUT - 1 and sum(map(len, held_out)) < HELD_OUT_CHARS:
-                held_out.append(text)
+            if i % HOLD_OUT == HOLD_OUT - 1 and held_chars < HELD_OUT_CHARS:
+                held_out.append(text[:20_000])
+                held_chars += len(held_out[-1])
                 continue
             chars += len(text)
             yield text

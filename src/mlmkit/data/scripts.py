@@ -19,8 +19,13 @@ from collections.abc import Iterable
 ABUGIDAS = frozenset({
     "DEVANAGARI", "BENGALI", "GURMUKHI", "GUJARATI", "ORIYA", "TAMIL", "TELUGU", "KANNADA", "MALAYALAM",
     "SINHALA", "THAI", "LAO", "TIBETAN", "MYANMAR", "KHMER", "BALINESE", "JAVANESE", "SUNDANESE",
-    "LIMBU", "TAI", "BUGINESE", "CHAKMA", "SHARADA", "TIRHUTA", "KAITHI", "GRANTHA", "AHOM", "CHAM",
+    "LIMBU", "TAI", "NEW", "BUGINESE", "CHAKMA", "SHARADA", "TIRHUTA", "KAITHI", "GRANTHA", "AHOM", "CHAM",
+    "MEETEI", "SYLOTI", "KAYAH", "BRAHMI", "SAURASHTRA", "REJANG", "BATAK", "LEPCHA", "MODI",
+    "TAKRI", "KHOJKI", "DOGRA", "NANDINAGARI", "SIDDHAM", "NEWA", "BHAIKSUKI", "MARCHEN", "TAGALOG",
+    "HANUNOO", "BUHID", "TAGBANWA", "KHUDAWADI", "MAHAJANI",
 })
+# Kana whose voicing marks are part of the letter (が is not か): stripping them changes the word.
+SYLLABARIES = frozenset({"HIRAGANA", "KATAKANA"})
 
 
 def script_of(ch: str) -> str:
@@ -46,9 +51,9 @@ def lost_characters(normalize, texts: Iterable[str]) -> tuple[int, Counter]:
 
 
 def letters_lost(lost: Counter) -> Counter:
-    """The part of ``lost`` that are letters of an abugida (its vowel signs and viramas)."""
-    return Counter({c: n for c, n in lost.items()
-                    if unicodedata.category(c).startswith("M") and script_of(c) in ABUGIDAS})
+    """The part of ``lost`` that are letters: the characters of an abugida (vowel signs,
+    viramas, or a letter changed with its mark) and voiced kana (が -> か)."""
+    return Counter({c: n for c, n in lost.items() if script_of(c) in ABUGIDAS | SYLLABARIES})
 
 
 def describe(lost: Counter, top: int = 3) -> str:

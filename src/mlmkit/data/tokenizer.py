@@ -125,8 +125,8 @@ def check_normalizer(cfg: TokenizerConfig, sample: list[str]) -> None:
     letters = scripts.letters_lost(lost)
     if sum(letters.values()) > 0.001 * total:
         raise ConfigError(
-            f"tokenizer.strip_accents=true would delete {sum(letters.values()) / total:.1%} of the "
-            f"corpus's characters, marks that are letters in its script ({scripts.describe(letters)}); "
+            f"tokenizer.strip_accents=true would delete or change {sum(letters.values()) / total:.1%} of "
+            f"the corpus's characters, letters of its script or their marks ({scripts.describe(letters)}); "
             "set tokenizer.strip_accents=false."
         )
     if lost:
@@ -210,24 +210,42 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]):
     return tokenizer
 
 
-def unk_report(tokenizer, unk: int, tokens: int, texts: Iterable[str] = ()) -> tuple[str, bool]:
+def unk_report(tokenizer, unk: int, tokens: int, texts: Iterable[str] = (),
+               trained_here: bool = True) -> tuple[str, bool]:
     """``(sentence, whether it is a warning)`` on the [UNK] share of held-out text: above 1%
-    it names the likely cause, from ``texts`` (a sample of the text) where given."""
+    it names the likely cause, from ``texts`` (a sample of the text) where given;
+    ``trained_here``: the tokenizer was trained on this corpus (else loaded)."""
     share = unk / max(tokens, 1)
     line = f"[UNK] is {share:.2%} of the tokens of the held-out text ({unk:,} of {tokens:,})"
     if share <= 0.01:
         return f"{line}.", False
     limit = getattr(tokenizer.backend_tokenizer.model, "max_input_chars_per_word", None)
-    words, over = scripts.long_words(texts, limit) if limit else (0, 0)
+    words, over = scripts.long_words(_pre_tokenized(tokenizer, texts), limit) if limit else (0, 0)
     if over and over >= 0.005 * words:
         cause = (f"{over / words:.1%} of its words run over {limit} characters without a space (a script "
                  "written without spaces?), and WordPiece makes each one [UNK]: train tokenizer.algorithm="
                  "unigram or bpe")
+    elif trained_here:
+        cause = ("characters too rare for the vocabulary, or, in WordPiece, words of over "
+                 f"{limit or 100} characters without a space (each one [UNK]); raise tokenizer.vocab_size "
+                 "or train tokenizer.algorithm=unigram")
     else:
-        cause = ("characters or words the vocabulary lacks: a tokenizer trained on other text, or "
-                 "tokenizer.vocab_size too small for this script; train one on this corpus "
-                 "(tokenizer.name_or_path=null) or raise tokenizer.vocab_size")
+        cause = ("characters or words the vocabulary lacks (a tokenizer made for other text): train one on "
+                 "this corpus (tokenizer.name_or_path=null, without model.init_from), or, continuing a "
+                 "model, add the corpus's words with tokenizer.extend_vocab")
     return f"{line}: likely {cause}.", True
+
+
+def _pre_tokenized(tokenizer, texts: Iterable[str]) -> Iterator[str]:
+    """``texts`` as the tokenizer's normaliser and pre-tokenizer cut them into words, joined by
+    spaces (WordPiece's normaliser spaces out CJK ideographs, for one)."""
+    backend = tokenizer.backend_tokenizer
+    for text in texts:
+        norm = backend.normalizer.normalize_str(text) if backend.normalizer else text
+        if backend.pre_tokenizer is not None:
+            yield " ".join(w for w, _ in backend.pre_tokenizer.pre_tokenize_str(norm))
+        else:
+            yield norm
 
 
 def get_tokenizer(

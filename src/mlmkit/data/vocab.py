@@ -50,7 +50,8 @@ def tokens_per_word(tokenizer, counts: Counter) -> float:
 def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency: int = 2,
                      sample_chars: int | None = SAMPLE_CHARS):
     """``(extended tokenizer, the words added)``: at most ``count`` whole words of ``texts``,
-    absent from ``tokenizer``'s WordPiece vocabulary, that save the most tokens there."""
+    absent from ``tokenizer``'s WordPiece vocabulary, that save the most tokens there (a word it
+    makes one [UNK] counts one token a use: it is recovered)."""
     from tokenizers import Tokenizer, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,9 +80,13 @@ def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency:
     candidates = [w for w in learner.get_vocab() if not w.startswith("##") and w not in vocab
                   and counts[w] >= min_frequency and len(w) > 1]
     pieces = tokenizer(candidates, add_special_tokens=False)["input_ids"] if candidates else []
-    saved = {w: counts[w] * (len(p) - 1) for w, p in zip(candidates, pieces) if len(p) > 1}
+    # tokens saved; a word that was one [UNK] saves none but is recovered: counted as one a use
+    unk = tokenizer.unk_token_id
+    saved = {w: counts[w] * max(len(p) - 1, 1) for w, p in zip(candidates, pieces) if len(p) > 1 or p == [unk]}
     added = sorted(saved, key=lambda w: (-saved[w], w))[:count]
     state = json.loads(tokenizer.backend_tokenizer.to_str())
+    for token in state.get("added_tokens", []):  # kept at their ids: added tokens outside the
+        state["model"]["vocab"].setdefault(token["content"], token["id"])  # vocab would be renumbered
     next_id = max(vocab.values()) + 1
     for i, word in enumerate(added):
         state["model"]["vocab"][word] = next_id + i
@@ -89,8 +94,15 @@ def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency:
         tokenizer_object=Tokenizer.from_str(json.dumps(state)),
         unk_token=tokenizer.unk_token, cls_token=tokenizer.cls_token, sep_token=tokenizer.sep_token,
         pad_token=tokenizer.pad_token, mask_token=tokenizer.mask_token,
-        model_input_names=list(tokenizer.model_input_names),
+        extra_special_tokens=[str(t) for t in getattr(tokenizer, "extra_special_tokens", None) or []],
+        model_input_names=list(tokenizer.model_input_names), model_max_length=tokenizer.model_max_length,
     )
+    new_vocab = extended.get_vocab()
+    if any(new_vocab.get(t) != i for t, i in vocab.items()) or len(set(new_vocab.values())) != len(new_vocab):
+        raise ConfigError(
+            "tokenizer.extend_vocab could not add words to this tokenizer without renumbering its "
+            "tokens; set tokenizer.extend_vocab=0."
+        )
     before, after = tokens_per_word(tokenizer, counts), tokens_per_word(extended, counts)
     log.info("Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; tokens per "
              "word on %.1fM characters of the corpus %.3f -> %.3f", len(added), len(vocab), seen / 1e6,

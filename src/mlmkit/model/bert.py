@@ -132,6 +132,11 @@ def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1) -> in
     new = max(tokenizer.get_vocab().values()) + 1
     if new <= old:
         return 0
+    if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+        raise ConfigError(
+            "tokenizer.extend_vocab grows a model whose output layer shares its input embeddings (as "
+            "BERT's and ModernBERT's do); this one's are untied: set tokenizer.extend_vocab=0."
+        )
     rows = padded_vocab_size(tokenizer, multiple)
     if rows > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(rows, mean_resizing=False)

@@ -255,8 +255,13 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
     if cfg.tokenizer.extend_vocab and cfg.model.init_from:
-        base = load_tokenizer(cfg.tokenizer.name_or_path or cfg.model.init_from)
+        base = (load_tokenizer(cfg.tokenizer.name_or_path) if cfg.tokenizer.name_or_path
+                else load_tokenizer(cfg.model.init_from, setting="model.init_from"))
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn, base_tokenizer=base)
+    if base is not None:
+        log.info("Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
+                 "(tokenizer.extend_vocab), their embeddings the mean of their old pieces'",
+                 len(tokenizer) - len(base), len(base))
     if (cfg.model.output_bias_init == "unigram" and token_counts is not None and resume_from is None
             and not cfg.model.init_from):
         init_output_bias(model, token_counts)
