@@ -121,28 +121,33 @@ def check_predictable(rows, tokenizer, setting: str) -> None:
     )
 
 
+def _first_ids(blocks, max_blocks: int) -> torch.Tensor:
+    """The ids of the first ``max_blocks`` of ``blocks`` (a packed split), as one flat tensor."""
+    import torch
+
+    ids = blocks[: min(len(blocks), max_blocks)]["input_ids"]
+    if isinstance(ids, list):  # rows of different lengths (line_by_line packing)
+        ids = torch.cat([torch.as_tensor(r).reshape(-1) for r in ids]) if ids else torch.zeros(0)
+    return torch.as_tensor(ids).reshape(-1).long()
+
+
 def token_counts(train_set, tokenizer, max_blocks: int = 20_000) -> torch.Tensor:
     """How often each id occurs in the first ``max_blocks`` training blocks, special tokens
     counted 0 (one tensor of ``len(tokenizer)`` counts): the unigram output bias and the
     majority baseline come from them."""
     import torch
 
-    ids = train_set[: min(len(train_set), max_blocks)]["input_ids"]
-    if isinstance(ids, list):  # rows of different lengths (line_by_line packing)
-        ids = torch.cat([torch.as_tensor(r).reshape(-1) for r in ids]) if ids else torch.zeros(0)
-    ids = torch.as_tensor(ids).reshape(-1).long()
-    counts = torch.bincount(ids, minlength=len(tokenizer))[: len(tokenizer)]
+    counts = torch.bincount(_first_ids(train_set, max_blocks), minlength=len(tokenizer))[: len(tokenizer)]
     counts[torch.tensor(tokenizer.all_special_ids, dtype=torch.long)] = 0
     return counts
 
 
 def unk_tokens(blocks, tokenizer, max_blocks: int = 5_000) -> tuple[int, int]:
     """``([UNK] ids, ids that are not special tokens or [UNK])`` in the first ``max_blocks`` of
-    ``blocks`` (a packed split, or any sequence of rows with ``input_ids``)."""
+    ``blocks`` (a packed split)."""
     import torch
 
-    rows = [torch.as_tensor(blocks[i]["input_ids"]).reshape(-1) for i in range(min(len(blocks), max_blocks))]
-    ids = torch.cat(rows).long() if rows else torch.zeros(0, dtype=torch.long)
+    ids = _first_ids(blocks, max_blocks)
     special = torch.tensor(tokenizer.all_special_ids, dtype=torch.long)
     unk = int((ids == tokenizer.unk_token_id).sum()) if tokenizer.unk_token_id is not None else 0
     return unk, unk + int((~torch.isin(ids, special)).sum())

@@ -261,13 +261,12 @@ def get_tokenizer(
     stored under ``cache_dir/tokenizers/<key>``, the key covering the corpus and settings.
     """
     if cfg.name_or_path or init_from:
-        base = (load_tokenizer(cfg.name_or_path) if cfg.name_or_path
-                else load_tokenizer(init_from, setting="model.init_from"))
+        base = load_base_tokenizer(cfg, init_from)
         if not cfg.extend_vocab:
             return base
         key = {"base": tokenizer_fingerprint(base), "corpus": corpus_fingerprint, "extend_vocab": cfg.extend_vocab,
                "min_frequency": cfg.min_frequency, "max_train_chars": cfg.max_train_chars, "kind": "extend-v1"}
-        return _cached(cfg, key, cache_dir, lambda: extend_tokenizer(
+        return _cached(key, cache_dir, lambda: extend_tokenizer(
             base, _limited(texts(), cfg.max_train_chars), cfg.extend_vocab, cfg.min_frequency)[0])
 
     key = {"corpus": corpus_fingerprint, "vocab_size": cfg.vocab_size, "lowercase": cfg.lowercase,
@@ -278,10 +277,18 @@ def get_tokenizer(
         log.info("Training a %s tokenizer (vocab %d) on the training corpus", cfg.algorithm, cfg.vocab_size)
         return train_tokenizer(cfg, texts())
 
-    return _cached(cfg, key, cache_dir, train)
+    return _cached(key, cache_dir, train)
 
 
-def _cached(cfg: TokenizerConfig, key: dict, cache_dir, make: Callable[[], object]):
+def load_base_tokenizer(cfg: TokenizerConfig, init_from: str | None):
+    """The tokenizer a run starts from: ``tokenizer.name_or_path``'s, else ``model.init_from``'s
+    (the one ``tokenizer.extend_vocab`` extends)."""
+    if cfg.name_or_path:
+        return load_tokenizer(cfg.name_or_path)
+    return load_tokenizer(init_from, setting="model.init_from")
+
+
+def _cached(key: dict, cache_dir, make: Callable[[], object]):
     """The tokenizer cached under ``cache_dir/tokenizers/<hash of key>``, else ``make()``'s, cached."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     target = Path(cache_dir) / "tokenizers" / digest

@@ -18,7 +18,7 @@ from mlmkit.config import Config, parse_duration
 from mlmkit.data import streaming
 from mlmkit.data.packing import prepare_datasets, warn_small_validation
 from mlmkit.data.sources import corpus_fingerprint, load_corpus
-from mlmkit.data.tokenizer import get_tokenizer, load_tokenizer
+from mlmkit.data.tokenizer import get_tokenizer, load_base_tokenizer, load_tokenizer
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.architectures import fit_tokenizer
@@ -255,8 +255,7 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
     if cfg.tokenizer.extend_vocab and cfg.model.init_from:
-        base = (load_tokenizer(cfg.tokenizer.name_or_path) if cfg.tokenizer.name_or_path
-                else load_tokenizer(cfg.model.init_from, setting="model.init_from"))
+        base = load_base_tokenizer(cfg.tokenizer, cfg.model.init_from)
     model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn, base_tokenizer=base)
     if base is not None:
         log.info("Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
