@@ -4,7 +4,8 @@
     mlmkit plot multirun/<date>/<time>/* --out lr-sweep.png
 
 Four panels against the optimizer step: training loss, validation accuracy (masked
-tokens; the dashed line is the majority-token baseline), learning rate and tokens/s.
+tokens; the dashed line is the majority-token baseline), learning rate and tokens/s; a fifth,
+the probe's dev accuracy on its labelled task, when a run probed (``probe.every``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ PANELS = [  # (event, key, title)
     ("train", "lr", "learning rate"),
     ("train", "tokens_per_s", "tokens/s"),
 ]
+PROBE_PANEL = ("probe", "probe_accuracy", "linear probe, dev accuracy (frozen encoder)")
 
 
 def run_label(run: Path, runs: list[Path]) -> str:
@@ -46,8 +48,12 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
         if not (run / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{str(run)!r} has no metrics.jsonl; pass run dirs (outputs/<run>).")
         loaded.append((run_label(run, runs), read_metrics(run)))
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
-    for ax, (kind, key, title) in zip(axes.flat, PANELS):
+    probed = any(e["event"] == "probe" for _, events in loaded for e in events)
+    panels = PANELS + [PROBE_PANEL] if probed else PANELS
+    fig, axes = plt.subplots(2, 3 if probed else 2, figsize=(18 if probed else 12, 8), constrained_layout=True)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (kind, key, title) in zip(axes.flat, panels):
         for i, (label, events) in enumerate(loaded):
             points = [(e["step"], e[key]) for e in events
                       if e["event"] == kind and _number(e.get("step")) and _number(e.get(key))]

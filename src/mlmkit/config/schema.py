@@ -522,64 +522,6 @@ class LoggerConfig:
 
 
 @dataclass
-class Config:
-    """A whole run."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    masking: MaskingConfig = field(default_factory=MaskingConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-
-    def __post_init__(self) -> None:
-        _check(
-            self.masking.mlm_probability_end is None or self.masking.on_device
-            or self.train.num_workers == 0,
-            "masking.mlm_probability_end (a mask-rate schedule) needs train.num_workers=0 or "
-            "masking.on_device=true, since worker processes cannot see the current step.",
-        )
-        _check(
-            not self.tokenizer.extend_vocab or self.model.init_from,
-            "tokenizer.extend_vocab adds words to the vocabulary of the model continued from; "
-            "set model.init_from, or tokenizer.extend_vocab=0.",
-        )
-        if self.model.init_from is None:
-            _check(
-                self.data.max_seq_length <= self.model.max_position_embeddings,
-                f"data.max_seq_length ({self.data.max_seq_length}) is larger than "
-                f"model.max_position_embeddings ({self.model.max_position_embeddings}); "
-                "lower data.max_seq_length or raise model.max_position_embeddings.",
-            )
-
-
-@dataclass
-class EvalConfig:
-    """``mlmkit eval``: MLM figures of a checkpoint on a corpus (conf/evaluate.yaml)."""
-
-    # An exported model dir (a run's final/, any BertForMaskedLM dir), a run dir (its final/,
-    # else its latest checkpoint) or a checkpoints/step_* folder of a run.
-    checkpoint: str | None = None
-    data: DataConfig = field(default_factory=DataConfig)
-    # Text files evaluated whole (all their blocks, up to data.max_eval_samples); empty: the
-    # validation split of ``data``, the one a training run with the same data evaluates on.
-    files: list[str] = field(default_factory=list)
-    masking: MaskingConfig = field(default_factory=MaskingConfig)  # eval_mlm_probability, eval_seed
-    batch_size: int = 32
-    precision: str = "auto"  # auto | no | fp16 | bf16
-    output: str | None = None  # also write the figures to this JSON file
-    paths: PathsConfig = field(default_factory=PathsConfig)
-
-    def __post_init__(self) -> None:
-        _check(bool(self.checkpoint),
-               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
-        _check(self.batch_size >= 1, "batch_size must be at least 1.")
-        check_precision(self.precision, "precision")
-
-
-@dataclass
 class TaskConfig:
     """A sentence(-pair) classification or regression task: GLUE's TSV files, the Hub, or a
     user's own TSV, CSV or JSONL files (conf/task/files.yaml)."""
@@ -628,6 +570,89 @@ class TaskConfig:
             _check(self.kind == "classification" or m in ("pearson", "spearman"),
                    f"task.metrics: {m} scores classes, and task.kind=regression predicts a score; "
                    "use spearman or pearson.")
+
+
+@dataclass
+class ProbeConfig:
+    """Linear probes during pretraining (``mlmkit.evaluation.probe``): every ``every`` steps the
+    frozen encoder embeds a labelled task's sentences (mean-pooled) and a logistic regression
+    fitted on them is scored on its dev set, logged as a ``probe`` event (metrics.jsonl, the
+    trackers, ``mlmkit plot``); a new run probes its random init at step 0 too."""
+
+    every: int = 0  # optimizer steps between probes (0: no probe)
+    task: TaskConfig = field(default_factory=TaskConfig)  # a classification task (conf/task/)
+    max_train_samples: int | None = 10000  # the first N training examples (null: all)
+    max_eval_samples: int | None = None  # the first N dev examples (null: all)
+    max_seq_length: int = 64  # longer sentences are truncated
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, f"probe.every must not be negative, got {self.every}.")
+        _check(self.task.kind == "classification",
+               f"probe.task={self.task.name} is a regression task; a probe classifies: choose "
+               "a classification task (task@probe.task=sst2, cola, rte or files).")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            _check(value is None or value >= 2, f"probe.{name} must be at least 2 (or null for all), got {value}.")
+        _check(self.max_seq_length >= 8, f"probe.max_seq_length must be at least 8, got {self.max_seq_length}.")
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.masking.mlm_probability_end is None or self.masking.on_device
+            or self.train.num_workers == 0,
+            "masking.mlm_probability_end (a mask-rate schedule) needs train.num_workers=0 or "
+            "masking.on_device=true, since worker processes cannot see the current step.",
+        )
+        _check(
+            not self.tokenizer.extend_vocab or self.model.init_from,
+            "tokenizer.extend_vocab adds words to the vocabulary of the model continued from; "
+            "set model.init_from, or tokenizer.extend_vocab=0.",
+        )
+        if self.model.init_from is None:
+            _check(
+                self.data.max_seq_length <= self.model.max_position_embeddings,
+                f"data.max_seq_length ({self.data.max_seq_length}) is larger than "
+                f"model.max_position_embeddings ({self.model.max_position_embeddings}); "
+                "lower data.max_seq_length or raise model.max_position_embeddings.",
+            )
+
+
+@dataclass
+class EvalConfig:
+    """``mlmkit eval``: MLM figures of a checkpoint on a corpus (conf/evaluate.yaml)."""
+
+    # An exported model dir (a run's final/, any BertForMaskedLM dir), a run dir (its final/,
+    # else its latest checkpoint) or a checkpoints/step_* folder of a run.
+    checkpoint: str | None = None
+    data: DataConfig = field(default_factory=DataConfig)
+    # Text files evaluated whole (all their blocks, up to data.max_eval_samples); empty: the
+    # validation split of ``data``, the one a training run with the same data evaluates on.
+    files: list[str] = field(default_factory=list)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)  # eval_mlm_probability, eval_seed
+    batch_size: int = 32
+    precision: str = "auto"  # auto | no | fp16 | bf16
+    output: str | None = None  # also write the figures to this JSON file
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.checkpoint),
+               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(self.batch_size >= 1, "batch_size must be at least 1.")
+        check_precision(self.precision, "precision")
 
 
 @dataclass

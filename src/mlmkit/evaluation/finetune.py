@@ -360,6 +360,56 @@ def freeze_encoder(model) -> None:
     log.info("freeze_encoder: the encoder is frozen; %d parameters train (pooler and classifier)", trainable)
 
 
+class FrozenEncoderCache:
+    """With the encoder frozen (linear probing) its states are the same every epoch: the
+    classifier's encoder (``model.base_model``) runs once per distinct input row, without
+    dropout, and later batches read its token states back. The trainable parts still run on
+    every step: BERT's pooler (which sits in the encoder module) and every layer after it.
+    Memory: the token states of every distinct row (rows x tokens x hidden)."""
+
+    def __init__(self, model) -> None:
+        self.encoder = model.base_model
+        self.forward = self.encoder.forward  # the module's own forward, restored by close()
+        self.states: dict[bytes, torch.Tensor] = {}
+        self.encoder.forward = self  # nn.Module.__call__ looks forward up on the instance first
+
+    def __call__(self, input_ids=None, attention_mask=None, **kwargs):
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        keep = attention_mask.bool()
+        keys = [ids[row].cpu().numpy().tobytes() for ids, row in zip(input_ids, keep)]
+        new = sorted({i for i, key in enumerate(keys) if key not in self.states})
+        if new:
+            self._encode(input_ids[new], attention_mask[new], keep[new], [keys[i] for i in new],
+                         {k: v[new] if torch.is_tensor(v) and v.shape[:1] == input_ids.shape[:1] else v
+                          for k, v in kwargs.items()})
+        hidden = self.states[keys[0]]
+        out = hidden.new_zeros(*input_ids.shape, hidden.shape[-1])
+        for i, key in enumerate(keys):
+            out[i, keep[i]] = self.states[key]
+        pooler = getattr(self.encoder, "pooler", None)
+        return BaseModelOutputWithPooling(last_hidden_state=out,
+                                          pooler_output=pooler(out) if pooler is not None else None)
+
+    @torch.no_grad()
+    def _encode(self, input_ids, attention_mask, keep, keys, kwargs) -> None:
+        was_training = self.encoder.training
+        self.encoder.eval()
+        try:
+            hidden = self.forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)[0]
+        finally:
+            self.encoder.train(was_training)
+        for key, row, mask in zip(keys, hidden, keep):
+            self.states[key] = row[mask].clone()
+
+    def close(self) -> None:
+        """The encoder's own forward again (before the model is saved or used elsewhere)."""
+        del self.encoder.forward
+        self.states.clear()
+
+
 # ---- loop -----------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -467,8 +517,13 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
              cfg.init, cfg.pooling, cfg.task.name, len(train_set), len(eval_set), total)
 
     t0 = time.perf_counter()
-    step, results, preds = fit_classifier(accelerator, model, optimizer, scheduler, train_loader,
-                                          eval_loader, total, cfg.task, metrics)
+    cache = FrozenEncoderCache(accelerator.unwrap_model(model)) if cfg.freeze_encoder else None
+    try:
+        step, results, preds = fit_classifier(accelerator, model, optimizer, scheduler, train_loader,
+                                              eval_loader, total, cfg.task, metrics)
+    finally:
+        if cache is not None:
+            cache.close()
     summary = {"task": cfg.task.name, "checkpoint": str(source), "init": cfg.init, "pooling": cfg.pooling,
                "steps": step, "train_examples": len(train_set), "eval_examples": len(eval_set),
                "seconds": round(time.perf_counter() - t0, 1),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.config import Config
+from mlmkit.evaluation.probe import probe_for_run
 from mlmkit.export.final import export_final, without_tied_copies
 from mlmkit.training import lock as run_lock
 from mlmkit.training.trainer import Trainer
@@ -28,8 +29,11 @@ def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) ->
 
     Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
     """
+    probe = probe_for_run(cfg.probe)  # its data read, or refused, before the run dir is touched
+    if probe is not None:
+        notes = (*notes, probe.describe(cfg.probe.every))
     try:
-        trainer = Trainer(cfg, Path(run_dir), notes)
+        trainer = Trainer(cfg, Path(run_dir), notes, probe)
         trainer.resume()
         last_eval = trainer.fit()
         export_run(trainer, last_eval)

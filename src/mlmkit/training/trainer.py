@@ -62,9 +62,11 @@ class LogWindow:
 class Trainer:
     """A run: its parts (built by ``setup``), its state, and the loop over them."""
 
-    def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = ()) -> None:
-        """``notes``: lines for the log from before it opened (what composition chose)."""
-        self.cfg, tc = cfg, cfg.train
+    def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = (), probe=None) -> None:
+        """``notes``: lines for the log from before it opened (what composition chose);
+        ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
+        ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``)."""
+        self.cfg, tc, self.probe = cfg, cfg.train, probe
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
         for note in notes:
             log.info(note)
@@ -132,6 +134,8 @@ class Trainer:
             self.record({"event": "baseline", "step": 0, **self.baseline})
             log.info("Baseline: always predicting %r scores eval accuracy %.4f",
                      self.baseline["baseline_token"], self.baseline["baseline_accuracy"])
+            if self.probe is not None:  # the random init, for the curve to start from
+                self.run_probe()
 
     def fit(self) -> dict[str, Any]:
         """Optimizer steps until the first budget is spent; log, evaluate and checkpoint on
@@ -153,6 +157,9 @@ class Trainer:
                 # evaluate on the fixed validation batches
                 if (tc.eval_every and state.step % tc.eval_every == 0) or last:
                     last_eval = self._paused(window, self.evaluate)
+                # probe the frozen encoder on a labelled task (probe.every)
+                if self.probe is not None and (state.step % self.cfg.probe.every == 0 or last):
+                    self._paused(window, self.run_probe)
                 # checkpoint; a stop signal saves one and ends the run
                 stop = signals.requested(acc)
                 if tc.save_every and state.step % tc.save_every == 0 and state.bad_steps and not (last or stop):
@@ -224,6 +231,17 @@ class Trainer:
                  self.state.step, figures["eval_loss"], figures["eval_perplexity"], figures["eval_accuracy"],
                  figures["eval_accuracy_stderr"], figures["eval_tokens"])
         return figures
+
+    def run_probe(self) -> None:
+        """A ``probe`` event: the probe's figures for the encoder as it is now (every rank
+        takes part, as sharded weights need; the run's autocast, as its evaluation)."""
+        model = self.accelerator.unwrap_model(self.objective).model
+        with self.accelerator.autocast():
+            figures = self.probe.score(model.base_model, self.tokenizer)
+        self.record({"event": "probe", "step": self.state.step, **figures})
+        log.info("step %d | probe %s accuracy %.4f (%d training, %d dev examples, %.1f s)", self.state.step,
+                 figures.get("probe_task"), figures["probe_accuracy"], figures.get("probe_train_examples", 0),
+                 figures.get("probe_eval_examples", 0), figures.get("probe_seconds", 0.0))
 
     def save(self) -> None:
         loop_state = {**self.state.state_dict(), "settings": asdict(self.cfg), **self.data_identity}

@@ -1,0 +1,115 @@
+"""Linear probes (mlmkit.evaluation.probe): the regression, the sentence vectors, the task's
+data, and the probes a pretraining run logs (probe.every)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from batches import _model
+from runs import events, run_train
+
+from mlmkit.config import ProbeConfig, TaskConfig
+from mlmkit.errors import ConfigError, DataError
+from mlmkit.evaluation.probe import LinearProbe, fit_and_score, probe_for_run, sentence_vectors
+
+
+def _gaussians(n: int, shift: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    x = torch.randn(n, 16, generator=g)
+    x[:, 3] += shift * (2 * y - 1)  # one informative direction, the rest noise
+    return x * 5 + 3, y  # not standardised: fit_and_score standardises
+
+
+def test_the_regression_finds_a_separable_direction_and_not_one_in_noise():
+    x, y = _gaussians(600, 3.0, seed=0)
+    dx, dy = _gaussians(400, 3.0, seed=1)
+    figures = fit_and_score(x, y, dx, dy, n_classes=2)
+    assert figures["probe_accuracy"] > 0.97 and figures["probe_train_accuracy"] > 0.97
+    # labels drawn apart from the vectors: nothing to find, chance on the dev set
+    noise = fit_and_score(x, torch.randint(0, 2, (600,), generator=torch.Generator().manual_seed(2)),
+                          dx, dy, n_classes=2)
+    assert 0.38 < noise["probe_accuracy"] < 0.62
+    assert noise["probe_l2"] >= figures["probe_l2"]  # the held-out fifth asks for more penalty on noise
+
+
+def test_sentence_vectors_do_not_depend_on_batching_or_padding(tokenizer):
+    model = _model(tokenizer)
+    model.train()
+    texts = [["a short one"], ["a much longer sentence that needs more tokens than the others do"],
+             ["two"], ["the third sentence, of middling length"]]
+    together = sentence_vectors(model.base_model, tokenizer, texts, batch_size=3)
+    alone = torch.cat([sentence_vectors(model.base_model, tokenizer, [t], batch_size=1) for t in texts])
+    assert together.shape == (4, model.config.hidden_size)
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-5)  # rows in the caller's order
+    assert model.training  # eval mode only for the vectors
+    pairs = sentence_vectors(model.base_model, tokenizer, [["a premise", "a hypothesis"], ["b", "c"]])
+    assert pairs.shape == (2, model.config.hidden_size) and torch.isfinite(pairs).all()
+
+
+def _write_task(folder, n_train=80, n_dev=40):
+    """A sentiment task any encoder can learn from its words: a positive or a negative word
+    in otherwise shared sentences (GLUE's SST-2 layout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good, bad = ["wonderful", "moving", "superb", "delightful"], ["dreadful", "tedious", "awful", "clumsy"]
+    frames = ["the film is {}", "a {} story about a family", "{} acting from the whole cast", "it was {} to watch"]
+    for name, n, offset in (("train.tsv", n_train, 0), ("dev.tsv", n_dev, 1)):
+        lines = ["sentence\tlabel"]
+        for i in range(n):
+            label = i % 2
+            word = (good if label else bad)[(i // 2 + offset) % 4]
+            lines.append(f"{frames[(i // 8 + offset) % 4].format(word)}\t{label}")
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_a_probe_reads_its_task_and_refuses_what_it_cannot_use(tmp_path):
+    folder = _write_task(tmp_path / "task")
+    probe = probe_for_run(ProbeConfig(every=5, task=TaskConfig(data_dir=str(folder)), max_train_samples=60))
+    assert len(probe.train_texts) == 60 and len(probe.eval_texts) == 40 and probe.n_classes == 2
+    assert probe_for_run(ProbeConfig(every=0)) is None  # no probe asked for: no data read
+    with pytest.raises(DataError, match=r"probe\.task\.data_dir"):  # the setting's name in a run
+        probe_for_run(ProbeConfig(every=5, task=TaskConfig(data_dir=str(tmp_path / "absent"))))
+    with pytest.raises(ConfigError, match="regression task; a probe classifies"):
+        ProbeConfig(every=5, task=TaskConfig(kind="regression", labels=[], metrics=[]))
+    (folder / "one.tsv").write_text("sentence\tlabel\nonly good\t1\nstill good\t1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="hold one class"):
+        LinearProbe.from_task(TaskConfig(data_dir=str(folder), train_file="one.tsv"))
+
+
+@pytest.mark.slow
+def test_a_run_probes_its_random_init_every_n_steps_and_at_the_end(tmp_path, cache_dir):
+    from PIL import Image
+
+    from mlmkit.cli.plot import main as plot_main
+
+    folder = _write_task(tmp_path / "task")
+    run = tmp_path / "run"
+    run_train(run, cache_dir, "train.max_steps=12", "train.eval_every=6", "logger=none",
+              "probe.every=5", f"probe.task.data_dir={folder}")
+    probes = events(run, "probe")
+    assert [p["step"] for p in probes] == [0, 5, 10, 12]  # the random init, every 5, the last step
+    for p in probes:
+        assert 0.0 <= p["probe_accuracy"] <= 1.0 and p["probe_task"] == "sst2"
+        assert p["probe_train_examples"] == 80 and p["probe_eval_examples"] == 40
+    log = (run / "train.log").read_text()
+    assert "Probe: sst2, 80 training and 40 dev examples, every 5 steps" in log
+    assert "step 12 | probe sst2 accuracy" in log
+    # the curves gain the probe's panel
+    assert plot_main([str(run)]) == 0
+    with Image.open(run / "curves.png") as im:
+        assert im.size == (1800, 800)
+    # a resume probes on from where it was, not its random init again
+    run_train(run, cache_dir, "train.max_steps=16", "train.eval_every=6", "logger=none",
+              "probe.every=5", f"probe.task.data_dir={folder}", "train.resume=auto")
+    assert [p["step"] for p in events(run, "probe")] == [0, 5, 10, 12, 15, 16]
+
+
+def test_a_missing_probe_task_is_refused_before_the_run_writes_anything(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    proc = run_train(run, cache_dir, "train.max_steps=2", "logger=none", "probe.every=1",
+                     f"probe.task.data_dir={tmp_path / 'nowhere'}", check=False)
+    assert proc.returncode != 0
+    assert "probe.task.data_dir" in proc.stderr and "Traceback" not in proc.stderr
+    # nothing but Hydra's record of the command line (.hydra/, written before any run starts)
+    assert [p for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts] == []
