@@ -22,6 +22,8 @@ import accelerate
 from accelerate.state import PartialState
 from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
 
+from mlmkit.training import setup
+
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "false").lower() == "true"
@@ -50,6 +52,9 @@ class EngineOnCPU(accelerate.Accelerator):
 
 
 accelerate.Accelerator = EngineOnCPU
+# mlmkit's setup took accelerate's name when it was imported: before this file in a process
+# forked from the tests' fork server (tests/fork_client.py), which has imported mlmkit
+setup.Accelerator = EngineOnCPU
 root = Path(__file__).resolve().parents[1]
 sys.argv = [str(root / "train.py"), *sys.argv[1:]]
 runpy.run_path(str(root / "train.py"), run_name="__main__")

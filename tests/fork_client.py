@@ -29,7 +29,8 @@ import tempfile
 import threading
 
 # run in the forked child (whose __main__ is tests/fork_server.py): the inherited ignored
-# signals, sys.executable, then the command as ``python <argv>`` runs it
+# signals, sys.executable, the PYTHONPATH entries the server lacks (after the script's folder,
+# where an interpreter puts them), then the command as ``python <argv>`` runs it
 PRELUDE = """
 import json, signal, sys
 
@@ -37,6 +38,7 @@ spec = json.loads(sys.argv.pop(1))
 for name in spec["ignore"]:
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 sys.executable = spec["executable"]
+sys.path[1:1] = [p for p in spec["pythonpath"] if p not in sys.path]
 sys.modules["__main__"]._run_argv(spec["argv"])  # the fork server's, as for any command
 """
 
@@ -83,12 +85,18 @@ def main() -> None:
     argv = command(args)
     if argv is None:
         fresh(config, args, "options the fork server does not take")
-    if stable(dict(os.environ), config) != config["env"]:
-        fresh(config, args, "other variables at import")
+    # PYTHONPATH (accelerate's DeepSpeed launcher adds the working folder) only adds folders
+    # to sys.path, which the child can do too: it does not keep a command from the server
+    here, served = stable(dict(os.environ), config), dict(config["env"])
+    pythonpath = [p for p in here.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    served.pop("PYTHONPATH", None)
+    if here != served:
+        differ = sorted(k for k in here.keys() | served.keys() if here.get(k) != served.get(k))
+        fresh(config, args, f"other variables at import: {', '.join(differ)}")
     if not os.path.exists(config["socket"]):
         fresh(config, args, "no fork server")
     ignored = [name for name in INHERITED if signal.getsignal(getattr(signal, name)) == signal.SIG_IGN]
-    spec = {"argv": argv, "ignore": ignored, "executable": config["executable"]}
+    spec = {"argv": argv, "ignore": ignored, "executable": config["executable"], "pythonpath": pythonpath}
     folder = tempfile.mkdtemp(prefix="mlmkit-client-")
     out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
     os.mkfifo(out)

@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# DS_ACCELERATOR: DeepSpeed's CPU accelerator, in the fork server and every command alike (a
+# command whose import-time variables differ from the server's starts a fresh interpreter)
+TEST_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu"}
 
 TINY = [
     "model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
@@ -85,6 +87,41 @@ IMPORT_TIME = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "
                "PYTHON", "LD_", "MLMKIT_TEST")
 RUN_TIME = ("TORCHINDUCTOR_", "PYTORCH_NVML_BASED_CUDA_CHECK", "KMP_DUPLICATE_LIB_OK",
             "KMP_INIT_AT_FORK")
+
+
+def write_fork_python(folder: Path) -> Path:
+    """``folder/python``: an interpreter for commands that start python themselves (shell
+    scripts, ``accelerate launch`` and its ranks, benchmarks): each command it runs is a child
+    of the fork server (tests/fork_client.py), and so are the commands that one starts with
+    ``sys.executable``; without a fork server, the real interpreter."""
+    python = folder / "python"
+    socket_path = _server_path()
+    if socket_path is None:  # no fork server (MLMKIT_TEST_FORK=0, or not Linux): the interpreter
+        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    else:
+        config = folder / "fork_client.json"
+        prefixes, runtime = list(IMPORT_TIME), [*RUN_TIME, "TORCHELASTIC_", "TORCH_NCCL_"]
+        # PYTHON (the scripts' interpreter setting) is no variable Python itself reads
+        env = {k: v for k, v in _server["env"].items()
+               if k.startswith(tuple(prefixes)) and not k.startswith(tuple(runtime)) and k != "PYTHON"}
+        config.write_text(json.dumps({
+            "socket": socket_path, "env": env, "prefixes": prefixes, "runtime": runtime,
+            "ignore": ["PYTHON"], "python": sys.executable, "executable": str(python),
+            "log": os.environ.get("MLMKIT_TEST_FORK_LOG")}))
+        client = ROOT / "tests" / "fork_client.py"
+        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -E -S "{client}" "{config}" "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+_fork_python: dict = {}
+
+
+def fork_python() -> str:
+    """This test process's ``write_fork_python`` interpreter (written on first use)."""
+    if "path" not in _fork_python:
+        _fork_python["path"] = str(write_fork_python(Path(tempfile.mkdtemp(prefix="mlmkit-python-"))))
+    return _fork_python["path"]
 
 
 def _stable(env: dict) -> dict:

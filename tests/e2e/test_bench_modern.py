@@ -8,10 +8,9 @@ import math
 import os
 import re
 import subprocess
-import sys
 
 import pytest
-from runs import ROOT
+from runs import ROOT, TEST_ENV, fork_python
 
 ROW = re.compile(r"^\| (bert-mini|modernbert-mini)(, documents)? \| ([\d,]+) \| [\d.]+ M \| (\d+\.\d+) \| ")
 
@@ -19,9 +18,9 @@ ROW = re.compile(r"^\| (bert-mini|modernbert-mini)(, documents)? \| ([\d,]+) \| 
 @pytest.mark.slow
 def test_modern_benchmark_trains_each_variant_for_the_budget(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "modern.py"), "--budget", "2", "--corpus", "builtin",
+    cmd = [fork_python(), str(ROOT / "benchmarks" / "modern.py"), "--budget", "2", "--corpus", "builtin",
            "--variant", "bert-mini, documents", "modernbert-mini", "--out", str(out)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [m for m in map(ROW.match, proc.stdout.splitlines()) if m]

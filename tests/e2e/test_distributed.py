@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, events, free_port, run_train
+from runs import ROOT, TEST_ENV, TINY, events, fork_python, free_port, run_train
 
 COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "train.log_every=1",
           "train.precision=no", "logger=none"]
@@ -19,8 +19,8 @@ COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "tr
 
 def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.CompletedProcess:
     """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "DS_ACCELERATOR": "cpu"}  # DeepSpeed's CPU accelerator, also where a GPU is present
+    # TEST_ENV's DS_ACCELERATOR: DeepSpeed's CPU accelerator, also where a GPU is present
+    env = {**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -98,10 +98,16 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
     assert events(resumed, "eval")[-1]["eval_loss"] == pytest.approx(eb["eval_loss"], rel=1e-6)
 
 
+# ``accelerate launch`` and its ranks as children of the fork server (runs.fork_python), which
+# has imported torch, transformers and DeepSpeed: about 10 s less a launch than fresh
+# interpreters. The DDP launches above stay true processes of the installed ``accelerate``.
+def forked_accelerate() -> list[str]:
+    return [fork_python(), "-m", "accelerate.commands.launch"]
+
+
 def launch_engine(config: str, run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as conf/accelerate/<config>.yaml sets it."""
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--main_process_port", free_port(), "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
+    cmd = [*forked_accelerate(), "--main_process_port", free_port(), "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
            "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
     return run_launch(cmd, timeout=300)
@@ -209,8 +215,7 @@ num_machines: 1
 num_processes: 1
 use_cpu: false
 """)
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--main_process_port", free_port(), "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
+    cmd = [*forked_accelerate(), "--main_process_port", free_port(), "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'run'}", *COMMON,
            "train.batch_size=8"]
     proc = run_launch(cmd, timeout=300, check=False)

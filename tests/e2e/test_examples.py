@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -38,23 +37,7 @@ def bin_dir(tmp_path_factory) -> Path:
     """A ``python`` that runs its commands in the fork server (tests/fork_client.py), and the
     SLURM stand-ins, in one folder for the front of PATH."""
     folder = tmp_path_factory.mktemp("bin")
-    python = folder / "python"
-    socket = runs._server_path()
-    if socket is None:  # no fork server (MLMKIT_TEST_FORK=0, or not Linux): the interpreter
-        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    else:
-        config = folder / "fork_client.json"
-        prefixes, runtime = list(runs.IMPORT_TIME), [*runs.RUN_TIME, "TORCHELASTIC_", "TORCH_NCCL_"]
-        # PYTHON (the scripts' interpreter setting) is no variable Python itself reads
-        env = {k: v for k, v in runs._server["env"].items()
-               if k.startswith(tuple(prefixes)) and not k.startswith(tuple(runtime)) and k != "PYTHON"}
-        config.write_text(json.dumps({
-            "socket": socket, "env": env, "prefixes": prefixes, "runtime": runtime,
-            "ignore": ["PYTHON"], "python": sys.executable, "executable": str(python),
-            "log": os.environ.get("MLMKIT_TEST_FORK_LOG")}))
-        client = ROOT / "tests" / "fork_client.py"
-        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -E -S "{client}" "{config}" "$@"\n')
-    python.chmod(0o755)
+    runs.write_fork_python(folder)
     for tool in FAKE_SLURM.iterdir():
         (folder / tool.name).symlink_to(tool)
     return folder
