@@ -18,6 +18,7 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator, as in runs.TEST_ENV
 
 
 def shared_file(relative: str) -> Path:

@@ -12,7 +12,7 @@ from mlmkit.errors import ConfigError
 
 CONF = ROOT / "conf"
 OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
-OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts")  # conf/<name>.yaml besides config.yaml, each tested below
+OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue")  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
@@ -61,6 +61,24 @@ def test_evaluate_config_composes_and_validates():
     with pytest.raises(ConfigError, match="checkpoint="):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             to_config(compose(config_name="evaluate"), EvalConfig)
+
+
+def test_glue_config_composes_and_validates():
+    from mlmkit.config import GlueConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="glue", overrides=["checkpoint=x", "protocol=modern", "seeds=[0,1]"])
+    glue = to_config(cfg, GlueConfig)
+    assert glue.tasks == ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"]
+    assert glue.protocol == "modern" and glue.seeds == [0, 1] and glue.lrs is None
+    for bad, message in ((["protocol=roberta"], "protocol must be one of bert, modern"),
+                         (["lrs=[]"], "lrs must list positive"), ([], "checkpoint=")):
+        with pytest.raises(ConfigError, match=message):
+            with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+                overrides = bad if bad == [] else ["checkpoint=x", *bad]
+                to_config(compose(config_name="glue", overrides=overrides), GlueConfig)
 
 
 @pytest.mark.parametrize("name,layers,hidden,heads", [
@@ -150,7 +168,7 @@ def test_presets_carry_a_learning_rate_that_falls_with_size():
     assert to_config(_compose(["optim.lr=2e-3", "model=bert-base"])).optim.lr == 2e-3
 
 
-TASKS = ("sst2", "cola", "rte", "stsb")
+TASKS = ("sst2", "cola", "rte", "stsb", "mrpc", "qqp", "mnli", "mnli_mm", "qnli", "wnli")
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -162,8 +180,9 @@ def test_finetune_config_composes_for_every_task(task):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="finetune", overrides=["checkpoint=x", f"task={task}"])
     ft = to_config(cfg, FinetuneConfig)
-    assert ft.task.name == task and ft.task.hub_name == task
+    assert ft.task.name == task and ft.task.hub_name == task.removesuffix("_mm")  # mnli's other dev set
     assert ("matthews_correlation" in ft.task.metrics) == (task == "cola")
+    assert ("f1" in ft.task.metrics) == (task in ("mrpc", "qqp"))
     assert (ft.task.kind == "regression") == (task == "stsb")
 
 

@@ -4,6 +4,7 @@
     mlmkit eval      checkpoint=outputs/<run>                  MLM figures of a model
     mlmkit eval-sts  checkpoint=outputs/<run> data_dir=<STS-B> zero-shot sentence similarity
     mlmkit finetune  checkpoint=outputs/<run> task=sst2        GLUE fine-tuning
+    mlmkit glue      checkpoint=outputs/<run> data_dir=<glue_data>  the GLUE table and average
     mlmkit export    outputs/<run>/checkpoints/step_0001000 out/  a checkpoint as a model dir
     mlmkit tokenizer data=files data.train_files=[a.txt] out=tok/
     mlmkit fill-mask outputs/<run>/final "The [MASK] is here."
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
     "eval-sts": ("mlmkit.cli.eval_sts", False, "zero-shot STS-B similarity of the model's sentence embeddings"),
     "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task or your own labelled files"),
+    "glue": ("mlmkit.cli.glue", False, "GLUE's tasks under one protocol: the table and its average"),
     "export": ("mlmkit.cli.export", True, "a checkpoint as a plain model dir (as final/)"),
     "tokenizer": ("mlmkit.cli.tokenizer", True, "train a tokenizer on a corpus"),
     "fill-mask": ("mlmkit.cli.fill_mask", True, "fill the [MASK] of a sentence"),

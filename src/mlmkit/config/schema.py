@@ -26,7 +26,7 @@ def _check(cond: bool, message: str) -> None:
 STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")  # masking.strategy
 PRECISIONS = ("auto", "no", "fp16", "bf16")  # train.precision, and precision= of eval and finetune
 # task.metrics: the metric scripts shipped in mlmkit.evaluation.metric_modules, one folder each
-METRICS = ("accuracy", "matthews_correlation", "pearson", "spearman")
+METRICS = ("accuracy", "f1", "matthews_correlation", "pearson", "spearman")
 DEFAULT_MAX_STEPS = 3000  # train.max_steps when no budget is set
 
 
@@ -727,3 +727,46 @@ class StsEvalConfig:
                f"(task.kind=regression, as task=stsb), got task={self.task.name}.")
         _check(len(self.task.text_columns) == 2,
                "task.text_columns must name the two sentence columns of each pair.")
+
+
+GLUE_PROTOCOLS = ("bert", "modern")
+
+
+@dataclass
+class GlueConfig:
+    """``mlmkit glue``: GLUE's tasks fine-tuned under one published protocol, the table a paper
+    prints and its average (conf/glue.yaml; mlmkit.evaluation.glue says what each protocol is)."""
+
+    checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
+    init: str = "pretrained"  # pretrained | random (the same architecture from scratch)
+    # a folder of GLUE's task folders as GLUE's download writes them (CoLA/, SST-2/, MRPC/, ...);
+    # null: the Hub's nyu-mll/glue
+    data_dir: str | None = None
+    tasks: list[str] = field(default_factory=lambda: ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"])
+    protocol: str = "bert"  # bert: Devlin et al. (2019) | modern: an lr grid, seeds' median, RTE/MRPC/STS-B from MNLI
+    lrs: list[float] | None = None  # the learning rates tried per task (null: the protocol's)
+    seeds: list[int] | None = None  # the seeds per learning rate (null: the protocol's)
+    epochs: float | None = None  # passes over each task's training set (null: the protocol's)
+    batch_size: int = 32
+    max_seq_length: int = 128
+    max_train_samples: int | None = None  # the first N training examples of each task (a quick look)
+    pooling: str = "mean"  # mean | cls ([CLS], as BERT)
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check(bool(self.checkpoint),
+               "Say which model to score: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(self.init in ("pretrained", "random"), f"init must be pretrained or random, got {self.init!r}.")
+        _check(self.protocol in GLUE_PROTOCOLS,
+               f"protocol must be one of {', '.join(GLUE_PROTOCOLS)}, got {self.protocol!r}.")
+        _check(bool(self.tasks), "tasks is empty; list GLUE tasks, e.g. tasks=[sst2,rte].")
+        _check(self.lrs is None or (len(self.lrs) > 0 and all(lr > 0 for lr in self.lrs)),
+               "lrs must list positive learning rates (or be null for the protocol's).")
+        _check(self.seeds is None or len(self.seeds) > 0, "seeds must list at least one seed (or be null).")
+        _check(self.epochs is None or self.epochs > 0, "epochs must be positive (or null for the protocol's).")
+        _check(self.batch_size >= 1, "batch_size must be at least 1.")
+        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
+        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
+        _check(self.max_train_samples is None or self.max_train_samples >= 1,
+               "max_train_samples must be at least 1 (or null for all).")
+        check_precision(self.precision, "precision")

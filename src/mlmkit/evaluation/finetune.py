@@ -118,9 +118,11 @@ def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
 
 def _delimited_rows(path: Path, task: TaskConfig, fmt: str, setting: str):
     """``(column names, rows)`` of a TSV or CSV file; a row with too few fields is None, blank
-    lines are left out; names are None for a file without a line."""
+    lines are left out; names are None for a file without a line. A UTF-8 byte-order mark
+    before the first line is dropped (GLUE's MRPC files start with one: its download script
+    copies the header line of Microsoft's msr_paraphrase_train.txt, mark and all)."""
     csv.field_size_limit(1 << 24)
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
         reader, lines, end = csv.reader(f, **CSV_DIALECTS[fmt]), [], 0
         for fields in reader:
             if fields:  # a blank line is no row
@@ -274,6 +276,26 @@ def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
     return examples_of(rows, path, task), load_split(task, "eval")
 
 
+def _hub_columns(task: TaskConfig, features) -> tuple[list[str], str]:
+    """The Hub dataset's text and label columns for the task's: the same names where the
+    dataset has them, else its ``label`` and its text (string) columns in order. The Hub's
+    ``glue`` renames GLUE's file columns: MRPC's ``#1 String`` / ``#2 String`` are
+    ``sentence1`` / ``sentence2``, MNLI's ``sentence1`` / ``sentence2`` ``premise`` /
+    ``hypothesis``, and every task's label (``Quality``, ``is_duplicate``, ``gold_label``,
+    ``score``) is ``label``."""
+    label = task.label_column if task.label_column in features else "label"
+    texts = list(task.text_columns)
+    if any(c not in features for c in texts):
+        strings = [name for name, f in features.items() if getattr(f, "dtype", None) == "string"]
+        texts = strings if len(strings) == len(texts) else texts
+    missing = [c for c in (*texts, label) if c not in features]
+    if missing:
+        raise DataError(f"{task.hub_path} ({task.hub_name}) has no column {missing[0]!r} (columns: "
+                        f"{', '.join(features)}); set task.text_columns and task.label_column to its "
+                        "columns, or task.data_dir to a folder of the task's files.")
+    return texts, label
+
+
 def _from_hub(task: TaskConfig, splits: list[str]) -> list[list[dict[str, Any]]]:
     import datasets
 
@@ -286,8 +308,9 @@ def _from_hub(task: TaskConfig, splits: list[str]) -> list[list[dict[str, Any]]]
         ) from None
 
     def rows(split):
-        labelled = ((r, _hub_label(task, r[task.label_column])) for r in ds[split])
-        return [{"text": [r[c] for c in task.text_columns], "label": label}
+        texts, label_column = _hub_columns(task, ds[split].features)
+        labelled = ((r, _hub_label(task, r[label_column])) for r in ds[split])
+        return [{"text": [r[c] for c in texts], "label": label}
                 for r, label in labelled if label is not None]
 
     return [rows(split) for split in splits]
@@ -486,6 +509,7 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     use_cpu = runs_on_cpu()
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu,
                                                                               setting="precision"))

@@ -1,0 +1,110 @@
+"""mlmkit glue: the protocols, the choice of a task's score, the average and its table, and
+the command on GLUE-layout folders (tiny ones, from test_glue_tasks.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from runs import python_run
+from test_glue_tasks import GLUE, _write
+
+from mlmkit.config import GlueConfig
+from mlmkit.errors import ConfigError
+from mlmkit.evaluation.glue import (
+    TASKS,
+    TaskResult,
+    average,
+    check_tasks,
+    choose,
+    glue,
+    protocol_of,
+    table,
+)
+
+
+def _glue_data(root, names):
+    """A glue_data/ folder as GLUE's download writes it, with the tasks ``names``."""
+    root.mkdir()
+    for name in names:
+        _write(root / TASKS[name].folder, GLUE[name][0])
+    return root
+
+
+def test_protocols_are_the_published_ones_and_settings_replace_their_values():
+    bert = protocol_of(GlueConfig(checkpoint="x"))
+    assert (bert.lrs, bert.seeds, bert.epochs, bert.from_mnli) == ([5e-5, 4e-5, 3e-5, 2e-5], [0], 3.0, False)
+    modern = protocol_of(GlueConfig(checkpoint="x", protocol="modern"))
+    assert modern.from_mnli and len(modern.seeds) == 3 and modern.small_epochs == 10.0
+    assert "median over seeds" in modern.describe() and "from the MNLI-fine-tuned weights" in modern.describe()
+    mine = protocol_of(GlueConfig(checkpoint="x", protocol="modern", lrs=[1e-4], seeds=[7], epochs=2))
+    assert (mine.lrs, mine.seeds, mine.epochs, mine.small_epochs) == ([1e-4], [7], 2, 2)
+    with pytest.raises(ConfigError, match="'mnli-m' is not a GLUE task; choose from cola, sst2"):
+        check_tasks(["sst2", "mnli-m"])
+
+
+def test_a_tasks_score_is_the_median_over_seeds_at_the_best_learning_rate():
+    runs = [{"lr": 1e-5, "seed": s, "score": v, "metrics": {"accuracy": v}} for s, v in enumerate((0.9, 0.5, 0.6))]
+    runs += [{"lr": 3e-5, "seed": s, "score": v, "metrics": {"accuracy": v}} for s, v in enumerate((0.7, 0.8, 0.1))]
+    lr, score, figures = choose(TASKS["rte"], runs)
+    assert (lr, score, figures) == (3e-5, 0.7, {"accuracy": 0.7})  # medians 0.6 and 0.7; 0.9 is one seed's luck
+    lr, score, _ = choose(TASKS["rte"], runs[:1] + runs[3:4])  # one seed each: the best run
+    assert (lr, score) == (1e-5, 0.9)
+
+
+def test_the_average_covers_glues_eight_without_wnli_and_says_how_many():
+    results = {n: TaskResult(n) for n in ("cola", "mrpc", "mnli", "wnli")}
+    results["cola"].score, results["cola"].metrics = 0.2, {"matthews_correlation": 0.2}
+    results["mrpc"].score, results["mrpc"].metrics = 0.75, {"f1": 0.8, "accuracy": 0.7}
+    results["mnli"].score, results["mnli"].metrics = 0.6, {"accuracy": 0.62, "accuracy_mm": 0.58}
+    results["wnli"].score, results["wnli"].metrics = 0.56, {"accuracy": 0.56}
+    score, covered = average(results)
+    assert covered == ["cola", "mrpc", "mnli"] and score == pytest.approx((0.2 + 0.75 + 0.6) / 3)
+    lines = table("my-bert", results, ["cola", "mrpc", "mnli", "wnli"]).splitlines()
+    assert lines[0] == "| model | CoLA | MRPC | MNLI-m/mm | WNLI | GLUE (3 of 8) |"
+    assert lines[2] == "| my-bert | 20.0 | 80.0/70.0 | 62.0/58.0 | 56.0 | 51.7 |"
+
+
+@pytest.mark.slow
+def test_glue_command_prints_the_table_skips_missing_tasks_and_writes_its_results(tmp_path, trained_run):
+    data = _glue_data(tmp_path / "glue_data", ["sst2", "cola", "mrpc"])
+    out = tmp_path / "glue"
+    proc = python_run("-m", "mlmkit", "glue", f"checkpoint={trained_run}", f"data_dir={data}",
+                      "tasks=[cola,sst2,mrpc,rte]", "lrs=[1e-3,3e-4]", "epochs=1", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| model | CoLA | SST-2 | MRPC | RTE | GLUE (3 of 8) |" in proc.stdout
+    assert f"Skipped rte: no {data / 'RTE' / 'train.tsv'}" in proc.stdout
+    assert "Protocol bert: lr {0.001, 0.0003}, seeds {0}, 1 epochs, the best dev score." in proc.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["average_tasks"] == ["cola", "sst2", "mrpc"]
+    for name in ("cola", "sst2", "mrpc"):
+        task = results["tasks"][name]
+        assert [(r["lr"], r["seed"]) for r in task["runs"]] == [(1e-3, 0), (3e-4, 0)]
+        assert task["score"] == max(r["score"] for r in task["runs"])  # one seed: the best run
+        assert (out / name / "lr0.001-seed0" / "model" / "config.json").is_file()
+    mrpc = results["tasks"]["mrpc"]
+    assert mrpc["score"] == pytest.approx((mrpc["metrics"]["f1"] + mrpc["metrics"]["accuracy"]) / 2)
+    scores = [results["tasks"][n]["score"] for n in ("cola", "sst2", "mrpc")]
+    assert results["average"] == pytest.approx(sum(scores) / 3)
+    assert results["table"] in (out / "results.md").read_text()
+    assert (out / "glue.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_modern_protocol_starts_rte_from_mnli_and_scores_mnli_on_both_dev_sets(tmp_path, trained_run):
+    data = _glue_data(tmp_path / "glue_data", ["mnli", "rte"])
+    (data / "MNLI" / "dev_mismatched.tsv").write_text((data / "MNLI" / "dev_matched.tsv").read_text())
+    cfg = GlueConfig(checkpoint=str(trained_run), data_dir=str(data), tasks=["rte", "mnli"], protocol="modern",
+                     lrs=[1e-3], seeds=[0, 1], epochs=1, max_train_samples=8)
+    results = glue(cfg, tmp_path / "glue")
+    mnli, rte = results["tasks"]["mnli"], results["tasks"]["rte"]
+    assert [r["seed"] for r in mnli["runs"]] == [0, 1]
+    for run in mnli["runs"]:  # the mismatched set is the matched one here: the same accuracy
+        assert run["metrics"]["accuracy_mm"] == pytest.approx(run["metrics"]["accuracy"])
+        assert run["score"] == pytest.approx(run["metrics"]["accuracy"])
+    best_mnli = max(mnli["runs"], key=lambda r: r["score"])["model"]
+    log = (tmp_path / "glue" / "rte" / "lr0.001-seed0" / "metrics.jsonl")
+    assert log.is_file() and results["average_tasks"] == ["mnli", "rte"]
+    settings = json.loads((tmp_path / "glue" / "rte" / "lr0.001-seed0" / "results.json").read_text())
+    assert settings["checkpoint"] == best_mnli  # RTE fine-tuned from the MNLI model
+    assert rte["score"] == pytest.approx(sorted(r["score"] for r in rte["runs"])[0])  # the lower middle of 2
