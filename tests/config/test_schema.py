@@ -12,7 +12,7 @@ from mlmkit.errors import ConfigError
 
 CONF = ROOT / "conf"
 OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
-OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue")  # conf/<name>.yaml besides config.yaml, each tested below
+OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue", "eval_retrieval")  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
@@ -213,6 +213,25 @@ def test_eval_sts_config_composes_and_validates():
         cfg = compose(config_name="eval_sts", overrides=["checkpoint=x", "pooling=cls"])
     sts = to_config(cfg, StsEvalConfig)
     assert sts.checkpoint == "x" and sts.pooling == "cls"
+
+
+def test_eval_retrieval_config_composes_and_validates():
+    from mlmkit.config import RetrievalEvalConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="eval_retrieval", overrides=["checkpoint=x", "data_dir=beir/scifact"])
+        bad = compose(config_name="eval_retrieval", overrides=["checkpoint=x", "data_dir=d", "pooling=max"])
+        no_data = compose(config_name="eval_retrieval", overrides=["checkpoint=x"])
+    ev = to_config(cfg, RetrievalEvalConfig)
+    assert ev.checkpoint == "x" and ev.data_dir == "beir/scifact"
+    # the defaults of conf/eval_retrieval.yaml: BEIR's test judgments, final/'s mean pooling and length
+    assert (ev.split, ev.pooling, ev.max_seq_length, ev.init) == ("test", "mean", None, "pretrained")
+    with pytest.raises(ConfigError, match="pooling must be cls or mean"):
+        to_config(bad, RetrievalEvalConfig)
+    with pytest.raises(ConfigError, match="data_dir="):
+        to_config(no_data, RetrievalEvalConfig)
 
 
 @pytest.mark.parametrize("name,layers,hidden,heads,intermediate", [

@@ -17,7 +17,6 @@ from mlmkit.evaluation.glue import (
     average,
     check_tasks,
     choose,
-    glue,
     protocol_of,
     table,
 )
@@ -94,9 +93,13 @@ def test_glue_command_prints_the_table_skips_missing_tasks_and_writes_its_result
 def test_the_modern_protocol_starts_rte_from_mnli_and_scores_mnli_on_both_dev_sets(tmp_path, trained_run):
     data = _glue_data(tmp_path / "glue_data", ["mnli", "rte"])
     (data / "MNLI" / "dev_mismatched.tsv").write_text((data / "MNLI" / "dev_matched.tsv").read_text())
-    cfg = GlueConfig(checkpoint=str(trained_run), data_dir=str(data), tasks=["rte", "mnli"], protocol="modern",
-                     lrs=[1e-3], seeds=[0, 1], epochs=1, max_train_samples=8)
-    results = glue(cfg, tmp_path / "glue")
+    # a process of its own, as the command runs (one Accelerator setting per process)
+    proc = python_run("-m", "mlmkit", "glue", f"checkpoint={trained_run}", f"data_dir={data}", "tasks=[rte,mnli]",
+                      "protocol=modern", "lrs=[1e-3]", "seeds=[0,1]", "epochs=1", "max_train_samples=8",
+                      f"hydra.run.dir={tmp_path / 'glue'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| model | MNLI-m/mm | RTE | GLUE (2 of 8) |" in proc.stdout
+    results = json.loads((tmp_path / "glue" / "results.json").read_text())
     mnli, rte = results["tasks"]["mnli"], results["tasks"]["rte"]
     assert [r["seed"] for r in mnli["runs"]] == [0, 1]
     for run in mnli["runs"]:  # the mismatched set is the matched one here: the same accuracy

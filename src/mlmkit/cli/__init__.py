@@ -3,6 +3,7 @@
     mlmkit train     model=bert-mini train.max_steps=200      pretrain (conf/config.yaml)
     mlmkit eval      checkpoint=outputs/<run>                  MLM figures of a model
     mlmkit eval-sts  checkpoint=outputs/<run> data_dir=<STS-B> zero-shot sentence similarity
+    mlmkit eval-retrieval checkpoint=outputs/<run> data_dir=<BEIR folder>  zero-shot retrieval
     mlmkit finetune  checkpoint=outputs/<run> task=sst2        GLUE fine-tuning
     mlmkit glue      checkpoint=outputs/<run> data_dir=<glue_data>  the GLUE table and average
     mlmkit export    outputs/<run>/checkpoints/step_0001000 out/  a checkpoint as a model dir
@@ -32,6 +33,8 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "train": ("mlmkit.cli.train", False, "pretrain a masked language model"),
     "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
     "eval-sts": ("mlmkit.cli.eval_sts", False, "zero-shot STS-B similarity of the model's sentence embeddings"),
+    "eval-retrieval": ("mlmkit.cli.eval_retrieval", False,
+                       "zero-shot retrieval (nDCG@10) of the model's sentence embeddings on a BEIR folder"),
     "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task or your own labelled files"),
     "glue": ("mlmkit.cli.glue", False, "GLUE's tasks under one protocol: the table and its average"),
     "export": ("mlmkit.cli.export", True, "a checkpoint as a plain model dir (as final/)"),

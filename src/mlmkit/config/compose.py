@@ -10,7 +10,14 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from mlmkit.config.schema import Config, EvalConfig, FinetuneConfig, GlueConfig, StsEvalConfig
+from mlmkit.config.schema import (
+    Config,
+    EvalConfig,
+    FinetuneConfig,
+    GlueConfig,
+    RetrievalEvalConfig,
+    StsEvalConfig,
+)
 from mlmkit.errors import ConfigError
 
 
@@ -48,6 +55,7 @@ def register_configs() -> None:
     cs.store(name="mlmkit_finetune_schema", node=FinetuneConfig)
     cs.store(name="mlmkit_eval_sts_schema", node=StsEvalConfig)
     cs.store(name="mlmkit_glue_schema", node=GlueConfig)
+    cs.store(name="mlmkit_eval_retrieval_schema", node=RetrievalEvalConfig)
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 

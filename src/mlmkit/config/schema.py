@@ -770,3 +770,37 @@ class GlueConfig:
         _check(self.max_train_samples is None or self.max_train_samples >= 1,
                "max_train_samples must be at least 1 (or null for all).")
         check_precision(self.precision, "precision")
+
+
+@dataclass
+class RetrievalEvalConfig:
+    """``mlmkit eval-retrieval``: zero-shot retrieval with a model's sentence embeddings on a
+    BEIR-format folder (conf/eval_retrieval.yaml): nDCG@10, recall@100 and MRR@10 of the
+    documents ranked by cosine similarity to each query."""
+
+    checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
+    init: str = "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    data_dir: str | None = None  # a BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+    split: str = "test"  # the relevance judgments qrels/<split>.tsv (test, dev or train)
+    pooling: str = "mean"  # mean: token states averaged, padding excluded | cls: the [CLS] state
+    # tokens kept of each query and document; null: the length the model dir's sentence-
+    # transformers files cut at (a run's final/: its training blocks), else the model's
+    # positions up to 512
+    max_seq_length: int | None = None
+    batch_size: int = 64
+    seed: int = 0  # the weights of init=random
+    output: str | None = None  # also write the figures to this JSON file
+
+    def __post_init__(self) -> None:
+        _check(bool(self.checkpoint),
+               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(bool(self.data_dir), "Say which BEIR-format folder to retrieve from: data_dir=<folder "
+               "of corpus.jsonl, queries.jsonl and qrels/>.")
+        _check(self.init in ("pretrained", "random"),
+               f"init must be pretrained or random, got {self.init!r}.")
+        _check(re.fullmatch(r"[\w.-]+", self.split or "") is not None,
+               f"split must name a file of qrels/ without its .tsv (test, dev, train), got {self.split!r}.")
+        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
+        _check(self.max_seq_length is None or self.max_seq_length >= 8,
+               f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.")
+        _check(self.batch_size >= 1, "batch_size must be at least 1.")
