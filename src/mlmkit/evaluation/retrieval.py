@@ -76,7 +76,7 @@ def read_jsonl(path: Path, with_title: bool) -> dict[str, str]:
     check_not_binary(str(path), "data_dir")
     keys = '"_id", "title" and "text"' if with_title else '"_id" and "text"'
     texts: dict[str, str] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
         for line, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -207,7 +207,9 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _evaluator_class():
     try:
-        from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+        from sentence_transformers.sentence_transformer.evaluation import (
+            InformationRetrievalEvaluator,
+        )
     except ImportError:
         try:  # sentence-transformers before 6.0
             from sentence_transformers.evaluation import InformationRetrievalEvaluator
