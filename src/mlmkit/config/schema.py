@@ -30,6 +30,12 @@ METRICS = ("accuracy", "f1", "matthews_correlation", "pearson", "spearman")
 DEFAULT_MAX_STEPS = 3000  # train.max_steps when no budget is set
 
 
+def check_model_source(checkpoint: str | None, init: str, verb: str) -> None:
+    """A command's ``checkpoint`` (required) and ``init`` (pretrained | random)."""
+    _check(bool(checkpoint), f"Say which model to {verb}: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+    _check(init in ("pretrained", "random"), f"init must be pretrained or random, got {init!r}.")
+
+
 def check_precision(value: str, setting: str) -> None:
     _check(value in PRECISIONS, f"{setting} must be auto, no, fp16 or bf16, got {value!r}.")
 
@@ -589,7 +595,7 @@ class ProbeConfig:
         _check(self.every >= 0, f"probe.every must not be negative, got {self.every}.")
         _check(self.task.kind == "classification",
                f"probe.task={self.task.name} is a regression task; a probe classifies: choose "
-               "a classification task (task@probe.task=sst2, cola, rte or files).")
+               "a classification task (task@probe.task=sst2, cola, mrpc, qqp, mnli, qnli, rte, wnli or files).")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             _check(value is None or value >= 2, f"probe.{name} must be at least 2 (or null for all), got {value}.")
@@ -681,10 +687,7 @@ class FinetuneConfig:
     save_model: bool = True  # write the fine-tuned model to <run dir>/model (mlmkit predict reads it)
 
     def __post_init__(self) -> None:
-        _check(bool(self.checkpoint),
-               "Say which model to fine-tune: checkpoint=<run dir, its final/ dir or a checkpoint>.")
-        _check(self.init in ("pretrained", "random"),
-               f"init must be pretrained or random, got {self.init!r}.")
+        check_model_source(self.checkpoint, self.init, "fine-tune")
         _check(self.batch_size >= 1 and self.epochs > 0 and self.lr > 0,
                "batch_size, epochs and lr must be positive.")
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
@@ -715,10 +718,7 @@ class StsEvalConfig:
     output: str | None = None  # also write the figures to this JSON file
 
     def __post_init__(self) -> None:
-        _check(bool(self.checkpoint),
-               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
-        _check(self.init in ("pretrained", "random"),
-               f"init must be pretrained or random, got {self.init!r}.")
+        check_model_source(self.checkpoint, self.init, "evaluate")
         _check(self.split in ("dev", "train"), f"split must be dev or train, got {self.split!r}.")
         _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
         _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
@@ -754,9 +754,7 @@ class GlueConfig:
     precision: str = "auto"
 
     def __post_init__(self) -> None:
-        _check(bool(self.checkpoint),
-               "Say which model to score: checkpoint=<run dir, its final/ dir or a checkpoint>.")
-        _check(self.init in ("pretrained", "random"), f"init must be pretrained or random, got {self.init!r}.")
+        check_model_source(self.checkpoint, self.init, "score")
         _check(self.protocol in GLUE_PROTOCOLS,
                f"protocol must be one of {', '.join(GLUE_PROTOCOLS)}, got {self.protocol!r}.")
         _check(bool(self.tasks), "tasks is empty; list GLUE tasks, e.g. tasks=[sst2,rte].")
@@ -792,12 +790,9 @@ class RetrievalEvalConfig:
     output: str | None = None  # also write the figures to this JSON file
 
     def __post_init__(self) -> None:
-        _check(bool(self.checkpoint),
-               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        check_model_source(self.checkpoint, self.init, "evaluate")
         _check(bool(self.data_dir), "Say which BEIR-format folder to retrieve from: data_dir=<folder "
                "of corpus.jsonl, queries.jsonl and qrels/>.")
-        _check(self.init in ("pretrained", "random"),
-               f"init must be pretrained or random, got {self.init!r}.")
         _check(re.fullmatch(r"[\w.-]+", self.split or "") is not None,
                f"split must name a file of qrels/ without its .tsv (test, dev, train), got {self.split!r}.")
         _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")

@@ -1,3 +1,5 @@
 """Evaluation of a saved model: ``mlmkit eval`` (``mlm``: the training loop's own MLM
-evaluation, ``training.validation``, on the same fixed masks), zero-shot STS-B (``sts``), GLUE
-fine-tuning (``finetune``) and offline metric modules (``metric_modules``)."""
+evaluation, ``training.validation``, on the same fixed masks), zero-shot STS-B (``sts``) and
+retrieval (``retrieval``), fine-tuning on a labelled task (``finetune``), GLUE under a
+protocol (``glue``), linear probes, during pretraining too (``probe``), and offline metric
+modules (``metric_modules``)."""

@@ -34,7 +34,7 @@ import torch
 from mlmkit.config import RetrievalEvalConfig
 from mlmkit.data.sources import check_not_binary
 from mlmkit.errors import ConfigError, DataError
-from mlmkit.evaluation.sts import embed, load_encoder
+from mlmkit.evaluation.sts import embed, load_encoder, write_output
 from mlmkit.training.loading import run_settings
 
 log = logging.getLogger("mlmkit")
@@ -291,8 +291,5 @@ def evaluate_retrieval(cfg: RetrievalEvalConfig) -> dict[str, Any]:
     result = {"checkpoint": str(resolved), "init": cfg.init, "data_dir": str(cfg.data_dir),
               "split": cfg.split, "pooling": cfg.pooling, "max_seq_length": length, **scores,
               "seconds": round(time.perf_counter() - t0, 1)}
-    if cfg.output:
-        out = Path(cfg.output).expanduser()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    write_output(cfg.output, result)
     return result

@@ -83,8 +83,13 @@ def evaluate_sts(cfg: StsEvalConfig) -> dict[str, Any]:
               "split": cfg.split, "pooling": cfg.pooling, "pairs": len(examples),
               "spearman": spearman(predicted, gold), "pearson": pearson(predicted, gold),
               "seconds": round(time.perf_counter() - t0, 1)}
-    if cfg.output:
-        out = Path(cfg.output).expanduser()
+    write_output(cfg.output, result)
+    return result
+
+
+def write_output(path: str | None, result: dict[str, Any]) -> None:
+    """A command's figures as JSON at ``path`` (its ``output`` setting), if set."""
+    if path:
+        out = Path(path).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-    return result
