@@ -328,3 +328,19 @@ def train_steps(run: Path) -> list[int]:
         if event.get("event") == "train":
             steps.append(event["step"])
     return steps
+
+
+def write_probe_task(folder: Path, n_train: int = 80, n_dev: int = 40) -> Path:
+    """A sentiment task any encoder can learn from its words: a positive or a negative word
+    in otherwise shared sentences (GLUE's SST-2 layout)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good, bad = ["wonderful", "moving", "superb", "delightful"], ["dreadful", "tedious", "awful", "clumsy"]
+    frames = ["the film is {}", "a {} story about a family", "{} acting from the whole cast", "it was {} to watch"]
+    for name, n, offset in (("train.tsv", n_train, 0), ("dev.tsv", n_dev, 1)):
+        lines = ["sentence\tlabel"]
+        for i in range(n):
+            label = i % 2
+            word = (good if label else bad)[(i // 2 + offset) % 4]
+            lines.append(f"{frames[(i // 8 + offset) % 4].format(word)}\t{label}")
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TEST_ENV, TINY, events, fork_python, free_port, run_train
+from runs import ROOT, TEST_ENV, TINY, events, fork_python, free_port, run_train, write_probe_task
 
 COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "train.log_every=1",
           "train.precision=no", "logger=none"]
@@ -136,8 +136,11 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, ca
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     ddp, fsdp = ddp_reference, tmp_path / "fsdp"
-    launch_engine("fsdp", fsdp, cache_dir, *ENGINE_ARGS)
+    # probed too (through the sharded objective's forward), which leaves the training as it was
+    task = write_probe_task(tmp_path / "task")
+    launch_engine("fsdp", fsdp, cache_dir, *ENGINE_ARGS, "probe.every=5", f"probe.task.data_dir={task}")
     assert_same_losses(ddp, fsdp, rel=1e-4)
+    assert [e["step"] for e in events(fsdp, "probe")] == [0, 5, 10]
 
     # Each rank wrote its own shard of the weights and of the optimizer state.
     ckpt = fsdp / "checkpoints" / "step_0000010"

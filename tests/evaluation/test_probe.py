@@ -7,10 +7,17 @@ import pytest
 import torch
 from batches import _model
 from runs import events, run_train
+from runs import write_probe_task as _write_task
 
 from mlmkit.config import ProbeConfig, TaskConfig
 from mlmkit.errors import ConfigError, DataError
-from mlmkit.evaluation.probe import LinearProbe, fit_and_score, probe_for_run, sentence_vectors
+from mlmkit.evaluation.probe import (
+    LinearProbe,
+    encode_with,
+    fit_and_score,
+    probe_for_run,
+    sentence_vectors,
+)
 
 
 def _gaussians(n: int, shift: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,32 +42,41 @@ def test_the_regression_finds_a_separable_direction_and_not_one_in_noise():
 
 def test_sentence_vectors_do_not_depend_on_batching_or_padding(tokenizer):
     model = _model(tokenizer)
-    model.train()
+    model.eval()
+    encode, device = encode_with(model.base_model)
     texts = [["a short one"], ["a much longer sentence that needs more tokens than the others do"],
              ["two"], ["the third sentence, of middling length"]]
-    together = sentence_vectors(model.base_model, tokenizer, texts, batch_size=3)
-    alone = torch.cat([sentence_vectors(model.base_model, tokenizer, [t], batch_size=1) for t in texts])
+    together = sentence_vectors(encode, tokenizer, texts, batch_size=3)
+    alone = torch.cat([sentence_vectors(encode, tokenizer, [t], batch_size=1) for t in texts])
     assert together.shape == (4, model.config.hidden_size)
     torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-5)  # rows in the caller's order
-    assert model.training  # eval mode only for the vectors
-    pairs = sentence_vectors(model.base_model, tokenizer, [["a premise", "a hypothesis"], ["b", "c"]])
+    pairs = sentence_vectors(encode, tokenizer, [["a premise", "a hypothesis"], ["b", "c"]])
     assert pairs.shape == (2, model.config.hidden_size) and torch.isfinite(pairs).all()
 
 
-def _write_task(folder, n_train=80, n_dev=40):
-    """A sentiment task any encoder can learn from its words: a positive or a negative word
-    in otherwise shared sentences (GLUE's SST-2 layout)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    good, bad = ["wonderful", "moving", "superb", "delightful"], ["dreadful", "tedious", "awful", "clumsy"]
-    frames = ["the film is {}", "a {} story about a family", "{} acting from the whole cast", "it was {} to watch"]
-    for name, n, offset in (("train.tsv", n_train, 0), ("dev.tsv", n_dev, 1)):
-        lines = ["sentence\tlabel"]
-        for i in range(n):
-            label = i % 2
-            word = (good if label else bad)[(i // 2 + offset) % 4]
-            lines.append(f"{frames[(i // 8 + offset) % 4].format(word)}\t{label}")
-        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return folder
+def test_a_training_objective_gives_its_encoders_states_without_labels(tokenizer):
+    """The run's probe goes through the prepared objective's forward (every engine's hooks):
+    without labels it returns the encoder's last states, the same as the encoder alone."""
+    from mlmkit.model.bert import MaskedLM
+
+    model = _model(tokenizer)
+    objective = MaskedLM(model).eval()
+    enc = tokenizer(["a sentence to encode", "and a second, longer sentence to encode"], padding=True,
+                    return_tensors="pt")
+    states = objective(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                       token_type_ids=enc["token_type_ids"])["last_hidden_state"]
+    torch.testing.assert_close(states, model.base_model(**enc).last_hidden_state)
+
+
+def test_a_probe_scores_an_encoder_in_eval_mode_and_leaves_its_mode(tmp_path, tokenizer):
+    folder = _write_task(tmp_path / "task")
+    probe = probe_for_run(ProbeConfig(every=1, task=TaskConfig(data_dir=str(folder))))
+    model = _model(tokenizer, hidden_dropout_prob=0.5)  # dropout would make the states random
+    model.train()
+    first, again = probe.score(model.base_model, tokenizer), probe.score(model.base_model, tokenizer)
+    assert model.training
+    assert first["probe_accuracy"] == again["probe_accuracy"]
+    assert first["probe_train_accuracy"] == again["probe_train_accuracy"]
 
 
 def test_a_probe_reads_its_task_and_refuses_what_it_cannot_use(tmp_path):

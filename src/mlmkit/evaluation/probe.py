@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +36,18 @@ log = logging.getLogger("mlmkit")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # the regression's L2 weights tried (per example)
 
 
-@torch.inference_mode()
-def sentence_vectors(encoder, tokenizer, texts: list[list[str]], max_seq_length: int = 64,
-                     batch_size: int = 64) -> torch.Tensor:
-    """``(len(texts), hidden)`` float32 mean-pooled last-layer states of ``encoder``; each item
-    of ``texts`` is one sentence or a pair ``[a, b]``. The encoder is put in eval mode and
-    left as it was."""
+def encode_with(encoder) -> tuple[Callable[[dict], torch.Tensor], torch.device]:
+    """``(encode, device)`` for an encoder module (``BertModel``, ...): ``encode(batch)`` is its
+    last layer's states for a tokenized batch."""
+    return (lambda batch: encoder(**batch).last_hidden_state), next(encoder.parameters()).device
+
+
+@torch.no_grad()
+def sentence_vectors(encode: Callable[[dict], torch.Tensor], tokenizer, texts: list[list[str]],
+                     max_seq_length: int = 64, batch_size: int = 64, device="cpu") -> torch.Tensor:
+    """``(len(texts), hidden)`` float32 mean-pooled last-layer states; each item of ``texts`` is
+    one sentence or a pair ``[a, b]``; ``encode`` maps a tokenized batch (on ``device``) to the
+    encoder's last states (``encode_with``; a training run passes its objective's)."""
     from mlmkit.model.classifier import masked_mean
 
     if not texts:
@@ -50,19 +57,15 @@ def sentence_vectors(encoder, tokenizer, texts: list[list[str]], max_seq_length:
     # batches of similar lengths (the longest first): little padding to compute
     order = sorted(range(len(texts)), key=lambda i: -len(ids["input_ids"][i]))
     keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in ids]
-    was_training = encoder.training
-    encoder.eval()
-    device = next(encoder.parameters()).device
-    out = torch.empty(len(texts), encoder.config.hidden_size)
-    try:
-        for i in range(0, len(order), batch_size):
-            rows = order[i:i + batch_size]
-            enc = tokenizer.pad({k: [ids[k][r] for r in rows] for k in keys}, return_tensors="pt")
-            enc = {k: v.to(device) for k, v in enc.items()}
-            hidden = encoder(**enc).last_hidden_state.float()
-            out[rows] = masked_mean(hidden, enc["attention_mask"]).cpu()
-    finally:
-        encoder.train(was_training)
+    out = None
+    for i in range(0, len(order), batch_size):
+        rows = order[i:i + batch_size]
+        enc = tokenizer.pad({k: [ids[k][r] for r in rows] for k in keys}, return_tensors="pt")
+        enc = {k: v.to(device) for k, v in enc.items()}
+        pooled = masked_mean(encode(enc).float(), enc["attention_mask"]).cpu()
+        if out is None:
+            out = torch.empty(len(texts), pooled.shape[-1])
+        out[rows] = pooled
     return out
 
 
@@ -145,9 +148,19 @@ class LinearProbe:
 
     def score(self, encoder, tokenizer) -> dict[str, Any]:
         """``probe_accuracy`` on the dev examples (with the training accuracy, the L2 weight
-        chosen and the seconds taken) for the frozen ``encoder``."""
+        chosen and the seconds taken) for the frozen ``encoder`` module, in eval mode."""
+        was_training = encoder.training
+        encoder.eval()
+        try:
+            return self.score_encoded(*encode_with(encoder), tokenizer)
+        finally:
+            encoder.train(was_training)
+
+    def score_encoded(self, encode: Callable[[dict], torch.Tensor], device, tokenizer) -> dict[str, Any]:
+        """``score`` for an ``encode`` function (``sentence_vectors``) on ``device``."""
         t0 = time.perf_counter()
-        vectors = sentence_vectors(encoder, tokenizer, self.train_texts + self.eval_texts, self.max_seq_length)
+        vectors = sentence_vectors(encode, tokenizer, self.train_texts + self.eval_texts, self.max_seq_length,
+                                   device=device)
         n = len(self.train_texts)
         figures = fit_and_score(vectors[:n], self.train_labels, vectors[n:], self.eval_labels, self.n_classes)
         return {**figures, "probe_task": self.name, "probe_train_examples": n,

@@ -291,16 +291,23 @@ class MaskedLM(nn.Module):
         # FSDP (conf/accelerate/fsdp.yaml) shards one unit per encoder layer of this class
         self._no_split_modules = [self.parts.layer_class]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-                targets: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                targets: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """``positions``/``targets``: ``prediction_positions(labels)``, computed ahead (in the
         dataloader, on the CPU) so the step needs no host-device synchronisation; without
-        them they are computed here (``nonzero`` waits for the device)."""
+        them they are computed here (``nonzero`` waits for the device). Without ``labels``:
+        only the encoder's last states, ``{"last_hidden_state": ...}`` (a probe's sentence
+        vectors), through this forward so that every engine's hooks (FSDP, ZeRO-3) run."""
         if self.document_sep_id is None:
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         else:
             inputs = document_inputs(self.model, input_ids, self.document_sep_id, attention_mask)
+        if labels is None:
+            if token_type_ids is not None and self.parts.takes_token_type_ids:
+                inputs["token_type_ids"] = token_type_ids
+            return {"last_hidden_state": self.parts.encoder(self.model)(**inputs).last_hidden_state}
         if self.sparse_prediction:
             encoder = self.parts.encoder(self.model)
             hidden = encoder(**inputs).last_hidden_state

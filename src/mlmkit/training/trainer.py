@@ -234,10 +234,15 @@ class Trainer:
 
     def run_probe(self) -> None:
         """A ``probe`` event: the probe's figures for the encoder as it is now (every rank
-        takes part, as sharded weights need; the run's autocast, as its evaluation)."""
-        model = self.accelerator.unwrap_model(self.objective).model
-        with self.accelerator.autocast():
-            figures = self.probe.score(model.base_model, self.tokenizer)
+        takes part, as sharded weights need; the run's autocast and engine, as its evaluation)."""
+        objective, was_training = self.objective, self.objective.training
+        objective.eval()
+        try:  # through the prepared objective's forward (labels=None: the encoder's states alone)
+            with self.accelerator.autocast():
+                figures = self.probe.score_encoded(
+                    lambda batch: objective(**batch)["last_hidden_state"], self.accelerator.device, self.tokenizer)
+        finally:
+            objective.train(was_training)
         self.record({"event": "probe", "step": self.state.step, **figures})
         log.info("step %d | probe %s accuracy %.4f (%d training, %d dev examples, %.1f s)", self.state.step,
                  figures.get("probe_task"), figures["probe_accuracy"], figures.get("probe_train_examples", 0),
