@@ -57,6 +57,10 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.is_available()
+    if gpu and torch.cuda.device_count() < args.processes:  # processes would share a GPU
+        parser.error(f"--processes {args.processes} needs as many GPUs, and this machine has "
+                     f"{torch.cuda.device_count()}; lower --processes (or run it on CPU processes "
+                     "with CUDA_VISIBLE_DEVICES=).")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run(1, 10, tmp / "cache", tmp / "warm", gpu)  # tokenizer and data cache

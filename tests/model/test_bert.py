@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import torch
 
@@ -264,3 +265,15 @@ def test_local_attention_init_keeps_the_other_heads_and_trains(tokenizer):
     for layer in models["local"].bert.encoder.layer:
         assert layer.attention.self.query.weight.grad[:2 * dh].abs().sum() > 0
     assert models["local"].bert.embeddings.word_embeddings.weight.grad[:, :dh].abs().sum() > 0
+
+
+def test_a_model_saved_in_bf16_continues_in_fp32(tokenizer, tmp_path):
+    """model.init_from of a bf16 model dir (a DeepSpeed bf16 final/, a Hub model stored in bf16)
+    trains fp32 master weights under the run's autocast, not pure bf16."""
+    saved = build_model(SMALL, tokenizer).to(torch.bfloat16)
+    saved.save_pretrained(tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    model = build_model(dataclasses.replace(SMALL, init_from=str(tmp_path / "bf16")), tokenizer)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    for name, p in saved.named_parameters():  # the same values, widened
+        assert torch.equal(model.get_parameter(name), p.float()), name

@@ -202,7 +202,10 @@ def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
 
 def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", setting: str = "model.init_from"):
     """Load a ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (safetensors only, no custom
-    code) with one clear error on failure; ``setting`` names where the path came from."""
+    code) with one clear error on failure; ``setting`` names where the path came from. The
+    weights load in fp32 whatever dtype they were saved in (a bf16 ``final/`` of a DeepSpeed
+    run, a Hub model stored in bf16): training keeps fp32 master weights, and mixed precision
+    is the run's autocast, not the checkpoint's dtype."""
     config = load_pretrained_config(name_or_path, setting)
     local = Path(name_or_path).expanduser()
     source = str(local) if local.exists() else name_or_path
@@ -210,7 +213,7 @@ def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", settin
     try:
         return masked_lm.from_pretrained(
             source, attn_implementation=attn_implementation, use_safetensors=True,
-            trust_remote_code=False,
+            trust_remote_code=False, dtype=torch.float32,
         )
     except Exception as exc:
         raise ConfigError(
