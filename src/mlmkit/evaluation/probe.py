@@ -9,17 +9,17 @@ SentEval does for its probes (Conneau & Kiela, 2018). The regression is convex a
 convergence with L-BFGS, so a probe's score depends on the encoder and the data alone: no
 learning rate, epochs or seed to tune, and it costs one forward pass over the sentences.
 
-    probe = LinearProbe.from_task(task_config, max_train_samples=2000)
+    probe = LinearProbe.from_task(task_config, max_train_samples=10000)
     figures = probe.score(encoder, tokenizer)      # {"probe_accuracy": ..., ...}
 
 Pretraining runs a probe every ``probe.every`` steps (``probe_for_run``: ``mlmkit train
-probe.every=500 probe.task.data_dir=../shared/data/glue/SST-2``), and ``make test-long``
-asserts with one that pretraining beats the run's random init.
+probe.every=500 probe.task.data_dir=../shared/data/glue/SST-2``). On a random encoder such a
+regression already does well (its mean-pooled states are a random projection of the words), so
+a briefly pretrained model need not beat its step-0 probe: docs/benchmarks.md has figures.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -30,8 +30,6 @@ import torch
 
 from mlmkit.config import ProbeConfig, TaskConfig
 from mlmkit.errors import ConfigError, MLMKitError
-
-log = logging.getLogger("mlmkit")
 
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # the regression's L2 weights tried (per example)
 
@@ -123,7 +121,7 @@ class LinearProbe:
     max_seq_length: int = 64
 
     @classmethod
-    def from_task(cls, task: TaskConfig, max_train_samples: int | None = 2000,
+    def from_task(cls, task: TaskConfig, max_train_samples: int | None = 10000,
                   max_eval_samples: int | None = None, max_seq_length: int = 64) -> LinearProbe:
         """The task's train and dev examples (its files or the Hub, as ``mlmkit finetune``
         reads them); a regression task is refused."""
