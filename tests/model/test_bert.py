@@ -277,3 +277,14 @@ def test_a_model_saved_in_bf16_continues_in_fp32(tokenizer, tmp_path):
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     for name, p in saved.named_parameters():  # the same values, widened
         assert torch.equal(model.get_parameter(name), p.float()), name
+
+
+def test_a_training_step_returns_no_logits(tokenizer):
+    """In training the objective returns the loss and the count alone: logits returned would
+    stay alive through the backward, and mixed precision converts outputs to fp32 (a copy of
+    batch x vocabulary floats every step); evaluation gets them, with their targets."""
+    objective, batch = MaskedLM(build_model(SMALL, tokenizer)), _batch(tokenizer)
+    assert set(objective.train()(**batch)) == {"loss_sum", "n_tokens"}
+    out = objective.eval()(**batch)
+    assert set(out) == {"loss_sum", "n_tokens", "logits", "targets"}
+    assert out["logits"].shape == (out["targets"].numel(), objective.model.config.vocab_size)

@@ -44,7 +44,7 @@ def _logits(objective, ids):
     """Full-vocabulary logits at every position, (seq, vocab)."""
     labels = torch.full_like(ids, IGNORE_INDEX)
     labels[:, 1:] = ids[:, 1:]  # every position but [CLS] predicted: the sparse head covers all
-    out = objective(input_ids=ids, labels=labels)
+    out = objective.eval()(input_ids=ids, labels=labels)  # eval mode: the objective returns logits
     return out["logits"][: ids.size(1) - 1]
 
 
@@ -123,6 +123,6 @@ def test_varlen_flash_attention_matches_the_block_diagonal_mask(tokenizer, prese
     for attn in ("sdpa", "flash_attention_2"):
         model.set_attn_implementation(attn)
         with torch.no_grad():
-            out = MaskedLM(model, document_sep_id=tokenizer.sep_token_id)(input_ids=rows, labels=labels)
+            out = MaskedLM(model, document_sep_id=tokenizer.sep_token_id).eval()(input_ids=rows, labels=labels)
         results[attn] = out["logits"].float()
     torch.testing.assert_close(results["sdpa"], results["flash_attention_2"], rtol=0.05, atol=0.1)

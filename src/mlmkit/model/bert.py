@@ -278,7 +278,7 @@ class MaskedLM(nn.Module):
     """The training objective around a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM``.
 
     ``forward`` returns the *sum* of the cross-entropy over the chosen positions and
-    their count (and, in eval mode, the number predicted correctly), so the loop can normalise by the number of chosen tokens in the whole
+    their count (and, in eval mode, the logits and targets of the chosen positions), so the loop can normalise by the number of chosen tokens in the whole
     optimizer step (all micro-batches, all ranks). With ``sparse_prediction`` the
     vocabulary projection runs only on the chosen positions; the loss and gradients
     are those of the full head. The wrapped model is saved as it is.
@@ -324,7 +324,11 @@ class MaskedLM(nn.Module):
             targets = labels.reshape(-1)
         loss_sum = cross_entropy_sum(logits, targets)
         n_tokens = (targets != IGNORE_INDEX).sum()
-        return {"loss_sum": loss_sum, "n_tokens": n_tokens, "logits": logits, "targets": targets}
+        out = {"loss_sum": loss_sum, "n_tokens": n_tokens}
+        if not self.training:  # the evaluation's top-k; a training step returns no logits, which
+            # would stay alive through the backward (and mixed precision's fp32 output copy)
+            out.update(logits=logits, targets=targets)
+        return out
 
 
 def prediction_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
