@@ -111,3 +111,20 @@ def test_the_modern_protocol_starts_rte_from_mnli_and_scores_mnli_on_both_dev_se
     settings = json.loads((tmp_path / "glue" / "rte" / "lr0.001-seed0" / "results.json").read_text())
     assert settings["checkpoint"] == best_mnli  # RTE fine-tuned from the MNLI model
     assert rte["score"] == pytest.approx(sorted(r["score"] for r in rte["runs"])[0])  # the lower middle of 2
+
+
+@pytest.mark.parametrize("case", ["no task folder", "no data folder", "no model"])
+def test_glue_command_refuses_what_it_cannot_run_in_one_sentence(tmp_path, trained_run, case):
+    """A data_dir holding none of the tasks, a data_dir that is no folder and a checkpoint that
+    is no model stop before any fine-tuning, with one sentence naming the setting, not one
+    "skipped" line per task and exit status 0."""
+    data = tmp_path / "glue_data"
+    data.mkdir()
+    settings = {"no task folder": (f"checkpoint={trained_run}", f"data_dir={data}"),
+                "no data folder": (f"checkpoint={trained_run}", f"data_dir={tmp_path / 'nowhere'}"),
+                "no model": (f"checkpoint={tmp_path / 'no-run'}", f"data_dir={data}")}[case]
+    proc = python_run("-m", "mlmkit", "glue", *settings, "tasks=[sst2,rte]", f"hydra.run.dir={tmp_path / 'g'}")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert ("checkpoint=" if case == "no model" else "data_dir") in errors[0]
+    assert not list((tmp_path / "g").glob("*/lr*"))  # nothing fine-tuned

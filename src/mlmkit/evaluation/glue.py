@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.config import FinetuneConfig, GlueConfig, TaskConfig
-from mlmkit.errors import ConfigError, MLMKitError
+from mlmkit.errors import ConfigError, DataError
 
 log = logging.getLogger("mlmkit")
 
@@ -206,8 +206,8 @@ def run_task(cfg: GlueConfig, name: str, protocol: Protocol, run_dir: Path,
             out = run_dir / name / f"lr{lr:g}-seed{seed}"
             try:
                 run = finetune_run(cfg, task, checkpoint, init, lr, seed, epochs, out)
-            except MLMKitError as exc:  # the task's data (the Hub offline, a malformed file)
-                if result.runs:
+            except DataError as exc:  # the Hub unreachable: the task is skipped; a local file's fault stops
+                if task.data_dir is not None or result.runs:
                     raise
                 result.skipped = str(exc)
                 return result
@@ -276,7 +276,13 @@ def bar_chart(path: Path, label: str, results: dict[str, TaskResult], names: lis
 def glue(cfg: GlueConfig, run_dir: str | Path) -> dict[str, Any]:
     """Run ``cfg``'s tasks (MNLI first when the protocol starts others from it), write
     results.json, results.md and glue.png to ``run_dir``; returns what results.json holds."""
+    from mlmkit.training.loading import resolve_model_path
+
     check_tasks(cfg.tasks)
+    resolve_model_path(cfg.checkpoint)  # a wrong path is one sentence now, not one per task
+    if cfg.data_dir is not None and not Path(cfg.data_dir).expanduser().is_dir():
+        raise DataError(f"data_dir={cfg.data_dir!r} is not a folder; set it to GLUE's data folder (CoLA/, "
+                        "SST-2/, MRPC/, ... as GLUE's download writes them), or to null for the Hub.")
     run_dir, protocol = Path(run_dir), protocol_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     names = [n for n in TASKS if n in cfg.tasks]  # GLUE's order
@@ -290,6 +296,10 @@ def glue(cfg: GlueConfig, run_dir: str | Path) -> dict[str, Any]:
             log.warning("GLUE %s skipped: %s", name, results[name].skipped)
         if name == "mnli" and results[name].runs:
             mnli_model = max(results[name].runs, key=lambda r: r["score"])["model"]
+    if all(r.skipped for r in results.values()):
+        first = results[names[0]]
+        raise DataError(f"No GLUE task could be run ({first.task}: {first.skipped.rstrip('.')}); set "
+                        "data_dir to GLUE's data folder (CoLA/, SST-2/, ...) or tasks to those it holds.")
     label = f"{cfg.checkpoint}" + (" (random init)" if cfg.init == "random" else "")
     score, covered = average(results)
     out = {"checkpoint": cfg.checkpoint, "init": cfg.init, "protocol": protocol.describe(),

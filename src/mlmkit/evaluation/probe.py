@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,18 +40,23 @@ def encode_with(encoder) -> tuple[Callable[[dict], torch.Tensor], torch.device]:
     return (lambda batch: encoder(**batch).last_hidden_state), next(encoder.parameters()).device
 
 
+def token_ids(tokenizer, texts: list[list[str]], max_seq_length: int = 64):
+    """The tokenizer's unpadded ids of ``texts`` (sentences or pairs), cut at ``max_seq_length``."""
+    return tokenizer(*zip(*texts), truncation=True, max_length=max_seq_length)
+
+
 @torch.no_grad()
 def sentence_vectors(encode: Callable[[dict], torch.Tensor], tokenizer, texts: list[list[str]],
-                     max_seq_length: int = 64, batch_size: int = 64, device="cpu") -> torch.Tensor:
+                     max_seq_length: int = 64, batch_size: int = 64, device="cpu", ids=None) -> torch.Tensor:
     """``(len(texts), hidden)`` float32 mean-pooled last-layer states; each item of ``texts`` is
     one sentence or a pair ``[a, b]``; ``encode`` maps a tokenized batch (on ``device``) to the
-    encoder's last states (``encode_with``; a training run passes its objective's)."""
+    encoder's last states (``encode_with``; a training run passes its objective's); ``ids``:
+    ``token_ids`` of the texts, where the caller keeps them."""
     from mlmkit.model.classifier import masked_mean
 
     if not texts:
         return torch.empty(0)
-    columns = list(zip(*texts))
-    ids = tokenizer(*columns, truncation=True, max_length=max_seq_length)
+    ids = ids if ids is not None else token_ids(tokenizer, texts, max_seq_length)
     # batches of similar lengths (the longest first): little padding to compute
     order = sorted(range(len(texts)), key=lambda i: -len(ids["input_ids"][i]))
     keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in ids]
@@ -119,6 +124,7 @@ class LinearProbe:
     eval_labels: torch.Tensor
     n_classes: int
     max_seq_length: int = 64
+    _ids: tuple | None = field(default=None, repr=False)  # (tokenizer, its token_ids): one tokenizing a run
 
     @classmethod
     def from_task(cls, task: TaskConfig, max_train_samples: int | None = 10000,
@@ -157,8 +163,10 @@ class LinearProbe:
     def score_encoded(self, encode: Callable[[dict], torch.Tensor], device, tokenizer) -> dict[str, Any]:
         """``score`` for an ``encode`` function (``sentence_vectors``) on ``device``."""
         t0 = time.perf_counter()
-        vectors = sentence_vectors(encode, tokenizer, self.train_texts + self.eval_texts, self.max_seq_length,
-                                   device=device)
+        texts = self.train_texts + self.eval_texts
+        if self._ids is None or self._ids[0] is not tokenizer:
+            self._ids = (tokenizer, token_ids(tokenizer, texts, self.max_seq_length))
+        vectors = sentence_vectors(encode, tokenizer, texts, self.max_seq_length, device=device, ids=self._ids[1])
         n = len(self.train_texts)
         figures = fit_and_score(vectors[:n], self.train_labels, vectors[n:], self.eval_labels, self.n_classes)
         return {**figures, "probe_task": self.name, "probe_train_examples": n,
