@@ -12,7 +12,8 @@ without Hydra: ``build_model(cfg.model, vocab_size)``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from mlmkit.errors import ConfigError
 
@@ -602,6 +603,89 @@ class ProbeConfig:
         _check(self.max_seq_length >= 8, f"probe.max_seq_length must be at least 8, got {self.max_seq_length}.")
 
 
+PHASE_SCHEDULES = ("continue", "rewarm", "constant", "decay")  # phases[].schedule
+# what a phase may change (a section ending in "." covers its settings); the data settings
+# of PHASE_FIXED name the validation text and how it is read, so they stay the run's
+PHASE_SETTINGS = ("data.", "masking.", "train.batch_size", "train.global_batch_size",
+                  "train.grad_accum_steps", "model.global_rope_theta", "model.local_rope_theta")
+PHASE_FIXED = ("data.streaming", "data.validation_files", "data.validation_split", "data.max_eval_samples")
+
+
+@dataclass
+class PhaseConfig:
+    """One phase of a phased run (``phases``, ``mlmkit.training.phases``): a share of the run's
+    budget in which the settings of ``set`` hold, on top of the run's own and those of the
+    phases before it (a phase that sets ``data.max_seq_length: 512`` holds for the later ones
+    until one changes it). The model and the optimizer's moments carry across."""
+
+    name: str = "main"  # names the phase in metrics.jsonl and its export, phases/<name>/
+    # share of the run's budget (steps, tokens or time, whichever ends the run); the shares of
+    # the phases add up to 1
+    share: float = 1.0
+    # the learning rate in the phase: continue (the run's optim schedule goes on) | rewarm (a
+    # warmup of warmup_steps, then optim.schedule's decay over the phase) | constant | decay
+    # (from lr down to optim.min_lr_ratio over the phase, by optim.decay_shape)
+    schedule: str = "continue"
+    lr: float | None = None  # the phase's peak rate (null: optim.lr)
+    # rewarm and constant: steps of linear warmup from the phase's start (null: rewarm takes
+    # optim.warmup_steps, constant none)
+    warmup_steps: int | None = None
+    # settings that change from this phase on, as {section: {key: value}} or {"section.key": value}:
+    # data.* (sequence length, files, packing; not data.streaming or the validation set),
+    # masking.*, train.batch_size, train.global_batch_size, train.grad_accum_steps and, for
+    # ModernBERT, model.global_rope_theta and model.local_rope_theta
+    set: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(re.fullmatch(r"[\w.-]+", self.name or "") is not None and self.name not in (".", ".."),
+               f"phases: the name {self.name!r} must be letters, digits, '.', '-' or '_' (it names "
+               "a folder, phases/<name>/).")
+        _check(self.share > 0, f"phases: {self.name} has share {self.share}; a share must be positive.")
+        _check(self.schedule in PHASE_SCHEDULES, f"phases: {self.name} has schedule {self.schedule!r}; "
+               f"choose one of {', '.join(PHASE_SCHEDULES)}.")
+        _check(self.lr is None or self.lr > 0, f"phases: {self.name} has lr {self.lr}; it must be positive.")
+        _check(self.warmup_steps is None or self.warmup_steps >= 0,
+               f"phases: {self.name} has warmup_steps {self.warmup_steps}; it must not be negative.")
+        self.set = flat_settings(self.set or {})
+
+
+def flat_settings(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"data": {"max_seq_length": 512}}`` -> ``{"data.max_seq_length": 512}`` (dotted keys
+    stay as they are)."""
+    flat: dict[str, Any] = {}
+    for key, value in dict(tree).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flat_settings(value, name + "."))
+        else:
+            flat[name] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def with_settings(cfg: Any, settings: dict[str, Any], where: str) -> Any:
+    """``cfg`` (a dataclass) with the dotted ``settings`` replaced, each section checked again."""
+    changes: dict[str, dict[str, Any]] = {}
+    for name, value in settings.items():
+        section, _, key = name.partition(".")
+        _check(hasattr(cfg, section) and bool(key), f"{where}: {name} is not a setting.")
+        changes.setdefault(section, {})[key] = value
+    updated = {}
+    for section, values in changes.items():
+        part = getattr(cfg, section)
+        known = {f.name for f in fields(part)}
+        for key in values:
+            _check(key in known, f"{where}: {section}.{key} is not a setting; see "
+                   f"{type(part).__name__} in mlmkit/config/schema.py.")
+        try:
+            updated[section] = replace(part, **values)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    try:
+        return replace(cfg, **updated)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 @dataclass
 class Config:
     """A whole run."""
@@ -615,6 +699,9 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    # Pretraining in phases (mlmkit.training.phases): e.g. BERT's 90% of the steps at 128 tokens
+    # then 10% at 512; empty: one phase with the settings above
+    phases: list[PhaseConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(
@@ -635,6 +722,32 @@ class Config:
                 f"model.max_position_embeddings ({self.model.max_position_embeddings}); "
                 "lower data.max_seq_length or raise model.max_position_embeddings.",
             )
+        if self.phases:
+            self.phase_configs()  # every phase checked before the run starts
+
+    def phase_configs(self) -> list[Config]:
+        """The settings of each phase: the run's, then every phase's ``set`` in turn (an empty
+        list for a run without phases). Each is checked as a run's config is."""
+        names = [p.name for p in self.phases]
+        _check(len(set(names)) == len(names), f"phases: the names {names} must differ from each other.")
+        total = sum(p.share for p in self.phases)
+        _check(abs(total - 1.0) < 1e-6, f"phases: the shares add up to {total:g}; make them add up to 1 "
+               "(each is the phase's share of the run's budget).")
+        configs, current = [], replace(self, phases=[])
+        for i, phase in enumerate(self.phases):
+            where = f"phases[{i}] ({phase.name})"
+            for name in phase.set:
+                _check(name.startswith(PHASE_SETTINGS) and name not in PHASE_FIXED,
+                       f"{where}: {name} cannot change between phases (a phase may set data.*, "
+                       "masking.*, train.batch_size, train.global_batch_size, train.grad_accum_steps "
+                       "and ModernBERT's model.global_rope_theta and model.local_rope_theta); set it "
+                       "for the whole run instead.")
+                _check(not name.startswith("model.") or self.model.architecture == "modernbert",
+                       f"{where}: {name} is a ModernBERT setting and model={self.model.name} is a "
+                       "BERT; remove it from the phase.")
+            current = with_settings(current, phase.set, where)
+            configs.append(current)
+        return configs
 
 
 @dataclass

@@ -34,6 +34,12 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
         source = ", ".join(data.get("train_files", []))
     init_from = config.get("model", {}).get("init_from")
     started = f"- Continued pretraining of: {init_from}.\n" if init_from else ""
+    phase = config.get("phase")
+    if phase:  # a phase's export, phases/<name>/
+        settings = ", ".join(f"{k}={v}" for k, v in phase.get("set", {}).items()) or "the run's own settings"
+        started += (f"- Phase: {phase['name']} of a phased run ({phase['share']:.0%} of its budget, learning "
+                    f"rate {phase['schedule']}; {settings}): {summary.get('phase_steps')} steps, "
+                    f"{summary.get('phase_tokens')} tokens.\n")
     unk = summary.get("validation_unk_share")
     unk_line = (f"- Tokenizer: {vocab} tokens; [UNK] is {unk:.2%} of the validation text's tokens.\n"
                 if unk is not None else "")
@@ -94,8 +100,11 @@ zero-shot on STS-B.
 
 
 def embedding_length(model, config: dict[str, Any]) -> int:
-    """The longest input of the sentence embedder: the blocks the model was trained on."""
+    """The longest input of the sentence embedder: the longest blocks the model was trained on
+    (a phased run's longest phase)."""
     trained = config.get("data", {}).get("max_seq_length") or model.config.max_position_embeddings
+    for phase in config.get("phases") or []:
+        trained = max(int(trained), int(phase.get("set", {}).get("data.max_seq_length") or 0))
     return min(int(trained), model.config.max_position_embeddings)
 
 
@@ -126,7 +135,9 @@ def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, An
     if tmp.exists():
         shutil.rmtree(tmp)
     tokenizer.model_max_length = model.config.max_position_embeddings
-    model.save_pretrained(str(tmp), safe_serialization=True, state_dict=state_dict)
+    # save_pretrained empties the dict it is given; the caller's may be written again (a phase's export)
+    model.save_pretrained(str(tmp), safe_serialization=True,
+                          state_dict=dict(state_dict) if state_dict is not None else None)
     tokenizer.save_pretrained(str(tmp))
     write_embedder_files(tmp, model.config.hidden_size, embedding_length(model, config))
     (tmp / "README.md").write_text(model_card(model, tokenizer, config, summary))

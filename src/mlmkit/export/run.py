@@ -33,7 +33,7 @@ def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) ->
     if probe is not None:
         notes = (*notes, probe.describe(cfg.probe.every))
     try:
-        trainer = Trainer(cfg, Path(run_dir), notes, probe)
+        trainer = Trainer(cfg, Path(run_dir), notes, probe, on_phase_end=export_phase)
         trainer.resume()
         last_eval = trainer.fit()
         export_run(trainer, last_eval)
@@ -44,13 +44,32 @@ def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) ->
 
 def export_run(trainer: Trainer, last_eval: dict[str, Any]) -> None:
     """``final/``: the full weights (every rank takes part: FSDP and ZeRO-3 gather them),
-    written by the main process; then every rank ends the run."""
+    written by the main process, and for a phased run its last phase's ``phases/<name>/``;
+    then every rank ends the run."""
     final_state = trainer.final_state(last_eval)
     if final_state is not None:
         plain, weights, summary = final_state
-        final = export_final(
-            plain, trainer.tokenizer, trainer.run_dir / "final", config=asdict(trainer.cfg), summary=summary,
-            state_dict=without_tied_copies(plain, weights),
-        )
+        weights = without_tied_copies(plain, weights)
+        final = export_final(plain, trainer.tokenizer, trainer.run_dir / "final", config=asdict(trainer.run_cfg),
+                             summary=summary, state_dict=weights)
         log.info("Exported %s", final)
+        if trainer.plan is not None:
+            _write_phase(trainer, trainer.plan.name, plain, weights, summary)
     trainer.end()
+
+
+def export_phase(trainer: Trainer, name: str, last_eval: dict[str, Any]) -> None:
+    """``phases/<name>/`` at a phase's end: a plain model dir as ``final/`` is, whose model
+    card names the phase and whose config holds the phase's settings (every rank takes part)."""
+    final_state = trainer.final_state(last_eval)
+    if final_state is not None:
+        plain, weights, summary = final_state
+        _write_phase(trainer, name, plain, without_tied_copies(plain, weights), summary)
+
+
+def _write_phase(trainer: Trainer, name: str, plain, weights: dict[str, Any], summary: dict[str, Any]) -> None:
+    phase = next(p for p in trainer.plan.phases if p.name == name)
+    config = {**asdict(trainer.cfg), "phase": asdict(phase)}
+    path = export_final(plain, trainer.tokenizer, trainer.run_dir / "phases" / name, config=config,
+                        summary=summary, state_dict=weights)
+    log.info("Exported phase %s to %s", name, path)

@@ -282,3 +282,32 @@ def fit_tokenizer(tokenizer, model) -> None:
         names = [n for n in tokenizer.model_input_names if n != "token_type_ids"]
         tokenizer.model_input_names = names
         tokenizer.init_kwargs["model_input_names"] = list(names)
+
+
+def set_rope_theta(model, global_theta: float, local_theta: float) -> bool:
+    """Give a ModernBERT the rotary bases of its global and local (sliding-window) layers, in its
+    config (so an export carries them) and in its rotary embeddings' frequencies (a context
+    extension raises the global base: Warner et al. (2024), 10k -> 160k). Returns whether
+    anything changed; a BERT (learned positions) is left as it is."""
+    config = model.config
+    if getattr(config, "model_type", None) != "modernbert":
+        return False
+    wanted = {"full_attention": float(global_theta), "sliding_attention": float(local_theta)}
+    params = config.rope_parameters
+    changed = [kind for kind, theta in wanted.items()
+               if kind in params and float(params[kind]["rope_theta"]) != theta]
+    for kind in changed:
+        params[kind]["rope_theta"] = wanted[kind]
+    if not changed:
+        return False
+    for module in model.modules():
+        if type(module).__name__ != "ModernBertRotaryEmbedding":
+            continue
+        for kind in changed:
+            buffer = getattr(module, f"{kind}_inv_freq", None)
+            if buffer is None:
+                continue
+            inv_freq, _ = module.compute_default_rope_parameters(config, buffer.device, layer_type=kind)
+            buffer.copy_(inv_freq.to(buffer.dtype))
+            getattr(module, f"{kind}_original_inv_freq").copy_(inv_freq.to(buffer.dtype))
+    return True

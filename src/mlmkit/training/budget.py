@@ -56,14 +56,17 @@ class Budget:
 
     def progress(self, step: int, tokens: int | None = None) -> float:
         """The largest used share of any budget after ``step`` steps (and ``tokens``)."""
-        tokens = self.tokens if tokens is None else tokens
+        return self.progress_at(step, self.tokens if tokens is None else tokens, self.elapsed(step))
+
+    def progress_at(self, step: int, tokens: int, elapsed: float) -> float:
+        """The largest used share of any budget at ``step`` steps, ``tokens`` and ``elapsed`` seconds."""
         shares = []
         if self.max_steps:
             shares.append(step / self.max_steps)
         if self.max_tokens:
             shares.append(tokens / self.max_tokens)
         if self.max_time:
-            shares.append(self.elapsed(step) / self.max_time)
+            shares.append(elapsed / self.max_time)
         return max(shares) if shares else 0.0
 
     def done(self, step: int) -> bool:

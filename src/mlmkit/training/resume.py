@@ -42,7 +42,8 @@ _MODEL_FREE = {"model.name", "model.init_from", "model.attn_implementation", "mo
 # data settings that change neither the blocks nor their order
 _DATA_FREE = {"data.pad_to_multiple_of", "data.num_proc", "data.max_eval_samples", "data.cache"}
 # settings a resume does not look at
-_IGNORED = {"train.resume", "train.progress", "train.num_workers", "train.reuse_cpu_memory"}
+_IGNORED = {"train.resume", "train.progress", "train.num_workers", "train.reuse_cpu_memory",
+            "phases"}  # phases: checked by phases.begun_phases
 _IGNORED_SECTIONS = ("paths.", "logger.")
 
 # the model config fields that decide the shape of the weights (and, for ModernBERT, which

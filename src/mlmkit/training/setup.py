@@ -35,6 +35,7 @@ from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint import resolve_resume
 from mlmkit.training.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training.optim import build_optimizer, build_scheduler
+from mlmkit.training.phases import PhasePlan
 from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, stored_reference_rate
 from mlmkit.training.resume import check_model_shape
 from mlmkit.training.runtime import (
@@ -147,18 +148,24 @@ class Data:
     train_blocks: int | None  # map mode: blocks in the training set (None: streamed)
 
 
-def _tokenizer(cfg: Config, texts, fingerprint: str, cache_dir: Path, run_tokenizer: Path | None):
-    """A resumed run keeps its own tokenizer (``<run>/model/``); a new one gets ``get_tokenizer``'s."""
+def _tokenizer(cfg: Config, texts, fingerprint: str, cache_dir: Path, run_tokenizer: Path | None,
+               tokenizer=None):
+    """A resumed run keeps its own tokenizer (``<run>/model/``); a new one gets ``get_tokenizer``'s;
+    a phase takes the run's (``tokenizer``)."""
+    if tokenizer is not None:
+        return tokenizer
     if run_tokenizer is not None:
         return load_tokenizer(str(run_tokenizer), setting="the run's own tokenizer")
     return get_tokenizer(cfg.tokenizer, texts, fingerprint, cache_dir, init_from=cfg.model.init_from)
 
 
-def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None = None) -> Data:
+def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None = None,
+                 tokenizer=None) -> Data:
     """The tokenizer and data; the main process of each node prepares, the others reuse.
-    ``run_tokenizer``: the tokenizer dir of a resumed run."""
+    ``run_tokenizer``: the tokenizer dir of a resumed run; ``tokenizer``: the run's own, for
+    the data of a later phase."""
     if cfg.data.streaming:
-        return _prepare_streaming(cfg, accelerator, run_tokenizer)
+        return _prepare_streaming(cfg, accelerator, run_tokenizer, tokenizer)
     cache_dir = Path(cfg.paths.cache_dir).expanduser()
     fingerprint = corpus_fingerprint(cfg.data)
     corpus = {}
@@ -169,7 +176,7 @@ def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | No
             yield from rows["text"]
 
     with accelerator.local_main_process_first():
-        tokenizer = _tokenizer(cfg, corpus_texts, fingerprint, cache_dir, run_tokenizer)
+        tokenizer = _tokenizer(cfg, corpus_texts, fingerprint, cache_dir, run_tokenizer, tokenizer)
         packed = prepare_datasets(cfg.data, tokenizer, cache_dir, corpus=corpus.get("loaded"),
                                   fingerprint=fingerprint)
     train_set, val_set = packed["train"], packed["validation"]
@@ -186,13 +193,14 @@ def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | No
     return Data(tokenizer, train_set, val_set, train_set, fingerprint, len(train_set))
 
 
-def _prepare_streaming(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None) -> Data:
+def _prepare_streaming(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None,
+                       tokenizer=None) -> Data:
     cache_dir = Path(cfg.paths.cache_dir).expanduser()
     tc = cfg.train
     fingerprint = corpus_fingerprint(cfg.data)
     with accelerator.local_main_process_first():
         tokenizer = _tokenizer(cfg, lambda: streaming.iter_texts(cfg.data), fingerprint, cache_dir,
-                               run_tokenizer)
+                               run_tokenizer, tokenizer)
         train_set, val_set, baseline_set = streaming.setup_streaming(
             cfg.data, tokenizer, tc.batch_size, accelerator.process_index, accelerator.num_processes,
             tc.num_workers, tc.seed)
@@ -241,16 +249,18 @@ class ModelParts:
     budget: Budget
     scheduler: Any
     meter: ThroughputMeter
+    plan: PhasePlan | None = None  # a phased run's phases (the schedule follows them)
 
 
 def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
                       run_dir: Path, resume_from: Path | None = None,
-                      token_counts: Any = None) -> ModelParts:
+                      token_counts: Any = None, run_cfg: Config | None = None) -> ModelParts:
     """The model (its config and tokenizer saved to ``<run>/model/`` where none is; a resumed
     run's model must have the shape saved beside its checkpoint), the objective, the optimizer,
     the budget and the schedule against it, and the MFU meter. ``token_counts``: the training
     blocks' token counts, where a new model's output bias starts from them
-    (``model.output_bias_init=unigram``)."""
+    (``model.output_bias_init=unigram``). ``cfg``: the settings of the phase the run starts
+    in; ``run_cfg``: the run's, whose ``phases`` the schedule follows."""
     tc, device = cfg.train, accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
@@ -285,15 +295,22 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     optimizer = build_optimizer(objective, cfg.optim, device.type)
     budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
     log.info(tc.budget_description())
-    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=budget.lr_factor)
-    return ModelParts(model, objective, optimizer, budget, scheduler, meter)
+    plan = PhasePlan(run_cfg, budget) if run_cfg is not None and run_cfg.phases else None
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps,
+                                factor=plan.lr_factor if plan is not None else budget.lr_factor)
+    return ModelParts(model, objective, optimizer, budget, scheduler, meter, plan)
 
 
-def build_collator(cfg: Config, tokenizer, rank: int) -> MLMCollator:
+def build_collator(cfg: Config, tokenizer, rank: int, generator=None) -> MLMCollator:
+    """The run's collator (``generator``: a collator generator whose state it carries on from,
+    at a phase's start)."""
     m = cfg.masking
-    return MLMCollator(
+    collator = MLMCollator(
         tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
         seed=cfg.train.seed * 1000 + rank, strategy=m.strategy, span_p=m.span_p,
         span_max_words=m.span_max_words, max_word_tokens=m.max_word_tokens, apply_mask=not m.on_device,
         pad_to_multiple_of=cfg.data.pad_to_multiple_of if cfg.data.packing == "line_by_line" else None,
     )
+    if generator is not None:
+        collator.generator.set_state(generator.get_state())
+    return collator

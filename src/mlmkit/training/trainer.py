@@ -4,7 +4,8 @@
 model, optimizer and budget), ``resume`` restores a checkpoint if asked (``TrainState``),
 then ``fit`` runs optimizer steps (``step``) until the first budget is spent, and once in a
 while logs, evaluates (``validation``) and saves a checkpoint; ``final_state`` gathers the
-weights for the export of ``final/`` (``export.run.train`` runs all of it).
+weights for the export of ``final/`` (``export.run.train`` runs all of it). A phased run
+(``phases``) switches its data, masking and batch at each phase's end (``begin_phase``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from mlmkit.training import resume, setup
 from mlmkit.training.checkpoint import load_checkpoint, load_latest, save_checkpoint
 from mlmkit.training.loading import RUN_MODEL_DIR
 from mlmkit.training.metrics_log import MetricsLog
+from mlmkit.model.architectures import set_rope_theta
+from mlmkit.model.documents import isolation_sep_id
 from mlmkit.training.perf import peak_memory_gb
+from mlmkit.training.phases import begun_phases, phase_changes
 from mlmkit.training.signals import StopSignals
 from mlmkit.training.state import TrainState
 from mlmkit.training.step import StepResult, count_bad_step, next_micro_batches, optimizer_step
@@ -62,11 +66,15 @@ class LogWindow:
 class Trainer:
     """A run: its parts (built by ``setup``), its state, and the loop over them."""
 
-    def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = (), probe=None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = (), probe=None,
+                 on_phase_end=None) -> None:
         """``notes``: lines for the log from before it opened (what composition chose);
         ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
-        ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``)."""
-        self.cfg, tc, self.probe = cfg, cfg.train, probe
+        ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``);
+        ``on_phase_end(trainer, name, last_eval)``: called on every rank when a phase ends
+        (``export.run`` writes ``phases/<name>/``). ``self.cfg`` holds the current phase's
+        settings, ``self.run_cfg`` the run's."""
+        self.run_cfg, self.probe, self.on_phase_end = cfg, probe, on_phase_end
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
         for note in notes:
             log.info(note)
@@ -75,13 +83,16 @@ class Trainer:
         # a resume is checked against the checkpoint before anything in the run dir is written
         saved = resume.saved_loop_state(self.resume_from) if self.resume_from else {}
         self.changed = resume.check_settings(cfg, saved.get("settings"), self.resume_from) if saved else []
+        # the phases begun so far (a checkpoint's must match this run's list); the current one's settings
+        starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
+        self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
+        tc = self.cfg.train
         self.accum = setup.check_engine(acc, cfg)  # before the data: an engine's refusal costs no tokenizing
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
-        data = setup.prepare_data(cfg, acc, run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
+        data = setup.prepare_data(self.cfg, acc, run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
         if saved:
             resume.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
-        self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
         self.tokenizer = data.tokenizer
         counts = token_counts(data.baseline_set, data.tokenizer)
         unk, tokens = unk_tokens(data.val_set, data.tokenizer)
@@ -89,21 +100,76 @@ class Trainer:
         line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here)
         (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
         self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
-        parts = setup.build_model_parts(cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
-                                        counts)
-        self.model, self.meter = parts.model, parts.meter
-        self.collator = setup.build_collator(cfg, data.tokenizer, acc.process_index)
-        stream = training_stream(cfg, self.collator, data.train_set, acc)
-        self.eval_batches = fixed_eval_batches(data.val_set, data.tokenizer, cfg.masking, tc.batch_size)
-        self.baseline = majority_baseline(counts, self.eval_batches, data.tokenizer)
+        parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
+                                        counts, run_cfg=cfg)
+        self.model, self.meter, self.plan = parts.model, parts.meter, parts.plan
+        if self.plan is not None:
+            self.plan.starts = starts
+        self.collator = setup.build_collator(self.cfg, data.tokenizer, acc.process_index)
         self.objective, self.optimizer, self.scheduler = acc.prepare(parts.objective, parts.optimizer,
                                                                      parts.scheduler)
-        self.state = TrainState(parts.budget, stream, self.collator, acc.process_index,
+        self.state = TrainState(parts.budget, None, self.collator, acc.process_index,
                                 acc.num_processes, cfg.data.streaming)
+        self.use_data(data)
+        self.baseline = majority_baseline(counts, self.eval_batches, data.tokenizer)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=acc.is_main_process)
+        self.last_eval, self.last_eval_step = {}, -1
+
+    def use_data(self, data, collator=None) -> None:
+        """Train and evaluate on ``data`` under the current phase's settings (``self.cfg``):
+        its stream and eval batches; the model takes the phase's RoPE bases and document
+        isolation; ``collator``: a new phase's."""
+        cfg, acc = self.cfg, self.accelerator
+        self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
+        if collator is not None:
+            self.collator = self.state.collator = collator
+        self.state.stream = training_stream(cfg, self.collator, data.train_set, acc)
+        self.eval_batches = fixed_eval_batches(data.val_set, data.tokenizer, cfg.masking, cfg.train.batch_size)
+        self.meter.seq_len = cfg.data.max_seq_length
+        objective = acc.unwrap_model(self.objective)
+        objective.document_sep_id = isolation_sep_id(cfg.data.packing, data.tokenizer)
+        set_rope_theta(objective.model, cfg.model.global_rope_theta, cfg.model.local_rope_theta)
+
+    def begin_phase(self) -> None:
+        """End the current phase (evaluated, ``on_phase_end``) and switch to the next one: its
+        data, masking, batch and learning rate, logged as a ``phase`` event."""
+        state, old = self.state, self.cfg
+        if self.plan.index >= 0:
+            log.info("Phase %s ends at step %d (%s tokens)", self.plan.name, state.step, f"{state.tokens_seen:,}")
+            if self.last_eval_step != state.step:
+                self.evaluate()
+            if self.on_phase_end is not None:
+                self.on_phase_end(self, self.plan.name, dict(self.last_eval))
+        index = self.plan.begin(state.step, state.tokens_seen, state.budget.elapsed(state.step))
+        self.cfg = self.plan.config(index)
+        if index > 0:  # the first phase's data is the run's own, prepared at setup
+            self.accum = setup.check_engine(self.accelerator, self.cfg)
+            data = setup.prepare_data(self.cfg, self.accelerator, tokenizer=self.tokenizer)
+            # the phase's masking; the mask generator carries on
+            self.use_data(data, setup.build_collator(self.cfg, self.tokenizer, self.accelerator.process_index,
+                                                     generator=self.collator.generator))
+        refresh_lr(self.scheduler)
+        phase = self.plan.phases[index]
+        changes = phase_changes(old, self.cfg, phase.set)
+        start, end = self.plan.span(index)
+        self.record({"event": "phase", "step": state.step, "phase": phase.name, "index": index,
+                     "share": round(end - start, 6), "schedule": phase.schedule,
+                     "lr": self.scheduler.get_last_lr()[0], "changes": changes,
+                     "max_seq_length": self.cfg.data.max_seq_length,
+                     "global_batch_size": self.global_batch()})
+        log.info("Phase %d/%d %s from step %d (%.0f%% of the budget; learning rate %s from %s; %s)%s", index + 1,
+                 len(self.plan.phases), phase.name, state.step, 100 * (end - start), phase.schedule,
+                 f"{self.scheduler.get_last_lr()[0]:.3g}",
+                 f"{self.cfg.data.max_seq_length} tokens x {self.global_batch()} sequences",
+                 "; " + ", ".join(f"{k}={v}" for k, v in changes.items()) if changes else "")
+
+    def global_batch(self) -> int:
+        return self.cfg.train.batch_size * self.accelerator.num_processes * self.accum
 
     def record(self, event: dict[str, Any]) -> None:
-        """One event to metrics.jsonl and the trackers."""
+        """One event to metrics.jsonl and the trackers (a phased run's name its phase)."""
+        if self.plan is not None and self.plan.index >= 0:
+            event.setdefault("phase", self.plan.name)
         self.metrics.write(event)
         log_event(self.accelerator, event)
 
@@ -129,8 +195,10 @@ class Trainer:
                 inner = getattr(self.scheduler, "scheduler", self.scheduler)
                 resume.apply_optim_settings(self.optimizer, self.scheduler, self.cfg.optim,
                                             inner.lr_lambdas[0](inner.last_epoch))
-        start_trackers(self.accelerator, self.cfg.logger, self.run_dir, asdict(self.cfg))
+        start_trackers(self.accelerator, self.cfg.logger, self.run_dir, asdict(self.run_cfg))
         if self.resume_from is None:
+            if self.plan is not None:
+                self.begin_phase()
             self.record({"event": "baseline", "step": 0, **self.baseline})
             log.info("Baseline: always predicting %r scores eval accuracy %.4f",
                      self.baseline["baseline_token"], self.baseline["baseline_accuracy"])
@@ -148,6 +216,8 @@ class Trainer:
         self.objective.train()
         with StopSignals() as signals, finish_trackers_on_error(acc):
             while not state.budget.done(state.step):
+                if self.plan is not None and self.plan.due(state.step):
+                    self._paused(window, self.begin_phase)
                 result = self.train_step()
                 window.add(result)
                 last = state.budget.done(state.step)
@@ -214,7 +284,7 @@ class Trainer:
             "tokens_seen": state.tokens_seen,
             "epoch": state.stream.epoch,
             "elapsed_s": self.time_base + time.perf_counter() - self.t_start,
-            "global_batch_size": self.cfg.train.batch_size * acc.num_processes * self.accum,
+            "global_batch_size": self.global_batch(),
         }
         self.record(event)
         if self.progress is not None:  # tqdm shows the time left itself
@@ -227,6 +297,7 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         figures = evaluate(self.accelerator, self.objective, self.eval_batches)
         self.record({"event": "eval", "step": self.state.step, **figures})
+        self.last_eval, self.last_eval_step = figures, self.state.step
         log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f ± %.4f (%d masked tokens)",
                  self.state.step, figures["eval_loss"], figures["eval_perplexity"], figures["eval_accuracy"],
                  figures["eval_accuracy_stderr"], figures["eval_tokens"])
@@ -249,7 +320,8 @@ class Trainer:
                  figures.get("probe_eval_examples", 0), figures.get("probe_seconds", 0.0))
 
     def save(self) -> None:
-        loop_state = {**self.state.state_dict(), "settings": asdict(self.cfg), **self.data_identity}
+        loop_state = {**self.state.state_dict(), "settings": asdict(self.run_cfg), **self.data_identity,
+                      **({"phases": self.plan.state_dict()} if self.plan is not None else {})}
         path = save_checkpoint(self.accelerator, self.ckpt_dir, self.state.step, loop_state,
                                self.cfg.train.keep_last)
         log.info("Saved checkpoint %s", path)
@@ -270,6 +342,10 @@ class Trainer:
             return None
         summary = {"step": state.step, "tokens_seen": state.tokens_seen, **last_eval, **self.baseline,
                    **self.tokenizer_fit}
+        if self.plan is not None:
+            begun = self.plan.starts[self.plan.index]
+            summary.update({"phase": self.plan.name, "phase_steps": state.step - begun["step"],
+                            "phase_tokens": state.tokens_seen - begun["tokens"]})
         # the training objective wraps the model as .model
         return (acc.unwrap_model(self.objective).model,
                 {k.removeprefix("model."): v for k, v in weights.items()}, summary)
@@ -306,3 +382,12 @@ class Trainer:
         if self.progress is not None:
             self.progress.close()
             self.progress = None
+
+
+def refresh_lr(scheduler) -> None:
+    """The learning rate of the next step, from the schedule as it now stands (a new phase)."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps the scheduler
+    factors = [fn(inner.last_epoch) for fn in inner.lr_lambdas]
+    for group, base, factor in zip(inner.optimizer.param_groups, inner.base_lrs, factors):
+        group["lr"] = base * factor
+    inner._last_lr = [g["lr"] for g in inner.optimizer.param_groups]
