@@ -122,3 +122,39 @@ def test_a_finished_run_continues_with_a_new_phase_and_a_begun_phase_cannot_chan
     assert steps[-5:] == [(8, None), (9, "long"), (10, "long"), (11, "long"), (12, "long")]
     assert (run / "phases" / "main" / "model.safetensors").is_file()
     assert json.loads((run / "final" / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
+
+
+@pytest.mark.slow
+def test_a_modernbert_context_extension_raises_the_rope_theta_in_its_export(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    run_train(run, cache_dir, "model=modernbert-tiny", "model.num_hidden_layers=3", "model.local_attention=16",
+              "model.intermediate_size=48", "model.global_rope_theta=10000", "data.max_seq_length=32",
+              "train.max_steps=4", "train.save_every=0", "train.log_every=1",
+              "train.eval_every=0", "phases=[{name:short,share:0.5},{name:extend,share:0.5,schedule:constant,"
+              "lr:1e-4,set:{data.max_seq_length:64,model.global_rope_theta:160000}}]")
+    theta = {name: json.loads((run / "phases" / name / "config.json").read_text())["rope_parameters"]
+             ["full_attention"]["rope_theta"] for name in ("short", "extend")}
+    assert theta == {"short": 10000.0, "extend": 160000.0}
+    assert json.loads((run / "final" / "config.json").read_text())["rope_parameters"]["full_attention"][
+        "rope_theta"] == 160000.0
+    assert [e["lr"] for e in events(run, "train") if e["step"] > 2] == [pytest.approx(1e-4)] * 2
+
+
+@pytest.mark.slow
+def test_the_batch_warmup_resumes_exactly_inside_its_ramp(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    args = ["data.max_seq_length=32", "train.batch_size=4", "train.global_batch_size=16",
+            "train.batch_warmup_tokens=1024", "train.max_steps=10", "train.save_every=4", "train.keep_last=3", "train.eval_every=0",
+            "train.log_every=1", "train.precision=no", "optim.warmup_steps=0", "optim.schedule=constant"]
+    run_train(run, cache_dir, *args)
+    train = events(run, "train")
+    assert [e["global_batch_size"] for e in train] == [4, 4, 4, 8, 8, 12, 16, 16, 16, 16]
+    # the rate follows the batch: a quarter of the run's at a quarter of its batch
+    assert [e["lr"] / train[-1]["lr"] for e in train[:7]] == pytest.approx([0.25] * 3 + [0.5] * 2 + [0.75, 1.0])
+    full = [(e["step"], e["loss"]) for e in train]
+    shutil.rmtree(run / "checkpoints" / "step_0000010")
+    shutil.rmtree(run / "checkpoints" / "step_0000008")
+    shutil.rmtree(run / "final")
+    proc = run_train(run, cache_dir, *args, "train.resume=auto")
+    assert "step 4" in proc.stderr
+    assert [(e["step"], e["loss"]) for e in events(run, "train")] == full

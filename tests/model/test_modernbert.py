@@ -173,3 +173,25 @@ def test_flash_attention_varlen_equals_sdpa_on_padded_batches_with_windows(token
     torch.testing.assert_close(results[0][0], results[1][0], rtol=2e-2, atol=1e-2)
     cos = torch.nn.functional.cosine_similarity(results[0][1].flatten(), results[1][1].flatten(), dim=0)
     assert cos > 0.99
+
+
+def test_a_new_rope_theta_reaches_the_config_and_the_rotary_frequencies(tokenizer):
+    """A context extension raises the global layers' RoPE base (ModernBERT: 10k -> 160k)."""
+    from mlmkit.model.architectures import set_rope_theta
+
+    model = build_model(SMALL, tokenizer).eval()
+    batch = _batch(tokenizer, n=2, length=200)
+    with torch.no_grad():
+        before = model(input_ids=batch["input_ids"]).logits
+    assert not set_rope_theta(model, SMALL.global_rope_theta, SMALL.local_rope_theta)  # nothing to change
+    assert set_rope_theta(model, 1_000_000.0, SMALL.local_rope_theta)
+    assert model.config.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
+    assert model.config.rope_parameters["sliding_attention"]["rope_theta"] == SMALL.local_rope_theta
+    rotary = model.model.rotary_emb
+    expected = 1.0 / 1_000_000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    torch.testing.assert_close(rotary.full_attention_inv_freq, expected)
+    with torch.no_grad():
+        after = model(input_ids=batch["input_ids"]).logits
+    assert not torch.allclose(before, after)
+    bert = build_model(ModelConfig(), tokenizer)
+    assert not set_rope_theta(bert, 1_000_000.0, 10_000.0)  # learned positions: nothing to change

@@ -443,6 +443,12 @@ class TrainConfig:
     reuse_cpu_memory: bool = True
     # Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops.
     max_bad_steps: int = 5
+    # Batch-size warmup: the global batch grows linearly from batch_warmup_start sequences to
+    # the run's (global_batch_size, or batch_size x processes x grad_accum_steps) over the first
+    # batch_warmup_tokens tokens, by accumulating more micro-batches; the learning rate follows
+    # the batch (0: off)
+    batch_warmup_tokens: int = 0
+    batch_warmup_start: int | None = None  # sequences per step at the start (null: one micro-batch per process)
     progress: bool = True  # show a progress bar
     export: bool = True  # write <run dir>/final/ at the end
 
@@ -464,6 +470,9 @@ class TrainConfig:
                f"train.batch_size ({self.batch_size}), the batch of one device.")
         _check(self.num_workers >= 0, "train.num_workers must not be negative.")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
+        _check(self.batch_warmup_tokens >= 0, "train.batch_warmup_tokens must not be negative.")
+        _check(self.batch_warmup_start is None or self.batch_warmup_start >= 1,
+               "train.batch_warmup_start must be at least 1 (or null for one micro-batch per process).")
 
     def budget_description(self) -> str:
         """Which budget ends the run, in words, for the log."""

@@ -177,3 +177,14 @@ class BatchRamp:
     def lr_ratio(self, tokens_seen: int) -> float:
         return self.accum(tokens_seen) / self.target
 
+    def retarget(self, per_pass: int, target_accum: int) -> None:
+        """A phase's batch: the ramp goes on towards it."""
+        start = self.start * self.per_pass
+        self.per_pass, self.target = per_pass, target_accum
+        self.start = max(1, min(target_accum, math.ceil(start / per_pass)))
+
+    def scaled(self, factor, budget: Budget):
+        """``factor`` (a schedule's multiplier) times the batch's share of its target for the
+        step it sets the rate of (the batch after the budget's tokens so far)."""
+        return lambda step: factor(step) * self.lr_ratio(budget.tokens)
+

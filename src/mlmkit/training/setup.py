@@ -35,7 +35,7 @@ from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint import resolve_resume
 from mlmkit.training.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training.optim import build_optimizer, build_scheduler
-from mlmkit.training.phases import PhasePlan
+from mlmkit.training.phases import BatchRamp, PhasePlan
 from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, stored_reference_rate
 from mlmkit.training.resume import check_model_shape
 from mlmkit.training.runtime import (
@@ -217,6 +217,9 @@ def check_engine(accelerator: Accelerator, cfg: Config) -> int:
     tc, world = cfg.train, accelerator.num_processes
     accum = tc.accumulation_steps(world)
     if accelerator.distributed_type.value == "DEEPSPEED":
+        if tc.batch_warmup_tokens:
+            raise ConfigError("train.batch_warmup_tokens grows the batch by accumulating micro-batches, "
+                              "and under DeepSpeed nothing accumulates; set train.batch_warmup_tokens=0.")
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         ds_accum = ds_config.get("gradient_accumulation_steps", 1)
         if accum > 1 or ds_accum not in (1, "auto"):
@@ -250,17 +253,19 @@ class ModelParts:
     scheduler: Any
     meter: ThroughputMeter
     plan: PhasePlan | None = None  # a phased run's phases (the schedule follows them)
+    ramp: BatchRamp | None = None  # the batch-size warmup
 
 
 def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
                       run_dir: Path, resume_from: Path | None = None,
-                      token_counts: Any = None, run_cfg: Config | None = None) -> ModelParts:
+                      token_counts: Any = None, run_cfg: Config | None = None, accum: int = 1) -> ModelParts:
     """The model (its config and tokenizer saved to ``<run>/model/`` where none is; a resumed
     run's model must have the shape saved beside its checkpoint), the objective, the optimizer,
     the budget and the schedule against it, and the MFU meter. ``token_counts``: the training
     blocks' token counts, where a new model's output bias starts from them
     (``model.output_bias_init=unigram``). ``cfg``: the settings of the phase the run starts
-    in; ``run_cfg``: the run's, whose ``phases`` the schedule follows."""
+    in; ``run_cfg``: the run's, whose ``phases`` the schedule follows; ``accum``: the
+    accumulation steps of the run's batch (a batch-size warmup starts below them)."""
     tc, device = cfg.train, accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
@@ -296,9 +301,17 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
     log.info(tc.budget_description())
     plan = PhasePlan(run_cfg, budget) if run_cfg is not None and run_cfg.phases else None
-    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps,
-                                factor=plan.lr_factor if plan is not None else budget.lr_factor)
-    return ModelParts(model, objective, optimizer, budget, scheduler, meter, plan)
+    factor = plan.lr_factor if plan is not None else budget.lr_factor
+    ramp = None
+    if tc.batch_warmup_tokens:
+        ramp = BatchRamp(tc.batch_warmup_tokens, tc.batch_warmup_start, tc.batch_size * accelerator.num_processes,
+                         accum)
+        log.info("Batch warmup: %d to %d sequences per step over the first %s tokens (train.batch_warmup_tokens), "
+                 "the learning rate in proportion", ramp.start * ramp.per_pass, accum * ramp.per_pass,
+                 f"{tc.batch_warmup_tokens:,}")
+        factor = ramp.scaled(factor, budget)
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=factor)
+    return ModelParts(model, objective, optimizer, budget, scheduler, meter, plan, ramp)
 
 
 def build_collator(cfg: Config, tokenizer, rank: int, generator=None) -> MLMCollator:

@@ -87,7 +87,7 @@ class Trainer:
         starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
         self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
         tc = self.cfg.train
-        self.accum = setup.check_engine(acc, cfg)  # before the data: an engine's refusal costs no tokenizing
+        self.accum = setup.check_engine(acc, self.cfg)  # before the data: an engine's refusal costs no tokenizing
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
         data = setup.prepare_data(self.cfg, acc, run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
@@ -101,8 +101,9 @@ class Trainer:
         (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
         self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
         parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
-                                        counts, run_cfg=cfg)
-        self.model, self.meter, self.plan = parts.model, parts.meter, parts.plan
+                                        counts, run_cfg=cfg, accum=self.accum)
+        self.model, self.meter, self.plan, self.ramp = parts.model, parts.meter, parts.plan, parts.ramp
+        self.step_accum = self.accum
         if self.plan is not None:
             self.plan.starts = starts
         self.collator = setup.build_collator(self.cfg, data.tokenizer, acc.process_index)
@@ -144,6 +145,8 @@ class Trainer:
         self.cfg = self.plan.config(index)
         if index > 0:  # the first phase's data is the run's own, prepared at setup
             self.accum = setup.check_engine(self.accelerator, self.cfg)
+            if self.ramp is not None:
+                self.ramp.retarget(self.cfg.train.batch_size * self.accelerator.num_processes, self.accum)
             data = setup.prepare_data(self.cfg, self.accelerator, tokenizer=self.tokenizer)
             # the phase's masking; the mask generator carries on
             self.use_data(data, setup.build_collator(self.cfg, self.tokenizer, self.accelerator.process_index,
@@ -163,8 +166,9 @@ class Trainer:
                  f"{self.cfg.data.max_seq_length} tokens x {self.global_batch()} sequences",
                  "; " + ", ".join(f"{k}={v}" for k, v in changes.items()) if changes else "")
 
-    def global_batch(self) -> int:
-        return self.cfg.train.batch_size * self.accelerator.num_processes * self.accum
+    def global_batch(self, accum: int | None = None) -> int:
+        """Sequences per optimizer step (``accum``: micro-batches; the phase's by default)."""
+        return self.cfg.train.batch_size * self.accelerator.num_processes * (accum or self.accum)
 
     def record(self, event: dict[str, Any]) -> None:
         """One event to metrics.jsonl and the trackers (a phased run's name its phase)."""
@@ -252,7 +256,8 @@ class Trainer:
         mlm_probability = (m.probability_at(state.step, cfg.train.max_steps) if state.budget.step_only
                            else m.rate_at(state.budget.progress(state.step)))
         self.collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
-        micro = next_micro_batches(state.stream, self.collator, self.accum, m.on_device)
+        self.step_accum = self.ramp.accum(state.tokens_seen) if self.ramp is not None else self.accum
+        micro = next_micro_batches(state.stream, self.collator, self.step_accum, m.on_device)
         result = optimizer_step(self.accelerator, self.objective, self.optimizer,
                                 self.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm)
         result.mlm_probability = mlm_probability
@@ -284,7 +289,7 @@ class Trainer:
             "tokens_seen": state.tokens_seen,
             "epoch": state.stream.epoch,
             "elapsed_s": self.time_base + time.perf_counter() - self.t_start,
-            "global_batch_size": self.global_batch(),
+            "global_batch_size": self.global_batch(self.step_accum),  # the last step's
         }
         self.record(event)
         if self.progress is not None:  # tqdm shows the time left itself
