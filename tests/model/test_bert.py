@@ -288,3 +288,28 @@ def test_a_training_step_returns_no_logits(tokenizer):
     out = objective.eval()(**batch)
     assert set(out) == {"loss_sum", "n_tokens", "logits", "targets"}
     assert out["logits"].shape == (out["targets"].numel(), objective.model.config.vocab_size)
+
+
+def test_a_loaded_bert_extends_its_position_table_by_copying_the_learned_rows(tokenizer, tmp_path):
+    """model.extend_positions_to: 64 learned positions grown to 160, rows 64-127 and 128-159
+    copies of rows 0-63 and 0-31; the model then reads 160-token inputs and saves the longer table."""
+    import pytest
+
+    from mlmkit.errors import ConfigError
+
+    short = build_model(dataclasses.replace(SMALL, max_position_embeddings=64), tokenizer)
+    short.save_pretrained(tmp_path / "short")
+    table = short.bert.embeddings.position_embeddings.weight
+    model = build_model(dataclasses.replace(SMALL, init_from=str(tmp_path / "short"), extend_positions_to=160),
+                        tokenizer, max_seq_length=160)
+    grown = model.bert.embeddings.position_embeddings.weight
+    assert grown.shape == (160, 64) and model.config.max_position_embeddings == 160
+    assert torch.equal(grown[:64], table) and torch.equal(grown[64:128], table) and torch.equal(grown[128:], table[:32])
+    ids = _batch(tokenizer, n=2, length=160)["input_ids"]
+    assert model(input_ids=ids).logits.shape[:2] == (2, 160)
+    model.save_pretrained(tmp_path / "long")
+    assert json.loads((tmp_path / "long" / "config.json").read_text())["max_position_embeddings"] == 160
+    with pytest.raises(ConfigError, match="model.extend_positions_to"):  # a length beyond the table
+        build_model(dataclasses.replace(SMALL, init_from=str(tmp_path / "short")), tokenizer, max_seq_length=128)
+    with pytest.raises(ConfigError, match=r"model.extend_positions_to \(32\) is below the 64 positions"):
+        build_model(dataclasses.replace(SMALL, init_from=str(tmp_path / "short"), extend_positions_to=32), tokenizer)

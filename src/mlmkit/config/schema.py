@@ -126,6 +126,12 @@ class ModelConfig:
     # Continued pretraining: a Hugging Face model dir (or hub name) to start from.
     # Its config, weights and tokenizer are used; the size fields above are ignored.
     init_from: str | None = None
+    # With init_from: positions for sequences longer than the loaded model's (a context
+    # extension, e.g. 512 -> 1024). A BERT's learned position table grows to this many rows,
+    # each new row a copy of the learned row as many places back as the table was long (the
+    # copy initialisation of Beltagy et al. (2020), Longformer); a ModernBERT (rotary) only
+    # records the new length. null: the loaded model's.
+    extend_positions_to: int | None = None
     # Attention kernel: "auto" (flash_attention_2 on CUDA in bf16/fp16 when flash-attn is
     # installed, so padding costs no attention; else sdpa), "sdpa" (torch
     # scaled_dot_product_attention, fused kernels), "flash_attention_2" or "eager".

@@ -92,6 +92,8 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
             )
         # Dropout is a recipe choice of this run, not of the checkpoint.
         parts_of(model).set_dropout(model, cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob)
+        if cfg.extend_positions_to:
+            extend_positions(model, cfg.extend_positions_to)
     else:
         masked_lm = transformers_class(architecture(cfg.architecture).masked_lm)
         model = masked_lm(bert_config(cfg, tokenizer))
@@ -101,11 +103,41 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
         architecture(cfg.architecture).init_attention(model, cfg.attention_init)
     limit = model.config.max_position_embeddings
     if max_seq_length is not None and max_seq_length > limit:
+        grow = " or set model.extend_positions_to" if cfg.init_from else " or raise model.max_position_embeddings"
         raise ConfigError(
-            f"data.max_seq_length ({max_seq_length}) is larger than the model's "
-            f"max_position_embeddings ({limit}); lower data.max_seq_length."
+            f"data.max_seq_length ({max_seq_length}, the longest of the run and its phases) is larger than "
+            f"the model's max_position_embeddings ({limit}); lower data.max_seq_length{grow}."
         )
     return model
+
+
+@torch.no_grad()
+def extend_positions(model, rows: int) -> int:
+    """Give a loaded model positions up to ``rows`` (``model.extend_positions_to``). A BERT's
+    learned table grows: row ``i`` past the old length ``n`` starts as a copy of row ``i - n``
+    (Beltagy et al. (2020), 'Longformer', section 5: copying the learned table kept the
+    masked-LM loss of RoBERTa from the first step at 4,096 tokens, where a random init did
+    not). A ModernBERT's rotary positions need no rows: its config records the length.
+    Returns the rows added."""
+    config = model.config
+    old = config.max_position_embeddings
+    if rows < old:
+        raise ConfigError(f"model.extend_positions_to ({rows}) is below the {old} positions of "
+                          "model.init_from; set it above them, or to null.")
+    if rows == old:
+        return 0
+    if config.model_type == "bert":
+        embeddings = model.bert.embeddings
+        table = embeddings.position_embeddings
+        grown = torch.nn.Embedding(rows, table.embedding_dim, device=table.weight.device, dtype=table.weight.dtype)
+        for start in range(0, rows, old):
+            n = min(old, rows - start)
+            grown.weight[start:start + n] = table.weight[:n]
+        embeddings.position_embeddings = grown
+        embeddings.position_ids = torch.arange(rows, device=table.weight.device).expand((1, -1))
+        embeddings.token_type_ids = torch.zeros((1, rows), dtype=torch.long, device=table.weight.device)
+    config.max_position_embeddings = rows
+    return rows - old
 
 
 @torch.no_grad()

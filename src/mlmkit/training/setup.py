@@ -271,7 +271,9 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
     if cfg.tokenizer.extend_vocab and cfg.model.init_from:
         base = load_base_tokenizer(cfg.tokenizer, cfg.model.init_from)
-    model = build_model(cfg.model, tokenizer, cfg.data.max_seq_length, attn, base_tokenizer=base)
+    longest = max([cfg.data.max_seq_length] + [c.data.max_seq_length for c in run_cfg.phase_configs()]
+                  if run_cfg is not None and run_cfg.phases else [cfg.data.max_seq_length])
+    model = build_model(cfg.model, tokenizer, longest, attn, base_tokenizer=base)
     if base is not None:
         log.info("Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
                  "(tokenizer.extend_vocab), their embeddings the mean of their old pieces'",
