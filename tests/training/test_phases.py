@@ -140,3 +140,23 @@ def test_the_batch_warmup_grows_the_accumulation_and_the_rate_with_it():
     assert ramp.start == 2 and ramp.accum(10**6) == 8
     with pytest.raises(ConfigError, match="train.batch_warmup_start"):
         compose(["train.batch_warmup_start=0"])
+
+
+def test_the_published_recipes_compose_with_their_phases():
+    bert = compose(["recipe=bert"])
+    assert (bert.model.name, bert.optim.lr, bert.optim.warmup_steps, bert.train.global_batch_size,
+            bert.train.max_steps, bert.masking.mlm_probability, bert.model.hidden_dropout_prob,
+            bert.model.attention_init, bert.model.output_bias_init) == (
+        "bert-base", 1e-4, 10000, 256, 1_000_000, 0.15, 0.1, "normal", "zero")
+    assert [(p.name, p.share) for p in bert.phases] == [("seq128", 0.9), ("seq512", 0.1)]
+    assert [c.data.max_seq_length for c in bert.phase_configs()] == [128, 512]
+    assert compose(["recipe=bert", "model=bert-mini"]).model.name == "bert-mini"  # the command line wins
+    modern = compose(["recipe=modernbert"])
+    stable, extension, decay = modern.phase_configs()
+    assert (stable.data.max_seq_length, stable.model.global_rope_theta) == (1024, 10000.0)
+    assert (extension.data.max_seq_length, extension.model.global_rope_theta, extension.train.global_batch_size) == (
+        8192, 160000.0, 576)
+    assert [p.schedule for p in modern.phases] == ["continue", "constant", "decay"]
+    tokens = [p.share * modern.train.max_tokens / 1e9 for p in modern.phases]
+    assert tokens == pytest.approx([1719, 250, 50], abs=0.5)
+    assert (modern.masking.mlm_probability, modern.train.batch_warmup_start, modern.optim.beta2) == (0.3, 768, 0.98)
