@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-long test-fast lint bench bench-quality bench-modern bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -78,6 +78,9 @@ bench-quality: venv  ## time to quality, Trainer vs mlmkit in the same budget: m
 
 bench-modern: venv  ## bert-mini vs modernbert-mini, document isolation, linear vs WSD: held-out loss at equal wall-clock (make bench-modern ARGS="--budget 60")
 	$(BIN)/python benchmarks/modern.py $(ARGS)
+
+bench-phases: venv  ## phases at equal tokens: bert-mini at 128, 90/10 128->512, 512; a ModernBERT context extension (held-out loss at 128 and 512/1024 tokens)
+	$(BIN)/python benchmarks/phases.py $(ARGS)
 
 bench-gpu: venv  ## bert-base seq 128 bf16, mlmkit vs Trainer on a CUDA GPU (ARGS=--tiny on a CPU)
 	$(BIN)/python benchmarks/gpu.py $(ARGS)

@@ -19,7 +19,7 @@ Each step holds 4,096 tokens in every phase. Corpora: where ../shared/data is pr
 Gutenberg books to train on and two others held out (Austen's Persuasion, Chesterton's The Man
 Who Was Thursday); else the built-in corpus and its validation split.
 
-    python benchmarks/phases.py [--tokens 4194304] [--only bert modern] [--out DIR]
+    python benchmarks/phases.py [--tokens 4194304] [--only bert modern] [--corpus shared] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
-from quality import GUTENBERG, ROOT, run_logged, train_mlmkit  # noqa: E402
+from quality import GUTENBERG, ROOT, train_mlmkit  # noqa: E402
 
 TRAIN_BOOKS = ["austen-emma.txt", "austen-sense.txt", "chesterton-brown.txt", "melville-moby_dick.txt",
                "milton-paradise.txt", "whitman-leaves.txt"]
@@ -60,28 +60,32 @@ RUNS = {
 EVAL_LENGTHS = {"bert": (128, 512), "modern": (128, 1024)}
 
 
-def data_overrides() -> tuple[list[str], list[str], str]:
+def data_overrides(corpus: str) -> tuple[list[str], list[str], str]:
     """(training overrides, held-out files, a description)."""
-    if all((GUTENBERG / name).is_file() for name in TRAIN_BOOKS + HELD_OUT):
+    if corpus == "shared" and all((GUTENBERG / name).is_file() for name in TRAIN_BOOKS + HELD_OUT):
         files = ",".join(str(GUTENBERG / name) for name in TRAIN_BOOKS)
         return (["data=files", f"data.train_files=[{files}]"], [str(GUTENBERG / n) for n in HELD_OUT],
                 f"Gutenberg: {', '.join(TRAIN_BOOKS)}; held out: {', '.join(HELD_OUT)}")
     return ["data=builtin"], [], "the built-in corpus; held out: its validation split"
 
 
-def evaluate(model_dir: Path, held_out: list[str], length: int, data: list[str], cache: Path, out: Path) -> dict:
-    argv = [sys.executable, "-m", "mlmkit", "eval", f"checkpoint={model_dir}", f"data.max_seq_length={length}",
-            f"paths.cache_dir={cache}", f"output={out}", *data]
-    if held_out:
-        argv.append(f"files=[{','.join(held_out)}]")
-    run_logged(argv, out.with_suffix(".log"), f"the evaluation of {model_dir} at {length} tokens")
-    return json.loads(out.read_text())
+def evaluate(model_dir: Path, held_out: list[str], length: int, cache: Path, out: Path) -> dict:
+    """``mlmkit eval``'s figures (its Python API, in this process) of ``model_dir`` on the held-out
+    files (else the built-in corpus's validation split) in blocks of ``length``."""
+    from mlmkit.config import DataConfig, EvalConfig, PathsConfig
+    from mlmkit.evaluation.mlm import run_evaluation
+
+    data = DataConfig(source="files" if held_out else "builtin", max_seq_length=length)
+    return run_evaluation(EvalConfig(checkpoint=str(model_dir), data=data, files=held_out,
+                                     paths=PathsConfig(cache_dir=str(cache)), output=str(out)))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4 * 1024 * 1024, help="training tokens per run (default 4,194,304)")
     p.add_argument("--only", nargs="+", default=list(RUNS), choices=list(RUNS))
+    p.add_argument("--corpus", default="shared", choices=["shared", "builtin"],
+                   help="shared: the Gutenberg books where ../shared/data has them (default); builtin")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/bench-phases/<time>)")
     args = p.parse_args()
     if args.tokens < 4096:
@@ -92,7 +96,7 @@ def main() -> None:
     out = args.out or ROOT / "outputs" / "bench-phases" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "cache"
-    data, held_out, described = data_overrides()
+    data, held_out, described = data_overrides(args.corpus)
     print(f"{machine()}\n{args.tokens:,} training tokens per run; {described}")
     summary = {"tokens": args.tokens, "data": described, "tables": {}}
     for family in args.only:
@@ -108,11 +112,11 @@ def main() -> None:
             models = [(f"{name}, after phase 1 ({phase})", run_dir / "phases" / phase) for phase in phase_exports]
             models.append((name, run_dir / "final"))
             for label, model_dir in models:
-                figures = {n: evaluate(model_dir, held_out, n, data, cache, run_dir / f"eval-{model_dir.name}-{n}.json")
+                figures = {n: evaluate(model_dir, held_out, n, cache, run_dir / f"eval-{model_dir.name}-{n}.json")
                            for n in lengths}
                 rows.append({"run": label, "steps": last["step"], "tokens": last["tokens_seen"],
                              "train_s": round(last["elapsed_s"], 1), **{
-                                 f"{k}_{n}": figures[n][k] for n in lengths for k in ("eval_loss", "eval_accuracy")}})
+                                 f"eval_{k}_{n}": figures[n][k] for n in lengths for k in ("loss", "accuracy")}})
         summary["tables"][family] = rows
         print(f"\n{family}: held-out masked-token loss / accuracy by evaluation block length\n")
         print("| run | steps | training s | " + " | ".join(f"{n} tokens" for n in lengths) + " |")

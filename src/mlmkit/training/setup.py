@@ -35,8 +35,8 @@ from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint import resolve_resume
 from mlmkit.training.loading import RUN_MODEL_DIR, save_run_model_spec
 from mlmkit.training.optim import build_optimizer, build_scheduler
-from mlmkit.training.phases import BatchRamp, PhasePlan
 from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, stored_reference_rate
+from mlmkit.training.phases import BatchRamp, PhasePlan
 from mlmkit.training.resume import check_model_shape
 from mlmkit.training.runtime import (
     apply_speed_settings,

@@ -25,12 +25,12 @@ from mlmkit.data.loader import training_stream
 from mlmkit.data.packing import token_counts, unk_tokens
 from mlmkit.data.tokenizer import unk_report
 from mlmkit.errors import Preempted
+from mlmkit.model.architectures import set_rope_theta
+from mlmkit.model.documents import isolation_sep_id
 from mlmkit.training import resume, setup
 from mlmkit.training.checkpoint import load_checkpoint, load_latest, save_checkpoint
 from mlmkit.training.loading import RUN_MODEL_DIR
 from mlmkit.training.metrics_log import MetricsLog
-from mlmkit.model.architectures import set_rope_theta
-from mlmkit.model.documents import isolation_sep_id
 from mlmkit.training.perf import peak_memory_gb
 from mlmkit.training.phases import begun_phases, phase_changes
 from mlmkit.training.signals import StopSignals
@@ -86,7 +86,6 @@ class Trainer:
         # the phases begun so far (a checkpoint's must match this run's list); the current one's settings
         starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
         self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
-        tc = self.cfg.train
         self.accum = setup.check_engine(acc, self.cfg)  # before the data: an engine's refusal costs no tokenizing
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
