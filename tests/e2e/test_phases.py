@@ -16,8 +16,8 @@ from runs import events, run_train
 # bert-tiny's TINY settings at 32 tokens, then 64 tokens with half the batch and a new warmup
 TWO_PHASES = ("phases=[{name:short,share:0.5},{name:long,share:0.5,schedule:rewarm,warmup_steps:2,"
               "set:{data:{max_seq_length:64},train:{batch_size:4}}}]")
-ARGS = ["data.max_seq_length=32", "train.max_steps=20", "train.save_every=15", "train.eval_every=0",
-        "train.log_every=1", "train.precision=no", TWO_PHASES]
+ARGS = ["data.max_seq_length=32", "train.max_steps=20", "train.save_every=5", "train.keep_last=4",
+        "train.eval_every=0", "train.log_every=1", "train.precision=no", TWO_PHASES]
 
 
 def _weights(folder):
@@ -64,6 +64,15 @@ def test_a_two_phase_run_resumed_inside_its_second_phase_ends_as_the_uninterrupt
     assert [e["step"] for e in events(run, "phase")] == [0, 10]
     again = _weights(run / "final")
     assert all(torch.equal(full[k], again[k]) for k in full)
+
+    # from the boundary's own checkpoint: the second phase had begun when it was written
+    proc = run_train(run, cache_dir, *ARGS, f"train.resume={run / 'checkpoints' / 'step_0000010'}")
+    assert "step 10" in proc.stderr
+    assert [(e["step"], e["loss"]) for e in events(run, "train")] == full_losses
+    assert [e["step"] for e in events(run, "phase")] == [0, 10]  # logged once
+    evals = [e["step"] for e in events(run, "eval")]
+    assert len(evals) == len(set(evals))
+    assert all(torch.equal(full[k], v) for k, v in _weights(run / "final").items())
 
 
 @pytest.mark.slow

@@ -219,7 +219,7 @@ class Trainer:
         self.objective.train()
         with StopSignals() as signals, finish_trackers_on_error(acc):
             while not state.budget.done(state.step):
-                if self.plan is not None and self.plan.due(state.step):
+                if self.plan is not None and self.plan.due(state.step):  # a finished run given a new phase
                     self._paused(window, self.begin_phase)
                 result = self.train_step()
                 window.add(result)
@@ -230,6 +230,9 @@ class Trainer:
                 # evaluate on the fixed validation batches
                 if (tc.eval_every and state.step % tc.eval_every == 0) or last:
                     last_eval = self._paused(window, self.evaluate)
+                # a phase's end: its export, then the next phase's data (before the step's checkpoint)
+                if self.plan is not None and self.plan.due(state.step):
+                    self._paused(window, self.begin_phase)
                 # probe the frozen encoder on a labelled task (probe.every)
                 if self.probe is not None and (state.step % self.cfg.probe.every == 0 or last):
                     self._paused(window, self.run_probe)
