@@ -5,7 +5,8 @@
 
 Four panels against the optimizer step: training loss, validation accuracy (masked
 tokens; the dashed line is the majority-token baseline), learning rate and tokens/s; a fifth,
-the probe's dev accuracy on its labelled task, when a run probed (``probe.every``).
+the probe's dev accuracy on its labelled task, when a run probed (``probe.every``). A phased
+run's phases begin at its dotted vertical lines, named in the learning-rate panel.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
             if points:
                 steps, values = zip(*points)
                 ax.plot(steps, values, label=label, color=f"C{i}", marker="." if len(points) < 30 else None)
+            for e in events:  # a phased run: where each later phase begins
+                if e["event"] == "phase" and _number(e.get("step")) and e["step"] > 0:
+                    ax.axvline(e["step"], color=f"C{i}", linestyle=":", linewidth=0.8)
+                    if key == "lr":
+                        ax.annotate(str(e.get("phase", "")), (e["step"], 1.0), xycoords=("data", "axes fraction"),
+                                    fontsize="small", rotation=90, va="top", ha="right")
             if key == "eval_accuracy":
                 base = [e["baseline_accuracy"] for e in events
                         if e["event"] == "baseline" and _number(e.get("baseline_accuracy"))]
