@@ -210,13 +210,18 @@ def _prepare_streaming(cfg: Config, accelerator: Accelerator, run_tokenizer: Pat
     return Data(tokenizer, train_set, val_set, baseline_set, fingerprint, None)
 
 
-def check_engine(accelerator: Accelerator, cfg: Config) -> int:
+def check_engine(accelerator: Accelerator, cfg: Config, phases=()) -> int:
     """The accumulation steps of the run, checked against the engine. Under DeepSpeed nothing
     accumulates: an optimizer step is one micro-batch of train.batch_size per process, and
-    DeepSpeed takes that micro-batch from its own config."""
+    DeepSpeed takes that micro-batch from its own config (``phases``: the run's, which may
+    then not change the batch)."""
     tc, world = cfg.train, accelerator.num_processes
     accum = tc.accumulation_steps(world)
     if accelerator.distributed_type.value == "DEEPSPEED":
+        if any(name.startswith("train.") for phase in phases for name in phase.set):
+            raise ConfigError("Under DeepSpeed the micro-batch is fixed when the engine starts, so no phase may "
+                              "set train.batch_size, train.global_batch_size or train.grad_accum_steps; keep "
+                              "the batch across phases, or train under DDP or FSDP.")
         if tc.batch_warmup_tokens:
             raise ConfigError("train.batch_warmup_tokens grows the batch by accumulating micro-batches, "
                               "and under DeepSpeed nothing accumulates; set train.batch_warmup_tokens=0.")

@@ -86,7 +86,7 @@ class Trainer:
         # the phases begun so far (a checkpoint's must match this run's list); the current one's settings
         starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
         self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
-        self.accum = setup.check_engine(acc, self.cfg)  # before the data: an engine's refusal costs no tokenizing
+        self.accum = setup.check_engine(acc, self.cfg, cfg.phases)  # before the data: an engine's refusal costs no tokenizing
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
         data = setup.prepare_data(self.cfg, acc, run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
