@@ -12,7 +12,7 @@ from mlmkit.errors import ConfigError
 
 CONF = ROOT / "conf"
 OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
-OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue", "eval_retrieval")  # conf/<name>.yaml besides config.yaml, each tested below
+OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue", "eval_retrieval", "eval_pairs")  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
@@ -232,6 +232,27 @@ def test_eval_retrieval_config_composes_and_validates():
         to_config(bad, RetrievalEvalConfig)
     with pytest.raises(ConfigError, match="data_dir="):
         to_config(no_data, RetrievalEvalConfig)
+
+
+def test_eval_pairs_config_composes_and_validates():
+    from mlmkit.config import PairsEvalConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="eval_pairs",
+                      overrides=["checkpoint=x", "files=[blimp/anaphor_gender_agreement.jsonl,pairs.tsv]"])
+        bad = compose(config_name="eval_pairs", overrides=["checkpoint=x", "files=[a.jsonl]", "batch_size=0"])
+        no_files = compose(config_name="eval_pairs", overrides=["checkpoint=x"])
+    ev = to_config(cfg, PairsEvalConfig)
+    assert ev.checkpoint == "x" and ev.files == ["blimp/anaphor_gender_agreement.jsonl", "pairs.tsv"]
+    # the defaults of conf/eval_pairs.yaml: BLiMP's field names
+    assert (ev.good_field, ev.bad_field, ev.init) == ("sentence_good", "sentence_bad", "pretrained")
+    assert (ev.max_seq_length, ev.batch_size, ev.output) == (128, 512, None)
+    with pytest.raises(ConfigError, match="batch_size must be at least 1"):
+        to_config(bad, PairsEvalConfig)
+    with pytest.raises(ConfigError, match=r"files=\[a.jsonl,b.tsv\]"):
+        to_config(no_files, PairsEvalConfig)
 
 
 @pytest.mark.parametrize("name,layers,hidden,heads,intermediate", [

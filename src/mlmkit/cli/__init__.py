@@ -4,6 +4,7 @@
     mlmkit eval      checkpoint=outputs/<run>                  MLM figures of a model
     mlmkit eval-sts  checkpoint=outputs/<run> data_dir=<STS-B> zero-shot sentence similarity
     mlmkit eval-retrieval checkpoint=outputs/<run> data_dir=<BEIR folder>  zero-shot retrieval
+    mlmkit eval-pairs checkpoint=outputs/<run> files=[<pairs.jsonl>]  minimal pairs (BLiMP)
     mlmkit finetune  checkpoint=outputs/<run> task=sst2        GLUE fine-tuning
     mlmkit glue      checkpoint=outputs/<run> data_dir=<glue_data>  the GLUE table and average
     mlmkit export    outputs/<run>/checkpoints/step_0001000 out/  a checkpoint as a model dir
@@ -35,6 +36,8 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "eval-sts": ("mlmkit.cli.eval_sts", False, "zero-shot STS-B similarity of the model's sentence embeddings"),
     "eval-retrieval": ("mlmkit.cli.eval_retrieval", False,
                        "zero-shot retrieval (nDCG@10) of the model's sentence embeddings on a BEIR folder"),
+    "eval-pairs": ("mlmkit.cli.eval_pairs", False,
+                   "minimal-pair acceptability (BLiMP) by the model's pseudo-log-likelihoods"),
     "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task or your own labelled files"),
     "glue": ("mlmkit.cli.glue", False, "GLUE's tasks under one protocol: the table and its average"),
     "export": ("mlmkit.cli.export", True, "a checkpoint as a plain model dir (as final/)"),

@@ -61,12 +61,7 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
             if points:
                 steps, values = zip(*points)
                 ax.plot(steps, values, label=label, color=f"C{i}", marker="." if len(points) < 30 else None)
-            for e in events:  # a phased run: where each later phase begins
-                if e["event"] == "phase" and _number(e.get("step")) and e["step"] > 0:
-                    ax.axvline(e["step"], color=f"C{i}", linestyle=":", linewidth=0.8)
-                    if key == "lr":
-                        ax.annotate(str(e.get("phase", "")), (e["step"], 1.0), xycoords=("data", "axes fraction"),
-                                    fontsize="small", rotation=90, va="top", ha="right")
+            _mark_phases(ax, events, f"C{i}", named=key == "lr")
             if key == "eval_accuracy":
                 base = [e["baseline_accuracy"] for e in events
                         if e["event"] == "baseline" and _number(e.get("baseline_accuracy"))]
@@ -90,6 +85,16 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
     finally:
         plt.close(fig)
     return out
+
+
+def _mark_phases(ax, events: list[dict], colour: str, named: bool) -> None:
+    """A phased run: a dotted line where each later phase begins (``named``: with its name)."""
+    for e in events:
+        if e["event"] == "phase" and _number(e.get("step")) and e["step"] > 0:
+            ax.axvline(e["step"], color=colour, linestyle=":", linewidth=0.8)
+            if named:
+                ax.annotate(str(e.get("phase", "")), (e["step"], 1.0), xycoords=("data", "axes fraction"),
+                            fontsize="small", rotation=90, va="top", ha="right")
 
 
 def _number(value) -> bool:

@@ -15,6 +15,7 @@ from mlmkit.config.schema import (
     EvalConfig,
     FinetuneConfig,
     GlueConfig,
+    PairsEvalConfig,
     RetrievalEvalConfig,
     StsEvalConfig,
 )
@@ -56,6 +57,7 @@ def register_configs() -> None:
     cs.store(name="mlmkit_eval_sts_schema", node=StsEvalConfig)
     cs.store(name="mlmkit_glue_schema", node=GlueConfig)
     cs.store(name="mlmkit_eval_retrieval_schema", node=RetrievalEvalConfig)
+    cs.store(name="mlmkit_eval_pairs_schema", node=PairsEvalConfig)
     if not OmegaConf.has_resolver("launch_time"):
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 

@@ -927,3 +927,39 @@ class RetrievalEvalConfig:
         _check(self.max_seq_length is None or self.max_seq_length >= 8,
                f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.")
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
+
+
+PAIR_FILE_TYPES = (".jsonl", ".tsv")  # the files of mlmkit eval-pairs
+
+
+@dataclass
+class PairsEvalConfig:
+    """``mlmkit eval-pairs``: minimal-pair acceptability (conf/eval_pairs.yaml): the share of
+    pairs whose acceptable sentence the masked LM scores higher by pseudo-log-likelihood, per
+    file and as the mean over files (BLiMP's headline figure)."""
+
+    checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
+    init: str = "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    # JSONL (one object a line) or TSV (a header line) files, each line a pair of sentences
+    files: list[str] = field(default_factory=list)
+    good_field: str = "sentence_good"  # the field (TSV: column) of the acceptable sentence
+    bad_field: str = "sentence_bad"  # the field (TSV: column) of the unacceptable sentence
+    max_seq_length: int = 128  # tokens kept of each sentence, [CLS] and [SEP] included
+    batch_size: int = 512  # masked copies of the sentences per forward pass
+    seed: int = 0  # the weights of init=random
+    output: str | None = None  # also write the figures to this JSON file
+
+    def __post_init__(self) -> None:
+        check_model_source(self.checkpoint, self.init, "evaluate")
+        _check(bool(self.files), "Say which files of minimal pairs to score: files=[a.jsonl,b.tsv] "
+               "(JSONL or TSV, an acceptable and an unacceptable sentence a line).")
+        for name in self.files:
+            _check(str(name).endswith(PAIR_FILE_TYPES), f"files: {name!r} is neither a .jsonl nor a "
+                   ".tsv file; set files=[...] to JSONL or TSV files of minimal pairs.")
+            _check(self.files.count(name) == 1, f"files names {name!r} more than once; list each "
+                   "file once in files=[...].")
+        _check(bool(self.good_field) and bool(self.bad_field) and self.good_field != self.bad_field,
+               f"good_field and bad_field must name two different fields, got {self.good_field!r} "
+               f"and {self.bad_field!r}.")
+        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
+        _check(self.batch_size >= 1, "batch_size must be at least 1.")
