@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import random
 
 import pytest
 from conftest import shared_file
-from runs import ROOT, python_run, run_finetune
+from runs import ROOT, python_run
 
 # The long test's pretraining: bert-mini with its defaults, 128 blocks of 16 tokens per step, 1,000
 # steps. A step budget, so that every machine trains the same model; the 30-minute cap only
 # guards against a far slower machine. Many short rows leave the unigram plateau far sooner than
-# fewer long ones, and the linear probe pays off long before zero-shot STS-B turns (about 2,000
-# steps), which is why the probe is what this test asserts (docs/benchmarks.md, "Pretraining pays
-# off downstream", has both curves).
+# fewer long ones; the word order of minimal pairs pays off by 1,000 steps, long before zero-shot
+# STS-B turns (about 2,000). docs/benchmarks.md, "Pretraining pays off downstream", has the
+# figures and why the test asserts word order rather than an SST-2 probe.
 PRETRAIN_STEPS, PRETRAIN_CAP, BLOCK, ROWS = 1000, "30m", 16, 128
-SEEDS = (0, 1, 2)
 
 
 def _pretrain(tmp_path, corpus):
@@ -30,46 +31,69 @@ def _pretrain(tmp_path, corpus):
     return run
 
 
+def bigram_shift_pairs(sentences: list[str], seed: int = 0) -> list[dict[str, str]]:
+    """Minimal pairs of word order (SentEval's bigram shift, Conneau et al., 2018): each sentence
+    of four words or more, and the same sentence with one pair of neighbouring words, different
+    from each other, swapped at random. The two hold the same words: a bag of words cannot tell
+    them apart, so a random encoder scores about 50%."""
+    rng, pairs = random.Random(seed), []
+    for sentence in sentences:
+        words = sentence.split()
+        swappable = [i for i in range(len(words) - 1) if words[i] != words[i + 1]]
+        if len(words) < 4 or not swappable:
+            continue
+        i = rng.choice(swappable)
+        shifted = words[:i] + [words[i + 1], words[i]] + words[i + 2:]
+        pairs.append({"sentence_good": " ".join(words), "sentence_bad": " ".join(shifted)})
+    return pairs
+
+
+def _read_sentences(path) -> list[str]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return [row[0].strip() for row in list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]]
+
+
 @pytest.mark.slow
 @pytest.mark.long
-def test_pretraining_beats_random_init_on_sst2_dev(tmp_path):
+def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
-    the text of SST-2's training phrases, labels unused, for 1,000 steps. Probed linearly (the
-    encoder frozen, its mean-pooled states fed to the pooler and a classifier trained on 2,000
-    labelled phrases), it scores higher on GLUE's SST-2 dev sentences (test.tsv here) than the
-    same architecture at a random init, on average over three seeds.
+    the text of SST-2's training phrases for 1,000 steps, then judged zero-shot on minimal
+    pairs of word order made from sentences it never saw (GLUE's 872 SST-2 dev sentences,
+    test.tsv here): ``mlmkit eval-pairs`` scores each sentence by its pseudo-log-likelihood
+    (Salazar et al., 2020) and counts the pairs whose original sentence scores higher, as
+    BLiMP's acceptability judgements are scored (Warstadt et al., 2020). The pretrained model
+    must prefer the original in at least 70% of the pairs and beat the same architecture at a
+    random init by 15 points.
 
-    Why a probe: fully fine-tuned, such a short pretraining is not reliably ahead (a 2,400-step
-    model: 0.6946 against 0.6892 at lr 3e-4, and a random init reaches 0.70 at lr 1e-3): the
-    full fine-tuning of 2,000 phrases relearns what minutes of pretraining give, while a probe
-    measures what the pretraining learned. Why not zero-shot STS-B: until about 2,000 steps of
-    this recipe the mean-pooled states rank STS-B pairs worse than a random encoder's, so it is
-    a figure in docs/benchmarks.md, not an assertion. Figures: docs/benchmarks.md.
+    Why not the SST-2 linear probe this test asserted before: at 1,000 steps its gain over a
+    random encoder (whose mean-pooled states are a strong bag of words on SST-2) came from how
+    a briefly trained pooler meets unstandardised states, not from what the encoder learned: a
+    standardised logistic regression found no gain at 250 to 10,000 labelled phrases, and on
+    another CPU the frozen-encoder probe put one pretrained model below its random init (0.561
+    against 0.573). Word order is what a masked LM learns first and a bag of words cannot
+    hold: three pretrainings scored 0.80 to 0.84 where random inits scored 0.50 to 0.51.
+    Figures: docs/benchmarks.md.
     """
-    sst = shared_file("glue/SST-2/train.tsv")
-    import csv
-
-    with open(sst, encoding="utf-8", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    train = shared_file("glue/SST-2/train.tsv")
     corpus = tmp_path / "sst2_train_text.txt"
-    corpus.write_text("\n".join(dict.fromkeys(r[0].strip() for r in rows)) + "\n", encoding="utf-8")
+    corpus.write_text("\n".join(dict.fromkeys(_read_sentences(train))) + "\n", encoding="utf-8")
+    pairs = bigram_shift_pairs(_read_sentences(shared_file("glue/SST-2/test.tsv")))
+    pairs_file = tmp_path / "bigram_shift.jsonl"
+    pairs_file.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
     run = _pretrain(tmp_path, corpus)
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e.get("event") == "train"][-1] == PRETRAIN_STEPS
     mlm_accuracy = [e["eval_accuracy"] for e in events if e.get("event") == "eval"][-1]
     # the unigram plateau is about 13%: below 20% the model has not left it, and no gain is expected
     assert mlm_accuracy > 0.20, f"pretraining ended at {mlm_accuracy:.3f} masked-token accuracy"
-    accuracy = {"pretrained": [], "random": []}
-    for seed in SEEDS:
-        for init in accuracy:
-            out = tmp_path / f"{init}-{seed}"
-            run_finetune(f"checkpoint={run}", "task=sst2", f"task.data_dir={sst.parent}",
-                         "task.eval_file=test.tsv", f"init={init}", f"seed={seed}", "pooling=mean",
-                         "freeze_encoder=true", "max_train_samples=2000", "epochs=5", "lr=1e-3",
-                         "max_seq_length=64", f"hydra.run.dir={out}")
-            result = json.loads((out / "results.json").read_text())
-            assert result["eval_examples"] == 872
-            accuracy[init].append(result["eval_accuracy"])
-    mean = {init: sum(values) / len(values) for init, values in accuracy.items()}
-    print(f"SST-2 dev, linear probe: {accuracy} (means {mean}); masked-token accuracy {mlm_accuracy:.4f}")
-    assert mean["pretrained"] > mean["random"], accuracy
+    accuracy = {}
+    for init in ("pretrained", "random"):
+        out = tmp_path / f"pairs-{init}.json"
+        proc = python_run("-m", "mlmkit", "eval-pairs", f"checkpoint={run}", f"files=[{pairs_file}]",
+                          f"init={init}", f"output={out}", timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(out.read_text())
+        assert result["pairs"] == len(pairs) > 800
+        accuracy[init] = result["accuracy"]
+    print(f"bigram-shift pairs of SST-2 dev sentences: {accuracy}; masked-token accuracy {mlm_accuracy:.4f}")
+    assert accuracy["pretrained"] >= 0.70 and accuracy["pretrained"] - accuracy["random"] >= 0.15, accuracy
