@@ -75,7 +75,8 @@ def evaluate(model_dir: Path, held_out: list[str], length: int, cache: Path, out
     from mlmkit.config import DataConfig, EvalConfig, PathsConfig
     from mlmkit.evaluation.mlm import run_evaluation
 
-    data = DataConfig(source="files" if held_out else "builtin", max_seq_length=length)
+    data = (DataConfig(source="files", train_files=held_out, max_seq_length=length) if held_out
+            else DataConfig(source="builtin", max_seq_length=length))
     return run_evaluation(EvalConfig(checkpoint=str(model_dir), data=data, files=held_out,
                                      paths=PathsConfig(cache_dir=str(cache)), output=str(out)))
 
