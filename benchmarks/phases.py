@@ -69,15 +69,18 @@ def data_overrides(corpus: str) -> tuple[list[str], list[str], str]:
     return ["data=builtin"], [], "the built-in corpus; held out: its validation split"
 
 
-def evaluate(model_dir: Path, held_out: list[str], length: int, cache: Path, out: Path) -> dict:
+def evaluate(model_dir: Path, held_out: list[str], length: int, cache: Path, out: Path,
+             min_masked: int = 10_000) -> dict:
     """``mlmkit eval``'s figures (its Python API, in this process) of ``model_dir`` on the held-out
-    files (else the built-in corpus's validation split) in blocks of ``length``."""
-    from mlmkit.config import DataConfig, EvalConfig, PathsConfig
+    files (else the built-in corpus's validation split) in blocks of ``length``, over at least
+    ``min_masked`` masked tokens (``masking.eval_min_masked_tokens``)."""
+    from mlmkit.config import DataConfig, EvalConfig, MaskingConfig, PathsConfig
     from mlmkit.evaluation.mlm import run_evaluation
 
     data = (DataConfig(source="files", train_files=held_out, max_seq_length=length) if held_out
             else DataConfig(source="builtin", max_seq_length=length))
     return run_evaluation(EvalConfig(checkpoint=str(model_dir), data=data, files=held_out,
+                                     masking=MaskingConfig(eval_min_masked_tokens=min_masked),
                                      paths=PathsConfig(cache_dir=str(cache)), output=str(out)))
 
 
@@ -87,6 +90,8 @@ def main() -> None:
     p.add_argument("--only", nargs="+", default=list(RUNS), choices=list(RUNS))
     p.add_argument("--corpus", default="shared", choices=["shared", "builtin"],
                    help="shared: the Gutenberg books where ../shared/data has them (default); builtin")
+    p.add_argument("--eval-min-masked", type=int, default=10_000,
+                   help="masked tokens each evaluation scores at least (default 10,000, mlmkit eval's)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/bench-phases/<time>)")
     args = p.parse_args()
     if args.tokens < 4096:
@@ -113,8 +118,8 @@ def main() -> None:
             models = [(f"{name}, after phase 1 ({phase})", run_dir / "phases" / phase) for phase in phase_exports]
             models.append((name, run_dir / "final"))
             for label, model_dir in models:
-                figures = {n: evaluate(model_dir, held_out, n, cache, run_dir / f"eval-{model_dir.name}-{n}.json")
-                           for n in lengths}
+                figures = {n: evaluate(model_dir, held_out, n, cache, run_dir / f"eval-{model_dir.name}-{n}.json",
+                                       args.eval_min_masked) for n in lengths}
                 rows.append({"run": label, "steps": last["step"], "tokens": last["tokens_seen"],
                              "train_s": round(last["elapsed_s"], 1), **{
                                  f"eval_{k}_{n}": figures[n][k] for n in lengths for k in ("loss", "accuracy")}})

@@ -47,7 +47,7 @@ def _groups(help_text: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("command, groups", [
-    ("train", {"data", "logger", "masking", "model", "optim", "train"}),
+    ("train", {"data", "logger", "masking", "model", "optim", "recipe", "train"}),
     ("eval", {"data", "masking"}),
     ("finetune", {"task"}),
     ("eval-sts", {"task"}),

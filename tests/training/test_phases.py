@@ -160,3 +160,23 @@ def test_the_published_recipes_compose_with_their_phases():
     tokens = [p.share * modern.train.max_tokens / 1e9 for p in modern.phases]
     assert tokens == pytest.approx([1719, 250, 50], abs=0.5)
     assert (modern.masking.mlm_probability, modern.train.batch_warmup_start, modern.optim.beta2) == (0.3, 768, 0.98)
+
+
+@pytest.mark.parametrize("setting,words", [
+    ("train.batch_warmup_tokens=1000", "set train.batch_warmup_tokens=0"),
+    ("phases=[{name:a,share:0.5},{name:b,share:0.5,set:{train.batch_size:2}}]", "no phase may set train.batch_size"),
+])
+def test_under_deepspeed_a_batch_that_would_change_is_refused(setting, words):
+    """DeepSpeed fixes its micro-batch when its engine starts (the engine check, as accelerate
+    reports DeepSpeed)."""
+    from types import SimpleNamespace
+
+    from mlmkit.training.setup import check_engine
+
+    accelerator = SimpleNamespace(
+        num_processes=1, distributed_type=SimpleNamespace(value="DEEPSPEED"),
+        state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config={})))
+    cfg = compose(["train.batch_size=4", setting])
+    with pytest.raises(ConfigError, match=words):
+        check_engine(accelerator, cfg.phase_configs()[0] if cfg.phases else cfg, cfg.phases)
+    assert check_engine(accelerator, compose(["train.batch_size=4"])) == 1  # the run's own batch passes
