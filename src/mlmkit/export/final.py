@@ -12,6 +12,20 @@ from mlmkit.export.embedder import write_embedder_files
 from mlmkit.model.bert import count_parameters
 
 
+def _origin_lines(config: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The card's lines on where the weights come from: the model continued, and for a phase's
+    export (``phases/<name>/``) the phase, its settings, steps and tokens."""
+    init_from = config.get("model", {}).get("init_from")
+    lines = f"- Continued pretraining of: {init_from}.\n" if init_from else ""
+    phase = config.get("phase")
+    if phase:
+        settings = ", ".join(f"{k}={v}" for k, v in phase.get("set", {}).items()) or "the run's own settings"
+        lines += (f"- Phase: {phase['name']} of a phased run ({phase['share']:.0%} of its budget, learning "
+                  f"rate {phase['schedule']}; {settings}): {summary.get('phase_steps')} steps, "
+                  f"{summary.get('phase_tokens')} tokens.\n")
+    return lines
+
+
 def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]) -> str:
     c = model.config
     mask = tokenizer.mask_token
@@ -32,14 +46,7 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
                      "rotary positions, GeGLU FFN")
     if source == "files":
         source = ", ".join(data.get("train_files", []))
-    init_from = config.get("model", {}).get("init_from")
-    started = f"- Continued pretraining of: {init_from}.\n" if init_from else ""
-    phase = config.get("phase")
-    if phase:  # a phase's export, phases/<name>/
-        settings = ", ".join(f"{k}={v}" for k, v in phase.get("set", {}).items()) or "the run's own settings"
-        started += (f"- Phase: {phase['name']} of a phased run ({phase['share']:.0%} of its budget, learning "
-                    f"rate {phase['schedule']}; {settings}): {summary.get('phase_steps')} steps, "
-                    f"{summary.get('phase_tokens')} tokens.\n")
+    started = _origin_lines(config, summary)
     unk = summary.get("validation_unk_share")
     unk_line = (f"- Tokenizer: {vocab} tokens; [UNK] is {unk:.2%} of the validation text's tokens.\n"
                 if unk is not None else "")
