@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -202,8 +203,8 @@ def test_diverging_run_stops_with_one_sentence(tmp_path, cache_dir):
                      "optim.max_grad_norm=null", "train.max_steps=50", "train.max_bad_steps=3",
                      check=False)
     assert proc.returncode == 2
-    assert "3 steps in a row had a non-finite loss or gradient" in proc.stderr
-    assert "update skipped" in proc.stderr and "Traceback" not in proc.stderr
+    assert re.search(r"\d+ steps in a row \(train.max_bad_steps is 3\) had a non-finite loss", proc.stderr)
+    assert "updates were skipped" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow

@@ -232,3 +232,42 @@ def test_cjk_ideographs_start_words_in_a_unigram_vocabulary():
     collator = MLMCollator(tok, seed=0, strategy="whole_word")
     words = collator._word_ids(ids, collator.continuation, collator.special_lookup)
     assert torch.bincount(words.reshape(-1)).float().mean() < 1.5  # about one token a word
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_masks_drawn_in_the_step_resume_from_the_checkpointed_generator(tokenizer, rows, strategy, monkeypatch):
+    """masking.on_device: the step masks from a generator of its own (on the device; here the
+    CPU), whose state the loop state keeps, so a resumed run draws the masks it would have; and
+    the masking waits for no host read (on a GPU each would be a wait for the device)."""
+    from types import SimpleNamespace
+
+    from host_reads import NoHostReads
+
+    from mlmkit.training.state import TrainState
+
+    def collator():
+        return MLMCollator(tokenizer, seed=3, strategy=strategy, apply_mask=False)
+
+    batches = [collator()(rows[i * 8:(i + 1) * 8]) for i in range(3)]
+
+    def loop_state(c):
+        stub = SimpleNamespace(state_dict=dict, load_state_dict=lambda *a: None)
+        return TrainState(SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None), stub, c,
+                          rank=0, world=1, streaming=False)
+
+    first = collator()  # its first draw seeds the step's generator from the collator's (on the CPU)
+    drawn = [first.mask_in_step(batches[0]["input_ids"], batches[0]["attention_mask"])]
+    saved = loop_state(first).state_dict()
+    assert saved["collator_step"][0] is not None
+    with NoHostReads(monkeypatch):
+        drawn += [first.mask_in_step(b["input_ids"], b["attention_mask"]) for b in batches[1:]]
+    resumed = collator()
+    loop_state(resumed).load_state_dict(saved)
+    again = [resumed.mask_in_step(b["input_ids"], b["attention_mask"]) for b in batches[1:]]
+    for (ids, labels), (ids2, labels2) in zip(drawn[1:], again):
+        assert torch.equal(ids, ids2) and torch.equal(labels, labels2)
+    # a fresh collator of the same seed draws the same first masks; the step's draws are not
+    # the dataloader's (another generator) but share their statistics
+    assert torch.equal(collator().mask_in_step(batches[0]["input_ids"])[1], drawn[0][1])
+    share = float((drawn[0][1] != IGNORE_INDEX).sum()) / float((batches[0]["input_ids"] > 4).sum())
+    assert abs(share - 0.15) < 0.03

@@ -48,6 +48,20 @@ def _is_ideograph(ch: str) -> bool:
     return unicodedata.name(ch, "").startswith(("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH"))
 
 
+def _bincount(index: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.bincount(index, weights, minlength=size)`` for indices below ``size``, without
+    its host wait on a GPU (bincount reads the largest index to size its output)."""
+    if weights is None:
+        return torch.zeros(size, dtype=torch.int64, device=index.device).index_add_(0, index, torch.ones_like(index))
+    return torch.zeros(size, dtype=weights.dtype, device=index.device).index_add_(0, index, weights)
+
+
+def _unsort(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``out[order] = values`` for the permutation ``order`` (boolean indexing would wait for the
+    device to count the chosen positions)."""
+    return torch.zeros_like(values).scatter_(0, order, values)
+
+
 def continuation_lookup(tokenizer, size: int) -> torch.Tensor:
     """Vocab id -> True where the token continues the previous word."""
     vocab = tokenizer.get_vocab()
@@ -141,6 +155,10 @@ class MLMCollator:
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
         self._worker_key: tuple[int, int] | None = None
         self._device_tables: dict[torch.device, tuple] = {}
+        # masking inside the training step (masking.on_device) draws from a generator of its own,
+        # on the device; its state is part of a checkpoint (step_generator_state)
+        self._step_generator: torch.Generator | None = None
+        self._step_state: torch.Tensor | None = None
 
     def set_mlm_probability(self, p: float) -> None:
         """Change the rate between batches (a mask-rate schedule)."""
@@ -164,15 +182,34 @@ class MLMCollator:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
 
-    def _tables(self, device: torch.device):
-        """Lookups and a generator on ``device`` (for masking inside the training step)."""
-        if device.type == "cpu":
-            return self.special_lookup, self.continuation, self.random_ids, self.generator
-        if device not in self._device_tables:
+    def step_generator_state(self) -> torch.Tensor | None:
+        """The state of the generator that masks inside the training step (None before its first
+        draw in a fresh run)."""
+        return self._step_generator.get_state() if self._step_generator is not None else self._step_state
+
+    def load_step_generator_state(self, state: torch.Tensor | None) -> None:
+        """Restore ``step_generator_state()``; applied on the device at the next draw."""
+        self._step_state, self._step_generator = state, None
+
+    def _step_generator_on(self, device: torch.device) -> torch.Generator:
+        g = self._step_generator
+        if g is None or g.device != device:
+            state = g.get_state() if g is not None else self._step_state
             g = torch.Generator(device=device)
-            g.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+            if state is None:  # a fresh run: seeded from the collator's own generator
+                g.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+            else:
+                g.set_state(state)
+            self._step_generator, self._step_state = g, None
+        return g
+
+    def _tables(self, device: torch.device):
+        """The special-token, continuation and replacement lookups on ``device``."""
+        if device.type == "cpu":
+            return self.special_lookup, self.continuation, self.random_ids
+        if device not in self._device_tables:
             self._device_tables[device] = (self.special_lookup.to(device), self.continuation.to(device),
-                                           self.random_ids.to(device), g)
+                                           self.random_ids.to(device))
         return self._device_tables[device]
 
     # -- collation --------------------------------------------------------------------
@@ -194,10 +231,18 @@ class MLMCollator:
         attention_mask = (torch.arange(max_len)[None, :] < lengths[:, None]).long()
         return input_ids, attention_mask
 
-    def mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (masked input_ids, labels); runs on ``input_ids``'s device, leaves it as is."""
-        special, cont, random_ids, g = self._tables(input_ids.device)
+    def mask_in_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mask`` inside the training step (``masking.on_device``): on ``input_ids``'s device,
+        from the step's own generator there, whose state a checkpoint keeps. No host wait."""
+        return self.mask(input_ids, attention_mask, self._step_generator_on(input_ids.device))
+
+    def mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (masked input_ids, labels); runs on ``input_ids``'s device, leaves it as is.
+        ``generator``: where the draws come from (the collator's own, on the CPU, by default)."""
+        special, cont, random_ids = self._tables(input_ids.device)
+        g = generator if generator is not None else self.generator
         ids = input_ids.clamp(0, special.numel() - 1)
         candidates = ~special[ids] & (input_ids != self.pad_id)
         if attention_mask is not None:
@@ -211,8 +256,7 @@ class MLMCollator:
         to_mask = chosen & (u < self.mask_replace_prob)
         to_random = chosen & (u >= self.mask_replace_prob) & (u < self.mask_replace_prob + self.random_replace_prob)
 
-        out = input_ids.clone()
-        out[to_mask] = self.mask_id
+        out = torch.where(to_mask, self.mask_id, input_ids)
         picks = torch.randint(random_ids.numel(), input_ids.shape, generator=g, device=input_ids.device)
         out = torch.where(to_random, random_ids[picks], out)
         return out, labels
@@ -268,8 +312,8 @@ class MLMCollator:
         dev = ids.device
         n = ids.numel()
         word = self._word_ids(ids, cont, special).reshape(-1)  # batch-unique word slots < n
-        tokens_per_word = torch.bincount(word, minlength=n)
-        cand_per_word = torch.bincount(word, weights=candidates.reshape(-1).float(), minlength=n)
+        tokens_per_word = _bincount(word, n)
+        cand_per_word = _bincount(word, n, candidates.reshape(-1).float())
         ok = (tokens_per_word > 0) & (cand_per_word == tokens_per_word)  # only candidate tokens
 
         slot = torch.arange(n, device=dev)
@@ -282,7 +326,7 @@ class MLMCollator:
         seg = torch.cumsum(start, 0) - 1  # segment of each word slot (< n)
 
         # segments never mix ok and other words, and never cross rows
-        seg_tokens = torch.bincount(seg, weights=tokens_per_word.float(), minlength=n)
+        seg_tokens = _bincount(seg, n, tokens_per_word.float())
         seg_ok = torch.zeros(n, dtype=torch.bool, device=dev).scatter_(0, seg, ok)
         seg_row = torch.zeros(n, dtype=torch.long, device=dev).scatter_(0, seg, row_of_slot)
         valid = seg_ok & (seg_tokens > 0)
@@ -296,19 +340,19 @@ class MLMCollator:
         for _ in range(2):
             avail = (valid & ~selected)[order] & (sizes_sorted <= remaining[rows_sorted])
             s = sizes_sorted * avail
-            per_row = torch.bincount(rows_sorted, weights=s, minlength=n_rows)
+            per_row = _bincount(rows_sorted, n_rows, s)
             within = torch.cumsum(s, 0) - (torch.cumsum(per_row, 0) - per_row)[rows_sorted]
             take = avail & (within <= remaining[rows_sorted])
-            selected[order[take]] = True
-            remaining = remaining - torch.bincount(rows_sorted, weights=s * take, minlength=n_rows)
+            selected |= _unsort(take, order)
+            remaining = remaining - _bincount(rows_sorted, n_rows, s * take)
         # A row left short of its budget by segments too large to fit (words of many sub-tokens)
         # takes its next segment with probability remaining / size: the share averages p.
         avail = (valid & ~selected)[order] & (remaining[rows_sorted] > 0)
-        count = torch.bincount(rows_sorted, weights=avail.float(), minlength=n_rows)
+        count = _bincount(rows_sorted, n_rows, avail.float())
         nth = torch.cumsum(avail.float(), 0) - (torch.cumsum(count, 0) - count)[rows_sorted]
         chance = remaining[rows_sorted] / sizes_sorted.clamp(min=1)
         take = avail & (nth == 1) & (torch.rand(n, generator=g, device=dev) < chance)
-        selected[order[take]] = True
+        selected |= _unsort(take, order)
 
         chosen = selected[seg][word].view_as(ids) & candidates
         return chosen, seg[word].view_as(ids)

@@ -41,11 +41,15 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def requested(self, accelerator) -> bool:
+    def requested(self, accelerator, everywhere: bool = True) -> bool:
         """True on every rank once any rank got a signal (ranks must stop at one step).
-        With several processes this is an all-reduce, once per optimizer step."""
+        With several processes the ranks agree by an all-reduce, which waits for the device, so
+        only where ``everywhere`` (the loop's log and checkpoint steps): elsewhere a signal is
+        held until then."""
         if accelerator.num_processes == 1:
             return self.received is not None
+        if not everywhere:
+            return False
         flag = torch.tensor(float(self.received is not None), device=accelerator.device)
         return bool(accelerator.reduce(flag, reduction="sum") > 0)
 

@@ -47,6 +47,9 @@ class TrainState:
             "tokens_seen": self.tokens_seen,
             "stream": stream,
             "collator": gather_object([encode_rng(self.collator.generator.get_state())]),
+            # masking.on_device: the generator of the step's masks, on the device
+            "collator_step": gather_object([None if (g := self.collator.step_generator_state()) is None
+                                            else encode_rng(g)]),
             "world_size": self.world,
             "budget": self.budget.state_dict(),
         }
@@ -66,5 +69,8 @@ class TrainState:
         else:
             self.stream.load_state_dict(stream_state, self.world, saved_world)
         collator_states = state.get("collator", [])
-        if self.rank < len(collator_states):  # used by masking.on_device
+        if self.rank < len(collator_states):
             self.collator.generator.set_state(decode_rng(collator_states[self.rank]))
+        step_states = state.get("collator_step", [])
+        if self.rank < len(step_states) and step_states[self.rank] is not None:
+            self.collator.load_step_generator_state(decode_rng(step_states[self.rank]))

@@ -60,9 +60,18 @@ def next_micro_batches(stream, collator, accum: int, on_device: bool) -> list[di
     micro = [next(stream) for _ in range(accum)]
     if on_device:
         for batch in micro:
-            batch["input_ids"], batch["labels"] = collator.mask(batch["input_ids"],
-                                                                batch.get("attention_mask"))
+            batch["input_ids"], batch["labels"] = collator.mask_in_step(batch["input_ids"],
+                                                                        batch.get("attention_mask"))
     return micro
+
+
+def skips_on_device(optimizer) -> bool:
+    """Whether ``optimizer`` (or the one an accelerate wrapper holds) can skip an update on the
+    device: torch's fused Adam/AdamW take a ``found_inf`` tensor and leave the weights, the
+    moments and the step count as they were when it is 1, with no host wait."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return (isinstance(inner, torch.optim.Optimizer) and bool(inner.defaults.get("fused"))
+            and getattr(inner, "_step_supports_amp_scaling", False))
 
 
 def optimizer_step(accelerator, objective, optimizer, lr: float, micro, max_grad_norm: float | None
@@ -70,37 +79,72 @@ def optimizer_step(accelerator, objective, optimizer, lr: float, micro, max_grad
     """Forward/backward ``micro``, clip, and update if the gradient is finite (the caller
     steps the scheduler and zeroes the gradients once the step is counted).
 
-    A NaN/Inf gradient skips the update. With fp16 the gradient scaler sees overflows
-    itself (skips the step and lowers its scale), so there only a non-finite loss counts.
-    The finite check is one host sync per step.
+    A NaN/Inf gradient skips the update. With fused AdamW (mlmkit's optimizer on CUDA and
+    CPU) the skip happens on the device, through the optimizer's ``found_inf``, and the host
+    never waits for the step: ``StepResult.ok`` stays a device tensor until a log step reads
+    it (``SkipCount``). With fp16 the gradient scaler finds overflows itself (skips the step
+    and lowers its scale), so there only a non-finite loss counts. Another optimizer (e.g.
+    DeepSpeed's) costs one host wait per step for the check.
     """
     loss_sum, n_global = forward_backward(accelerator, objective, micro)
     max_norm = max_grad_norm if max_grad_norm is not None else math.inf
     grad_norm = accelerator.clip_grad_norm_(objective.parameters(), max_norm)
     # DeepSpeed clips inside its engine and may report no norm
     grad_norm = torch.as_tensor(grad_norm if grad_norm is not None else 0.0)
-    finite_grad = bool(torch.isfinite(grad_norm))
-    scaler = accelerator.scaler is not None
-    if finite_grad or scaler:
-        optimizer.step()
-    ok = bool(torch.isfinite(accelerator.reduce(loss_sum, reduction="sum"))) if scaler else finite_grad
+    finite = torch.isfinite(grad_norm)
+    if accelerator.scaler is not None:
+        optimizer.step()  # the scaler skips an overflowing step itself
+        ok = torch.isfinite(accelerator.reduce(loss_sum, reduction="sum"))
+    elif skips_on_device(optimizer):
+        inner = getattr(optimizer, "optimizer", optimizer)
+        device = next(p.device for g in inner.param_groups for p in g["params"])
+        inner.found_inf = (~finite).to(device=device, dtype=torch.float32)
+        try:
+            optimizer.step()
+        finally:
+            del inner.found_inf
+        ok = finite
+    else:
+        ok = finite
+        if bool(finite):  # the one host wait of this path
+            optimizer.step()
     tokens = sum(b["input_ids"].numel() for b in micro) * accelerator.num_processes
     return StepResult(loss_sum, n_global, grad_norm, lr, tokens, ok)
 
 
-def count_bad_step(state, result: StepResult, max_bad_steps: int) -> None:
-    """Track consecutive skipped steps; stop with advice after ``max_bad_steps`` of them."""
-    if result.ok:
-        state.bad_steps = 0
-        return
-    state.bad_steps += 1
-    state.skipped_steps += 1
-    step = state.step + 1
-    log.warning("Step %d: non-finite loss or gradient (norm %s); update skipped (%d in a row)",
-                step, float(result.grad_norm), state.bad_steps)
-    if state.bad_steps >= max_bad_steps:
-        raise TrainingDiverged(
-            f"{state.bad_steps} steps in a row had a non-finite loss or gradient (up to step "
-            f"{step}); lower optim.lr, set optim.max_grad_norm, or use train.precision=bf16 "
-            "instead of fp16, then resume from the last checkpoint with train.resume=auto."
-        )
+class SkipCount:
+    """Steps skipped for a non-finite loss or gradient, counted on the device: ``add`` costs
+    no host wait; ``settle`` reads the counts (at log, checkpoint and last steps) into the
+    state, warns, and stops the run once ``max_bad_steps`` steps in a row were skipped."""
+
+    def __init__(self) -> None:
+        self.counts: torch.Tensor | None = None  # (skipped, current streak, longest streak)
+
+    def add(self, ok: torch.Tensor | bool) -> None:
+        bad = (~torch.as_tensor(ok)).to(torch.int64)
+        if self.counts is None:
+            self.counts = torch.zeros(3, dtype=torch.int64, device=bad.device)
+        skipped, streak, longest = self.counts.unbind()
+        streak = (streak + bad) * bad
+        self.counts = torch.stack([skipped + bad, streak, torch.maximum(longest, streak)])
+
+    def settle(self, state, max_bad_steps: int, grad_norm) -> None:
+        if self.counts is None:
+            return
+        skipped, streak, longest = (int(v) for v in self.counts.tolist())  # the one host read
+        # the streak carries on into the next window; the rest starts again
+        self.counts = torch.tensor([0, streak, streak], device=self.counts.device)
+        state.bad_steps = streak
+        if not skipped:
+            return
+        state.skipped_steps += skipped
+        log.warning("Step %d: %d step(s) since the last log had a non-finite loss or gradient (last "
+                    "norm %s); their updates were skipped (%d in a row now)", state.step, skipped,
+                    float(grad_norm), streak)
+        if longest >= max_bad_steps:
+            raise TrainingDiverged(
+                f"{longest} steps in a row (train.max_bad_steps is {max_bad_steps}) had a "
+                f"non-finite loss or gradient, up to step {state.step}; lower optim.lr, set optim.max_grad_norm, or use "
+                "train.precision=bf16 instead of fp16, then resume from the last checkpoint with "
+                "train.resume=auto."
+            )

@@ -35,7 +35,7 @@ from mlmkit.training.perf import peak_memory_gb
 from mlmkit.training.phases import begun_phases, phase_changes
 from mlmkit.training.signals import StopSignals
 from mlmkit.training.state import TrainState
-from mlmkit.training.step import StepResult, count_bad_step, next_micro_batches, optimizer_step
+from mlmkit.training.step import SkipCount, StepResult, next_micro_batches, optimizer_step
 from mlmkit.training.tracking import finish_trackers_on_error, log_event, start_trackers
 from mlmkit.training.validation import evaluate, fixed_eval_batches, majority_baseline
 
@@ -75,6 +75,7 @@ class Trainer:
         (``export.run`` writes ``phases/<name>/``). ``self.cfg`` holds the current phase's
         settings, ``self.run_cfg`` the run's."""
         self.run_cfg, self.probe, self.on_phase_end = cfg, probe, on_phase_end
+        self.skips = SkipCount()  # steps skipped as non-finite, counted on the device
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
         for note in notes:
             log.info(note)
@@ -226,6 +227,7 @@ class Trainer:
                 last = state.budget.done(state.step)
                 # log: the step's figures are fetched from the device only here
                 if state.step % tc.log_every == 0 or last:
+                    self.skips.settle(state, tc.max_bad_steps, result.grad_norm)
                     self.log(window, result)
                 # evaluate on the fixed validation batches
                 if (tc.eval_every and state.step % tc.eval_every == 0) or last:
@@ -236,12 +238,16 @@ class Trainer:
                 # probe the frozen encoder on a labelled task (probe.every)
                 if self.probe is not None and (state.step % self.cfg.probe.every == 0 or last):
                     self._paused(window, self.run_probe)
-                # checkpoint; a stop signal saves one and ends the run
-                stop = signals.requested(acc)
-                if tc.save_every and state.step % tc.save_every == 0 and state.bad_steps and not (last or stop):
+                # checkpoint; a stop signal saves one and ends the run (several processes agree
+                # on a stop at log and checkpoint steps, where the host waits anyway)
+                save_due = bool(tc.save_every) and state.step % tc.save_every == 0
+                stop = signals.requested(acc, everywhere=save_due or last or state.step % tc.log_every == 0)
+                if save_due or last or stop:  # skipped steps are read from the device here and at log steps
+                    self.skips.settle(state, tc.max_bad_steps, result.grad_norm)
+                if save_due and state.bad_steps and not (last or stop):
                     log.warning("Step %d: no checkpoint while steps are skipped as non-finite; the "
                                 "next one is saved after a good step.", state.step)
-                elif (tc.save_every and state.step % tc.save_every == 0) or last or stop:
+                elif save_due or last or stop:
                     self._paused(window, self.save)
                 if stop:
                     self._close_progress()
@@ -263,7 +269,7 @@ class Trainer:
         result = optimizer_step(self.accelerator, self.objective, self.optimizer,
                                 self.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm)
         result.mlm_probability = mlm_probability
-        count_bad_step(state, result, cfg.train.max_bad_steps)
+        self.skips.add(result.ok)  # on the device: read at log and checkpoint steps
         state.finish_step(result.tokens)
         self.scheduler.step()  # the rate of the next step, from the budget used so far
         self.optimizer.zero_grad(set_to_none=True)
