@@ -126,3 +126,33 @@ def test_varlen_flash_attention_matches_the_block_diagonal_mask(tokenizer, prese
             out = MaskedLM(model, document_sep_id=tokenizer.sep_token_id).eval()(input_ids=rows, labels=labels)
         results[attn] = out["logits"].float()
     torch.testing.assert_close(results["sdpa"], results["flash_attention_2"], rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("config", [BERT, MODERNBERT], ids=["bert", "modernbert"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config, attn, monkeypatch):
+    """A padded batch: MaskedLM builds the key-padding mask (and ModernBERT's window) itself, so
+    transformers does not ask ``mask.all()`` (a wait for the device) on every forward; the states
+    and the loss are those of transformers' own masks."""
+    from batches import _ragged
+    from host_reads import NoHostReads
+
+    from mlmkit.masking.collator import MLMCollator
+    from mlmkit.model.bert import prediction_positions
+
+    torch.manual_seed(0)
+    model = build_model(config, tokenizer, attn_implementation=attn).eval()
+    batch = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(_ragged(tokenizer, lengths=(9, 20, 31, 14)))
+    assert not batch["attention_mask"].all()
+    batch["positions"], batch["targets"] = prediction_positions(batch["labels"])
+    objective = MaskedLM(model)
+    objective.train()  # the training step's forward: no logits returned
+    with torch.no_grad():
+        with NoHostReads(monkeypatch):
+            ours = objective(**batch)["loss_sum"]
+        encoder = objective.parts.encoder(model)
+        hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, batch["positions"])
+        from mlmkit.model.kernels import cross_entropy_sum
+        theirs = cross_entropy_sum(objective.parts.head(model, hidden), batch["targets"])
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)

@@ -164,6 +164,38 @@ def test_compiled_encoder_keeps_the_loss_and_the_parameter_names(tokenizer, tmp_
     assert fast == pytest.approx(plain, rel=1e-3)
 
 
+@pytest.mark.parametrize("architecture", ["bert", "modernbert"])
+def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(tokenizer, architecture, monkeypatch):
+    """train.compile=true compiles each encoder layer, so transformers builds the attention mask
+    outside the traced code: an all-ones mask reaches SDPA as None (its flash kernel stays open),
+    as it does uncompiled; a padded batch still gets its mask. (Compiling the whole encoder
+    passed an all-True (B, 1, S, S) mask.) Recorded at trace time with the eager backend."""
+    from mlmkit.model.architectures import parts_of
+    from mlmkit.training.runtime import compile_encoder
+
+    seen, real = [], F.scaled_dot_product_attention
+
+    def record(q, k, v, attn_mask=None, *args, **kwargs):
+        seen.append(attn_mask is None)
+        return real(q, k, v, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+    torch._dynamo.reset()
+    # a window wider than the rows: it hides nothing, and ModernBERT's local layers need no mask either
+    extra = {"architecture": "modernbert", "local_attention": 128} if architecture == "modernbert" else {}
+    model = _model(tokenizer, **extra)
+    compile_encoder(model, backend="eager")
+    layers = model.config.num_hidden_layers
+    for rows, masked in ((_packed, False), (_ragged, True)):
+        batch = _batches(tokenizer, rows, n=1, drop_mask=False)[0]
+        assert "attention_mask" in batch  # all ones for the packed rows
+        seen.clear()
+        with torch.no_grad():  # the encoder as transformers runs it, given a 2-D mask
+            parts_of(model).encoder(model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        assert len(seen) == layers and set(seen) == {not masked}, (rows.__name__, seen)
+    torch._dynamo.reset()
+
+
 # -- the GPU path -------------------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -145,6 +145,10 @@ class Bert:
         return model.bert
 
     @staticmethod
+    def layers(model) -> nn.ModuleList:
+        return model.bert.encoder.layer
+
+    @staticmethod
     def head(model, hidden):
         return model.cls(hidden)
 
@@ -226,6 +230,10 @@ class ModernBert:
     @staticmethod
     def encoder(model) -> nn.Module:
         return model.model
+
+    @staticmethod
+    def layers(model) -> nn.ModuleList:
+        return model.model.layers
 
     @staticmethod
     def head(model, hidden):

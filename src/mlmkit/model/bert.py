@@ -14,7 +14,7 @@ from mlmkit.config import ModelConfig
 from mlmkit.errors import CheckpointError, ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
-from mlmkit.model.documents import document_inputs
+from mlmkit.model.documents import document_inputs, padding_inputs
 from mlmkit.model.kernels import cross_entropy_sum, register_cpu_attention
 
 log = logging.getLogger(__name__)
@@ -335,8 +335,10 @@ class MaskedLM(nn.Module):
         them they are computed here (``nonzero`` waits for the device). Without ``labels``:
         only the encoder's last states, ``{"last_hidden_state": ...}`` (a probe's sentence
         vectors), through this forward so that every engine's hooks (FSDP, ZeRO-3) run."""
-        if self.document_sep_id is None:
+        if self.document_sep_id is None and (attention_mask is None or attention_mask.dim() != 2):
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        elif self.document_sep_id is None:  # padding: the masks built here, with no host wait
+            inputs = padding_inputs(self.model, input_ids, attention_mask)
         else:
             inputs = document_inputs(self.model, input_ids, self.document_sep_id, attention_mask)
         if labels is None:

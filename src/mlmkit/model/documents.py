@@ -80,6 +80,25 @@ def document_inputs(model, input_ids: torch.Tensor, sep_id: int,
     return {"input_ids": input_ids, "position_ids": positions, "attention_mask": _for(config, mask)}
 
 
+def padding_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+    """The encoder's keyword arguments for a padded batch, its masks built here: transformers,
+    given the 2-D padding mask, first asks whether it hides anything (``mask.all()``, a wait
+    for the device on every forward, twice for ModernBERT), which mlmkit's loader has already
+    answered (it drops the mask of a batch without padding). SDPA and eager attention get the
+    key-padding mask as (batch, 1, 1, seq), ModernBERT's local layers also their window;
+    flash-attn takes the 2-D mask as it is."""
+    config = model.config
+    if config._attn_implementation not in ("sdpa", "eager"):
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    keys = attention_mask[:, None, None, :].bool()
+    if config.model_type == "modernbert":
+        index = torch.arange(input_ids.size(1), device=input_ids.device)
+        window = (index[:, None] - index[None, :]).abs() <= config.sliding_window
+        masks = {"full_attention": keys, "sliding_attention": keys & window}
+        return {"input_ids": input_ids, "attention_mask": {k: _for(config, m) for k, m in masks.items()}}
+    return {"input_ids": input_ids, "attention_mask": _for(config, keys)}
+
+
 def _for(config, mask: torch.Tensor) -> torch.Tensor:
     """SDPA takes the boolean mask; eager attention adds its mask to the scores."""
     if config._attn_implementation != "eager":

@@ -15,7 +15,7 @@ In the order the loop applies them (``trainer.train``):
 4. the vocabulary projection only at the chosen positions, whose indices the dataloader
    computes on the CPU (``model.MaskedLM``, ``model.prediction_positions``), and on a CPU
    the loss over those logits a block of rows at a time (``kernels.cross_entropy_sum``);
-5. ``compile_encoder``: ``torch.compile`` of the encoder when ``train.compile=true``;
+5. ``compile_encoder``: ``torch.compile`` of each encoder layer when ``train.compile=true``;
 6. fused AdamW on CUDA and CPU (``optim.build_optimizer``);
 7. the dataloader (``trainer.train``): batches with padding padded to a multiple of
    ``data.pad_to_multiple_of`` (8), no
@@ -122,16 +122,21 @@ def reuse_freed_memory() -> bool:
     return applied
 
 
-def compile_encoder(model) -> None:
-    """``torch.compile`` the encoder of a masked-LM model in place (``train.compile``).
+def compile_encoder(model, backend: str = "inductor") -> None:
+    """``torch.compile`` the encoder layers of a masked-LM model in place (``train.compile``).
 
-    The module compiles in place (``nn.Module.compile``), so parameter names, checkpoints
-    and the exported model are those of the plain model. The head stays eager: its row
-    count changes with the number of chosen positions.
+    Each layer compiles, not the encoder as a whole: the attention mask is then built outside
+    the traced code, where transformers can leave out a mask that hides nothing (under
+    tracing it cannot, and an all-True (B, 1, S, S) mask would rule out SDPA's flash kernel).
+    The layers share one compiled graph (torch inlines the modules' parameters). The modules
+    compile in place (``nn.Module.compile``), so parameter names, checkpoints and the
+    exported model are those of the plain model. The embeddings and the head stay eager: the
+    head's row count changes with the number of chosen positions.
     """
     from mlmkit.model.architectures import parts_of
 
-    parts_of(model).encoder(model).compile()
+    for layer in parts_of(model).layers(model):
+        layer.compile(backend=backend)
 
 
 def cpu_name() -> str:
