@@ -66,19 +66,24 @@ def model_flops(cfg, vocab: int, predicted_share: float) -> float:
 
 
 def modernbert_runs(cfg, warmup: int, cuda: bool):
-    """mlmkit on ModernBERT with attention auto (flash-attn's kernel where installed), the same
-    with document isolation and, on a GPU, with sdpa; no Trainer run (its comparison is BERT's)."""
+    """mlmkit on ModernBERT, labelled by the kernel each run takes: attention auto (flash-attn's
+    kernel where installed, else SDPA, where the local layers' window is a dense mask), the same
+    with document isolation (flash-attn's variable-length kernel, else SDPA with a block-diagonal
+    mask), and, on a GPU with flash-attn, SDPA as well; no Trainer run (its comparison is BERT's)."""
     import copy
 
-    runs = [("mlmkit, attention auto", lambda: run_mlmkit("mlmkit, attention auto", cfg, warmup))]
-    # data.packing=documents: flash-attn's variable-length kernel, one sequence per document
+    flash = flash_attn_available()
+    label = "mlmkit, flash-attn" if flash else "mlmkit, SDPA (window: dense mask)"
+    runs = [(label, lambda: run_mlmkit(label, cfg, warmup))]
     documents = copy.deepcopy(cfg)
     documents.data.packing = "documents"
-    runs.append(("mlmkit, documents", lambda: run_mlmkit("mlmkit, documents", documents, warmup)))
-    if cuda:
+    doc_label = ("mlmkit, documents, flash-attn varlen" if flash
+                 else "mlmkit, documents, SDPA block-diagonal mask")
+    runs.append((doc_label, lambda: run_mlmkit(doc_label, documents, warmup)))
+    if cuda and flash:  # without flash-attn, auto is SDPA: the first run
         sdpa = copy.deepcopy(cfg)
         sdpa.model.attn_implementation = "sdpa"
-        runs.append(("mlmkit, sdpa", lambda: run_mlmkit("mlmkit, sdpa", sdpa, warmup)))
+        runs.append(("mlmkit, SDPA", lambda: run_mlmkit("mlmkit, SDPA", sdpa, warmup)))
     return runs
 
 
@@ -93,6 +98,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--workers", type=int, default=None, help="dataloader workers, both (default 4; --tiny 0)")
     p.add_argument("--compile", action="store_true", help="also run mlmkit with train.compile=true")
+    p.add_argument("--out", default=None, help="also write the figures to this JSON file")
     args = p.parse_args()
     tiny = args.tiny
     preset = args.preset or ("bert-tiny" if tiny else "bert-base")
@@ -142,16 +148,24 @@ def main() -> None:
     results = {name: fn() for name, fn in runs}
 
     print(f"MFU against: {against}")
-    print(f"{'':<34}{'tokens/s':>12}{'model TFLOP/s':>15}{'MFU':>8}{'seconds':>9}")
+    print(f"{'':<46}{'tokens/s':>12}{'model TFLOP/s':>15}{'MFU':>8}{'seconds':>9}")
+    figures = {"machine": machine(), "preset": preset, "batch": batch, "seq": args.seq, "steps": steps,
+               "peak": against, "runs": {}}
     for name, r in results.items():
         flops = model_flops(cfg, vocab, r.predicted_share) * r.tokens_per_s
-        print(f"{name:<34}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.2f}{flops / peak:>8.1%}{r.seconds:>9.1f}")
-    if "Trainer, bf16=True" not in results:
-        return
-    base = results["Trainer, bf16=True"].tokens_per_s
-    for name, r in results.items():
-        if name.startswith("mlmkit"):
-            print(f"ratio {name} / Trainer bf16: {r.tokens_per_s / base:.2f}x")
+        print(f"{name:<46}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.2f}{flops / peak:>8.1%}{r.seconds:>9.1f}")
+        figures["runs"][name] = {"tokens_per_s": r.tokens_per_s, "mfu": flops / peak, "seconds": r.seconds}
+    if "Trainer, bf16=True" in results:
+        base = results["Trainer, bf16=True"].tokens_per_s
+        for name, r in results.items():
+            if name.startswith("mlmkit"):
+                print(f"ratio {name} / Trainer bf16: {r.tokens_per_s / base:.2f}x")
+                figures["runs"][name]["ratio_to_trainer"] = r.tokens_per_s / base
+    if args.out:
+        import json
+
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -267,3 +267,17 @@ def test_modernbert_presets(name, layers, hidden, heads, intermediate):
     assert (m.local_attention, m.global_attn_every_n_layers, m.layer_norm_eps) == (128, 3, 1e-5)
     assert to_config(_compose(["model=bert-base"])).model.architecture == "bert"  # BERT stays the default
     assert to_config(_compose([])).model.architecture == "bert"
+
+
+def test_dataloader_workers_default_to_two_on_a_gpu_and_none_on_a_cpu():
+    """train.num_workers=null: on CUDA two workers mask beside the step (masking in the training
+    process would hold the GPU up); on a CPU none (the step uses its cores); 0 wherever a
+    mask-rate schedule masks in the dataloader; a number set is kept."""
+    from mlmkit.config import MaskingConfig, TrainConfig
+
+    assert Config().train.num_workers is None
+    assert (Config().workers("cuda"), Config().workers("cpu")) == (2, 0)
+    schedule = MaskingConfig(mlm_probability=0.3, mlm_probability_end=0.15)
+    assert Config(masking=schedule).workers("cuda") == 0
+    assert Config(masking=MaskingConfig(mlm_probability=0.3, mlm_probability_end=0.15, on_device=True)).workers("cuda") == 2
+    assert Config(train=TrainConfig(num_workers=3)).workers("cpu") == 3

@@ -34,6 +34,7 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
     for e in train_events:
         assert e["loss"] > 0 and e["tokens_per_s"] > 0 and e["lr"] > 0
         assert e["masked_tokens_per_s"] > 0 and 0 < e["mfu"] <= 1 and e["peak_memory_gb"] > 0
+        assert 0 <= e["data_wait_share"] < 1  # the host's wait for batches, a share of the steps' time
         share = e["masked_tokens_per_s"] / e["tokens_per_s"]
         assert 0.30 < share < 0.50  # 40% of the real tokens are chosen (masking=mask40, the default)
     assert train_events[-1]["loss"] < train_events[0]["loss"]  # it learns

@@ -440,7 +440,9 @@ class TrainConfig:
     # Resume: null (start fresh), "auto" (latest checkpoint in this run dir, if any)
     # or the path of a checkpoint folder.
     resume: str | None = None
-    num_workers: int = 0  # dataloader worker processes (0: load in the training process)
+    # dataloader worker processes (0: load and mask in the training process); null: 2 on a GPU,
+    # so that the masking runs beside the step, and 0 on a CPU, whose cores the step uses
+    num_workers: int | None = None
     # torch.compile the encoder (speed only; the first steps pay the compile time). Shapes
     # stay static with packed data; masking=fixed keeps the head's row count fixed as well.
     compile: bool = False
@@ -474,7 +476,7 @@ class TrainConfig:
         _check(self.global_batch_size is None or self.global_batch_size >= self.batch_size,
                f"train.global_batch_size ({self.global_batch_size}) must be at least "
                f"train.batch_size ({self.batch_size}), the batch of one device.")
-        _check(self.num_workers >= 0, "train.num_workers must not be negative.")
+        _check(self.num_workers is None or self.num_workers >= 0, "train.num_workers must not be negative.")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
         _check(self.batch_warmup_tokens >= 0, "train.batch_warmup_tokens must not be negative.")
         _check(self.batch_warmup_start is None or self.batch_warmup_start >= 1,
@@ -718,10 +720,19 @@ class Config:
     # then 10% at 512; empty: one phase with the settings above
     phases: list[PhaseConfig] = field(default_factory=list)
 
+    def workers(self, device_type: str) -> int:
+        """``train.num_workers``, resolved for a run on ``device_type``: null is 2 on CUDA and 0
+        elsewhere, and 0 wherever a mask-rate schedule masks in the dataloader (workers cannot
+        see the current step)."""
+        if self.train.num_workers is not None:
+            return self.train.num_workers
+        schedule_in_loader = self.masking.mlm_probability_end is not None and not self.masking.on_device
+        return 2 if device_type == "cuda" and not schedule_in_loader else 0
+
     def __post_init__(self) -> None:
         _check(
             self.masking.mlm_probability_end is None or self.masking.on_device
-            or self.train.num_workers == 0,
+            or not self.train.num_workers,
             "masking.mlm_probability_end (a mask-rate schedule) needs train.num_workers=0 or "
             "masking.on_device=true, since worker processes cannot see the current step.",
         )

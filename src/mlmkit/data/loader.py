@@ -149,18 +149,19 @@ def training_stream(cfg, collator: MLMCollator, train_set, accelerator):
     batches with the same masks, with or without dataloader workers.
     """
     tc, device = cfg.train, accelerator.device
+    workers = cfg.workers(device.type)
     collate = DropFullAttentionMask(collator)
     if cfg.data.streaming:
-        return StreamingBatches(train_set, collate, tc.num_workers, device, device.type == "cuda")
+        return StreamingBatches(train_set, collate, workers, device, device.type == "cuda")
     loader = DataLoader(
         KeyedRows(train_set),
         batch_sampler=EpochBatchSampler(len(train_set), tc.batch_size, accelerator.process_index,
                                         accelerator.num_processes, tc.seed),
         collate_fn=collate,
-        num_workers=tc.num_workers,
+        num_workers=workers,
         pin_memory=device.type == "cuda",
         persistent_workers=False,
-        prefetch_factor=4 if tc.num_workers > 0 else None,
+        prefetch_factor=4 if workers > 0 else None,
         generator=torch.Generator(),
     )
     return BatchStream(loader, device)

@@ -203,7 +203,7 @@ def _prepare_streaming(cfg: Config, accelerator: Accelerator, run_tokenizer: Pat
                                run_tokenizer, tokenizer)
         train_set, val_set, baseline_set = streaming.setup_streaming(
             cfg.data, tokenizer, tc.batch_size, accelerator.process_index, accelerator.num_processes,
-            tc.num_workers, tc.seed)
+            cfg.workers(accelerator.device.type), tc.seed)
     log.info("Data: streamed, %d validation blocks of %d tokens; vocab %d", len(val_set),
              cfg.data.max_seq_length, len(tokenizer))
     warn_small_validation(len(val_set), tc.batch_size)

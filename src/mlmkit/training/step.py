@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -50,19 +51,25 @@ class StepResult:
     grad_norm: torch.Tensor
     lr: float  # the rate this step used
     tokens: int  # positions fed, all ranks
-    ok: bool  # the update was applied
+    ok: torch.Tensor | bool  # the update was applied (a device tensor until a log step)
     mlm_probability: float = 0.0  # the masking rate of the step's batches
+    data_wait: float = 0.0  # seconds the host waited for the step's batches
 
 
-def next_micro_batches(stream, collator, accum: int, on_device: bool) -> list[dict[str, torch.Tensor]]:
-    """The micro-batches of one optimizer step; with ``masking.on_device`` the dataloader
-    only padded them, and they are masked here, on the accelerator."""
+def next_micro_batches(stream, collator, accum: int, on_device: bool
+                       ) -> tuple[list[dict[str, torch.Tensor]], float]:
+    """The micro-batches of one optimizer step, and the seconds the host waited for them (the
+    loader's share of the step: with workers, only what they had not prepared ahead); with
+    ``masking.on_device`` the dataloader only padded them, and they are masked here, on the
+    accelerator."""
+    started = time.perf_counter()
     micro = [next(stream) for _ in range(accum)]
+    waited = time.perf_counter() - started
     if on_device:
         for batch in micro:
             batch["input_ids"], batch["labels"] = collator.mask_in_step(batch["input_ids"],
                                                                         batch.get("attention_mask"))
-    return micro
+    return micro, waited
 
 
 def skips_on_device(optimizer) -> bool:

@@ -55,12 +55,14 @@ class LogWindow:
         self.loss.zero_()
         self.masked.zero_()
         self.tokens = 0
+        self.data_wait = 0.0  # seconds the host waited for batches
         self.started, self.paused = time.perf_counter(), 0.0  # paused: eval and checkpoints
 
     def add(self, result: StepResult) -> None:
         self.loss += result.loss_sum
         self.masked += result.n_masked
         self.tokens += result.tokens
+        self.data_wait += result.data_wait
 
 
 class Trainer:
@@ -265,10 +267,10 @@ class Trainer:
                            else m.rate_at(state.budget.progress(state.step)))
         self.collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
         self.step_accum = self.ramp.accum(state.tokens_seen) if self.ramp is not None else self.accum
-        micro = next_micro_batches(state.stream, self.collator, self.step_accum, m.on_device)
+        micro, waited = next_micro_batches(state.stream, self.collator, self.step_accum, m.on_device)
         result = optimizer_step(self.accelerator, self.objective, self.optimizer,
                                 self.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm)
-        result.mlm_probability = mlm_probability
+        result.mlm_probability, result.data_wait = mlm_probability, waited
         self.skips.add(result.ok)  # on the device: read at log and checkpoint steps
         state.finish_step(result.tokens)
         self.scheduler.step()  # the rate of the next step, from the budget used so far
@@ -293,6 +295,7 @@ class Trainer:
             "grad_norm": float(result.grad_norm),
             "skipped_steps": state.skipped_steps,
             **self.meter.figures(window.tokens, masked, elapsed),  # tokens/s, masked tokens/s, MFU
+            "data_wait_share": min(window.data_wait / elapsed, 1.0),  # of the steps' time: the loader's
             "peak_memory_gb": peak_memory_gb(acc.device),
             "tokens_seen": state.tokens_seen,
             "epoch": state.stream.epoch,
