@@ -13,6 +13,7 @@
     mlmkit predict   outputs/finetune/<task>/<date>/<time>/model "a text"
     mlmkit plot      outputs/<run> [more runs] [--out file.png]
     mlmkit sweep     multirun/<date>/<time>
+    mlmkit doctor    model=bert-base [--out report.json]      what a run gets on this machine, and what to change
     mlmkit accelerate-config ddp_bf16 --out ddp.yaml        a packaged accelerate config
     mlmkit launch    --multi_gpu --num_processes 2 train ...  accelerate launch, one sentence however it ends
 
@@ -46,6 +47,7 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "predict": ("mlmkit.cli.predict", True, "classify texts with a fine-tuned model"),
     "plot": ("mlmkit.cli.plot", True, "plot the curves of runs"),
     "sweep": ("mlmkit.cli.sweep", True, "the final figures of a sweep, as a table"),
+    "doctor": ("mlmkit.cli.doctor", True, "what a run gets on this machine (kernels, speed, parity), and what to change"),
     "accelerate-config": ("mlmkit.cli.accelerate_config", True,
                           "print or write a packaged accelerate config (none: list them)"),
     "launch": ("mlmkit.cli.launch", True, "a command on several processes (accelerate launch), with one "

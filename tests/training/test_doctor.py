@@ -1,0 +1,127 @@
+"""mlmkit doctor: the report of a run on this machine, and each finding when its cause is planted
+(a slow loader, padded batches, a broken attention path, a NaN) and not otherwise."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from runs import TINY
+
+from mlmkit.cli.train import compose
+from mlmkit.training.doctor import format_report, run_doctor
+
+
+def _doctor(tmp_path, *overrides, steps=4):
+    cfg = compose([*TINY, "data=builtin", f"paths.cache_dir={tmp_path.parent / 'doctor-cache'}", *overrides])
+    return run_doctor(cfg, steps=steps, warmup=2, max_seconds=20)
+
+
+def _finding(report, words: str) -> list[str]:
+    return [f for f in report["findings"] if words in f]
+
+
+def test_a_sound_run_gets_a_full_report_and_no_finding(tmp_path, capsys):
+    from mlmkit.cli import main
+
+    out = tmp_path / "doctor.json"
+    # bert-mini (its own sizes): a step long enough beside its batches' loading (about 3%)
+    assert main(["doctor", "model=bert-mini", "tokenizer.vocab_size=1000", "tokenizer.max_train_chars=300000",
+                 "data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_size=32", "data=builtin",
+                 f"paths.cache_dir={tmp_path.parent / 'doctor-cache'}", "--steps", "6", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["findings"] == [] and "findings: none" in printed
+    assert report["machine"]["torch"] and report["machine"]["peak_tflops"] > 0
+    kernels = report["attention"]["kernels"]
+    assert kernels["packed rows, no mask"]["taken"] in ("flash", "memory-efficient", "math")
+    r = report["rehearsal"]
+    assert r["steps"] >= 1 and r["tokens_per_s"] > 0 and r["finite"] and r["padding_share"] == 0.0
+    assert r["host_reads_per_step"] == 0  # the step waits for the device only at log steps
+    checks = report["parity"]["checks"]
+    assert {"eager, fp32", "sdpa, fp32"} <= set(checks) and all(c["ok"] for c in checks.values())
+    assert report["parity"]["documents"]["ok"] and report["parity"]["documents"]["documents"] >= 2
+    assert "rehearsal (" in printed and "parity against eager, fp32" in printed
+
+
+def test_a_modernbert_run_reports_its_window_kernel(tmp_path):
+    report = _doctor(tmp_path, "model=modernbert-tiny", "model.num_hidden_layers=3", "model.hidden_size=64",
+                     "model.num_attention_heads=2", "model.intermediate_size=96", "model.local_attention=16",
+                     "model.global_attn_every_n_layers=3")
+    assert "ModernBERT's local layers (window)" in report["attention"]["kernels"]
+    assert report["findings"] == [] and all(c["ok"] for c in report["parity"]["checks"].values())
+
+
+def test_a_slow_loader_and_padding_are_found(tmp_path, monkeypatch):
+    from mlmkit.data.loader import DropFullAttentionMask
+
+    collate = DropFullAttentionMask.__call__
+
+    def slow(self, examples):
+        time.sleep(0.05)
+        return collate(self, examples)
+
+    monkeypatch.setattr(DropFullAttentionMask, "__call__", slow)
+    from mlmkit.data.sources import builtin_documents
+
+    # one sentence a line: short rows of many lengths, padded to the longest of each batch
+    sentences = [s.strip() + "." for doc in builtin_documents()[:200] for s in doc.split(". ") if s.strip()]
+    lines = tmp_path / "sentences.txt"
+    lines.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    report = _doctor(tmp_path, "data=files", f"data.train_files=[{lines}]", "data.txt_sample_by=line",
+                     "data.packing=line_by_line")
+    assert _finding(report, "waits for batches") and _finding(report, "train.num_workers")
+    assert _finding(report, "are padding") and _finding(report, "data.packing=concatenate")
+    assert report["rehearsal"]["padding_share"] > 0.1
+
+
+@pytest.mark.parametrize("fault", ["wrong", "nan"])
+def test_a_broken_attention_path_is_found(tmp_path, monkeypatch, fault):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def broken(module, query, key, value, attention_mask, **kwargs):
+        out, weights = sdpa(module, query, key, value, attention_mask, **kwargs)
+        return (out * 1.5 if fault == "wrong" else out * float("nan")), weights
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", broken)
+    report = _doctor(tmp_path, "model.attn_implementation=eager")
+    checks = report["parity"]["checks"]
+    assert not checks["sdpa, fp32"]["ok"] and checks["eager, fp32"]["ok"]
+    [finding] = _finding(report, "The sdpa, fp32 attention path")
+    assert "model.attn_implementation" in finding
+    assert ("NaN or Inf" in finding) == (fault == "nan")
+
+
+def test_a_nan_is_found(tmp_path):
+    report = _doctor(tmp_path, "optim.lr=1e20", "optim.warmup_steps=0", "optim.max_grad_norm=null")
+    assert not report["rehearsal"]["finite"]
+    [finding] = _finding(report, "loss is not finite")
+    assert "optim.lr" in finding and "loss is not finite" in format_report(report)
+
+
+def test_gpu_findings_follow_their_causes():
+    """On a GPU: a mask that keeps SDPA off flash, and host waits in the step, each found when
+    present and not otherwise (the report's figures planted, as a GPU would give them)."""
+    import torch
+
+    from mlmkit.training.doctor import kernel_findings, rehearsal_findings
+
+    cuda = torch.device("cuda")
+    padded = compose(["data.packing=line_by_line"])
+    kernels = {"padded rows (key-padding mask)": {"taken": "memory-efficient"},
+               "packed rows, no mask": {"taken": "flash"}}
+    [finding] = kernel_findings(padded, cuda, {"implementation": "sdpa", "kernels": kernels})
+    assert "memory-efficient kernel, not flash" in finding and "data.packing=concatenate" in finding
+    assert kernel_findings(compose([]), cuda, {"implementation": "sdpa", "kernels": kernels}) == []
+    assert kernel_findings(padded, cuda, {"implementation": "flash_attention_2", "kernels": kernels}) == []
+    assert kernel_findings(padded, torch.device("cpu"), {"implementation": "sdpa", "kernels": kernels}) == []
+    sound = {"finite": True, "loss": 5.0, "data_wait_share": 0.01, "padding_share": 0.0,
+             "host_reads_per_step": 0.0, "mfu": 0.45}
+    assert rehearsal_findings(compose(["model=bert-base"]), cuda, sound) == []
+    [finding] = rehearsal_findings(compose(["model=bert-base"]), cuda, {**sound, "host_reads_per_step": 2.0})
+    assert "wait for the GPU 2.0 times" in finding
+    [finding] = rehearsal_findings(compose(["model=bert-base"]), cuda, {**sound, "mfu": 0.1})
+    assert "below half of the 40%" in finding and "train.batch_size" in finding
