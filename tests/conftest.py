@@ -21,6 +21,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator, as in runs.TEST_ENV
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is present."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 def shared_file(relative: str) -> Path:
     """A file of ../shared/data, or skip the test with the reason."""
     path = SHARED_DATA / relative
