@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -84,6 +84,12 @@ bench-phases: venv  ## phases at equal tokens: bert-mini at 128, 90/10 128->512,
 
 bench-gpu: venv  ## bert-base seq 128 bf16, mlmkit vs Trainer on a CUDA GPU (ARGS=--tiny on a CPU)
 	$(BIN)/python benchmarks/gpu.py $(ARGS)
+
+gpu-wheels: venv  ## the wheels a bare GPU image lacks, and mlmkit's own, into .whl/ (needs PyPI; docs/benchmarks.md, The GPU check)
+	$(BIN)/python benchmarks/gpu_check.py wheels $(ARGS)
+
+gpu-check: venv  ## the GPU check: GPU tests, mlmkit doctor, bert-base vs Trainer, modernbert-base (ARGS=--cpu: tiny, on a CPU)
+	$(BIN)/python benchmarks/gpu_check.py run --out gpu-check $(ARGS)
 
 bench-scaling: venv  ## tokens/s as sequence length and model size grow (a Markdown table)
 	$(BIN)/python benchmarks/scaling.py $(ARGS)

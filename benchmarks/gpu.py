@@ -36,7 +36,7 @@ from harness import (  # noqa: E402
     tokenizer_and_data,
 )
 
-from mlmkit.config import ModelConfig  # noqa: E402
+from mlmkit.config import DataConfig, ModelConfig  # noqa: E402
 from mlmkit.model.bert import flash_attn_available  # noqa: E402
 from mlmkit.training.perf import chip_bf16_peak, measure_matmul_rate, train_flops_per_token  # noqa: E402
 
@@ -99,6 +99,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None, help="dataloader workers, both (default 4; --tiny 0)")
     p.add_argument("--compile", action="store_true", help="also run mlmkit with train.compile=true")
     p.add_argument("--out", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--corpus", choices=("shared", "builtin"), default="shared",
+                   help="shared: ../shared/data's books where present (a 30,522-token vocabulary); builtin: "
+                        "the built-in corpus (quicker to tokenize)")
     args = p.parse_args()
     tiny = args.tiny
     preset = args.preset or ("bert-tiny" if tiny else "bert-base")
@@ -120,6 +123,8 @@ def main() -> None:
     cfg = mlmkit_config(bert_sizes, args.seq, batch, steps, warmup, 30522, log_every=log_every,
                         precision=precision)
     cfg.train.num_workers = workers
+    if args.corpus == "builtin":
+        cfg.data = DataConfig(max_seq_length=args.seq, max_eval_samples=32)
     if preset in MODERNBERT:
         cfg.model = modernbert_model(preset, args.seq)
     tokenizer, packed = tokenizer_and_data(cfg)
@@ -143,7 +148,7 @@ def main() -> None:
         cfg_c = mlmkit_config(bert_sizes, args.seq, batch, steps, warmup, 30522, log_every=log_every,
                               precision=precision, compile=True, strategy="fixed")
         cfg_c.train.num_workers = workers
-        cfg_c.model = cfg.model
+        cfg_c.model, cfg_c.data = cfg.model, cfg.data
         runs.append(("mlmkit, compile, fixed masking", lambda: run_mlmkit("mlmkit, compile", cfg_c, warmup)))
     results = {name: fn() for name, fn in runs}
 
