@@ -17,6 +17,10 @@ from runs import ROOT, python_run
 # STS-B turns (about 2,000). docs/benchmarks.md, "Pretraining pays off downstream", has the
 # figures and why the test asserts word order rather than an SST-2 probe.
 PRETRAIN_STEPS, PRETRAIN_CAP, BLOCK, ROWS = 1000, "30m", 16, 128
+# The pairs made from the first 500 of the 872 dev sentences: with the 30-point gap measured
+# between pretrained and random models on all 869 pairs, one standard error on 500 pairs is about
+# 2 points, and scoring takes about half the time (two fp32 passes of some 60 s here).
+SENTENCES = 500
 
 
 def _pretrain(tmp_path, corpus):
@@ -58,8 +62,8 @@ def _read_sentences(path) -> list[str]:
 def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
     the text of SST-2's training phrases for 1,000 steps, then judged zero-shot on minimal
-    pairs of word order made from sentences it never saw (GLUE's 872 SST-2 dev sentences,
-    test.tsv here): ``mlmkit eval-pairs`` scores each sentence by its pseudo-log-likelihood
+    pairs of word order made from sentences it never saw (the first 500 of GLUE's 872 SST-2 dev
+    sentences, test.tsv here): ``mlmkit eval-pairs`` scores each sentence by its pseudo-log-likelihood
     (Salazar et al., 2020) and counts the pairs whose original sentence scores higher, as
     BLiMP's acceptability judgements are scored (Warstadt et al., 2020). The pretrained model
     must prefer the original in at least 70% of the pairs and beat the same architecture at a
@@ -77,7 +81,7 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     train = shared_file("glue/SST-2/train.tsv")
     corpus = tmp_path / "sst2_train_text.txt"
     corpus.write_text("\n".join(dict.fromkeys(_read_sentences(train))) + "\n", encoding="utf-8")
-    pairs = bigram_shift_pairs(_read_sentences(shared_file("glue/SST-2/test.tsv")))
+    pairs = bigram_shift_pairs(_read_sentences(shared_file("glue/SST-2/test.tsv"))[:SENTENCES])
     pairs_file = tmp_path / "bigram_shift.jsonl"
     pairs_file.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
     run = _pretrain(tmp_path, corpus)
@@ -93,7 +97,7 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
                           f"init={init}", f"output={out}", timeout=1800)
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
-        assert result["pairs"] == len(pairs) > 800
+        assert result["pairs"] == len(pairs) > 450
         accuracy[init] = result["accuracy"]
     print(f"bigram-shift pairs of SST-2 dev sentences: {accuracy}; masked-token accuracy {mlm_accuracy:.4f}")
     assert accuracy["pretrained"] >= 0.70 and accuracy["pretrained"] - accuracy["random"] >= 0.15, accuracy

@@ -417,8 +417,18 @@ def kernel_findings(cfg: Config, device: torch.device, attention: dict[str, Any]
 
 # ---- the whole check ---------------------------------------------------------------------------
 
-def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float = 30.0,
-               parity_batches: int = 2) -> dict[str, Any]:
+def parity_rows(batch: dict, rows: int) -> dict[str, torch.Tensor]:
+    """The first ``rows`` rows of a validation batch, on the CPU, with their chosen positions."""
+    from mlmkit.model.bert import prediction_positions
+
+    out = {k: v[:rows].cpu() for k, v in batch.items()
+           if isinstance(v, torch.Tensor) and k not in ("positions", "targets")}
+    out["positions"], out["targets"] = prediction_positions(out["labels"])
+    return out
+
+
+def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float = 20.0,
+               parity_batches: int = 2, parity_rows_per_batch: int = 8) -> dict[str, Any]:
     """The report of ``mlmkit doctor`` for the run ``cfg`` (see the module's docstring)."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlmkit-doctor-") as scratch:
@@ -439,8 +449,7 @@ def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float
         mixed = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         if device.type == "cpu" and mixed == torch.float16:
             mixed = None
-        batches = [{k: v.cpu() for k, v in b.items() if isinstance(v, torch.Tensor)}
-                   for b in trainer.eval_batches[:parity_batches]]
+        batches = [parity_rows(b, parity_rows_per_batch) for b in trainer.eval_batches[:parity_batches]]
         report["parity"] = parity_report(model, batches, device, report["attention"]["implementation"],
                                          mixed, trainer.tokenizer.sep_token_id)
         report["parity"]["weights"] = weights
