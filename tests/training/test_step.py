@@ -47,7 +47,10 @@ def parts():
     optimizer = build_optimizer(objective, SimpleNamespace(weight_decay=0.01, lr=1e-2, beta1=0.9,
                                                            beta2=0.999, eps=1e-8), "cpu")
     objective, optimizer = accelerator.prepare(objective, optimizer)
-    return accelerator, objective, optimizer
+    yield accelerator, objective, optimizer
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the next in-process run sets its own
 
 
 def test_a_nonfinite_step_is_skipped_on_the_device_without_a_host_read(parts, monkeypatch):

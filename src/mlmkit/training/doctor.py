@@ -212,8 +212,12 @@ def rehearsal_config(cfg: Config, run_dir: Path, steps: int, warmup: int, max_se
 
 def rehearse(cfg: Config, run_dir: Path, steps: int = 20, warmup: int = 3, max_seconds: float = 30.0):
     """``(figures, trainer)`` of the run trained for ``steps`` timed steps after ``warmup``."""
+    from accelerate.state import AcceleratorState
+
     from mlmkit.training.trainer import Trainer
 
+    # one process, its own precision: whatever accelerate state this process held is dropped
+    AcceleratorState._reset_state(reset_partial_state=True)
     trainer = Trainer(rehearsal_config(cfg, run_dir, steps, warmup, max_seconds), run_dir)
     device = trainer.accelerator.device
     trainer.save = trainer.evaluate = dict  # a rehearsal: no checkpoint, no evaluation at its end
@@ -306,8 +310,8 @@ def parity_report(model, batches, device: torch.device, run_path: str, mixed: to
         variant.set_attn_implementation(path)
         checks[f"{path}, fp32"] = {**_differences(*_outputs(variant, batches, device), ref_logits, ref_loss),
                                    "tolerance": FP32_TOLERANCE}
-    if mixed is not None:
-        for path in dict.fromkeys([run_path, "sdpa"]):
+    if mixed is not None:  # the run's path, SDPA, and flash-attn (bf16/fp16 only) where installed
+        for path in dict.fromkeys([run_path, "sdpa", *(["flash_attention_2"] if flash_attn_available() else [])]):
             variant = copy.deepcopy(base)
             variant.set_attn_implementation(path)
             name = str(mixed).replace("torch.", "")
@@ -453,6 +457,9 @@ def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float
         report["parity"] = parity_report(model, batches, device, report["attention"]["implementation"],
                                          mixed, trainer.tokenizer.sep_token_id)
         report["parity"]["weights"] = weights
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the rehearsal's precision goes with it
     report["findings"] = findings(cfg, device, report)
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
