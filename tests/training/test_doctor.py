@@ -125,3 +125,13 @@ def test_gpu_findings_follow_their_causes():
     assert "wait for the GPU 2.0 times" in finding
     [finding] = rehearsal_findings(compose(["model=bert-base"]), cuda, {**sound, "mfu": 0.1})
     assert "below half of the 40%" in finding and "train.batch_size" in finding
+
+
+def test_a_setting_it_cannot_compose_is_one_sentence(capsys):
+    from mlmkit.cli import main
+
+    assert main(["doctor", "model=bert-huge"]) == 2
+    err = capsys.readouterr().err
+    assert "model=bert-huge is not a preset" in err and "Traceback" not in err
+    assert main(["doctor", "train.bach_size=3"]) == 2
+    assert "bach_size" in capsys.readouterr().err

@@ -22,10 +22,19 @@ def main(argv: list[str]) -> int:
     if args.steps < 1:
         p.error("--steps must be at least 1")
 
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from mlmkit.cli.errors import hydra_error_sentence
     from mlmkit.cli.train import compose
+    from mlmkit.errors import ConfigError
     from mlmkit.training.doctor import format_report, run_doctor
 
-    report = run_doctor(compose(args.overrides), steps=args.steps, max_seconds=args.max_seconds)
+    try:
+        cfg = compose(args.overrides)
+    except (HydraException, OmegaConfBaseException) as exc:  # as mlmkit train says it
+        raise ConfigError(hydra_error_sentence(exc)) from None
+    report = run_doctor(cfg, steps=args.steps, max_seconds=args.max_seconds)
     print(format_report(report))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
