@@ -4,16 +4,20 @@ its wheel step's commands."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
-from runs import ROOT, python_run
+from runs import ROOT, TEST_ENV, fork_python
 
 
 @pytest.mark.slow
 def test_the_gpu_check_runs_every_step_in_its_cpu_mode(tmp_path):
     out = tmp_path / "results"
-    proc = python_run(ROOT / "benchmarks" / "gpu_check.py", "run", "--cpu", "--out", str(out), timeout=900)
+    # its commands start through the fork server too (runs.fork_python)
+    proc = subprocess.run([fork_python(), str(ROOT / "benchmarks" / "gpu_check.py"), "run", "--cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, **TEST_ENV}, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + (out / "log.txt").read_text()[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["steps"]) == ["gpu-tests", "doctor-bert", "doctor-modernbert", "gpu-bert"]
