@@ -121,3 +121,22 @@ def test_on_device_masks_resume_exactly_on_cuda(tokenizer, monkeypatch):
     again = [resumed.mask_in_step(b["input_ids"]) for b in batches[1:]]
     for (ids, labels), (ids2, labels2) in zip(drawn, again):
         assert ids.is_cuda and torch.equal(ids, ids2) and torch.equal(labels, labels2)
+
+
+def test_the_doctor_counts_every_wait_for_the_gpu():
+    """On CUDA, mlmkit doctor counts synchronising calls through torch's sync debug mode: a
+    nonzero and an item count, device-side work does not."""
+    from mlmkit.training.doctor import HostReads
+
+    x = torch.ones(64, device="cuda")
+    with HostReads("cuda") as reads:
+        reads.counting = True
+        (x * 2).sum()
+        reads.counting = False
+    assert reads.count == 0
+    with HostReads("cuda") as reads:
+        reads.counting = True
+        x.nonzero()
+        x.sum().item()
+        reads.counting = False
+    assert reads.count >= 2

@@ -27,6 +27,7 @@ import math
 import platform
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -137,29 +138,51 @@ def attention_report(cfg: Config, device: torch.device, precision: str) -> dict[
 # ---- 3. the rehearsal -------------------------------------------------------------------------
 
 class HostReads:
-    """Counts reads of tensor values on the host (``item``, ``bool``, ``float``, ``int``,
-    ``tolist``) of tensors on ``device_type`` (on a CPU: every tensor, what would be a wait
-    on a GPU) while ``counting`` is set."""
+    """Counts the host's waits for the device while ``counting`` is set. On CUDA: every
+    synchronising CUDA call torch reports (``torch.cuda.set_sync_debug_mode``: ``item``,
+    ``nonzero``, boolean indexing, ...). On a CPU, where nothing waits: the reads of tensor values
+    on the host (``item``, ``bool``, ``float``, ``int``, ``tolist``), each a wait on a GPU."""
 
     NAMES = ("item", "__bool__", "__float__", "__int__", "tolist")
 
     def __init__(self, device_type: str) -> None:
-        self.device_type, self.count, self.counting = device_type, 0, False
+        self.device_type, self.count, self._counting = device_type, 0, False
+        self._cuda = device_type == "cuda"
         self._saved: dict[str, Any] = {}
 
+    @property
+    def counting(self) -> bool:
+        return self._counting
+
+    @counting.setter
+    def counting(self, on: bool) -> None:
+        self._counting = on
+        if self._cuda:
+            torch.cuda.set_sync_debug_mode("warn" if on else "default")
+
     def __enter__(self) -> HostReads:
+        if self._cuda:
+            self._catch = warnings.catch_warnings(record=True)
+            self._records = self._catch.__enter__()
+            warnings.simplefilter("always")
+            return self
         for name in self.NAMES:
             original = getattr(torch.Tensor, name)
             self._saved[name] = torch.Tensor.__dict__.get(name)  # None: inherited
 
             def counted(tensor, *args, _original=original, **kwargs):
-                if self.counting and tensor.device.type == self.device_type:
+                if self._counting:
                     self.count += 1
                 return _original(tensor, *args, **kwargs)
             setattr(torch.Tensor, name, counted)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._cuda:
+            self.counting = False
+            self.count = sum("synchroniz" in str(w.message) for w in self._records)
+            self._catch.__exit__(*exc)
+            return
         for name, own in self._saved.items():
             if own is None:
                 delattr(torch.Tensor, name)
@@ -168,7 +191,8 @@ class HostReads:
 
     @contextmanager
     def paused(self):
-        counting, self.counting = self.counting, False
+        counting = self.counting
+        self.counting = False
         try:
             yield
         finally:
