@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import torch
+from mlmkit.training.doctor import HostReads
 
 
-class NoHostReads:
+class NoHostReads(HostReads):
     """Fails a test that reads a tensor's value on the host (``bool``, ``float``, ``int``,
-    ``item``, ``tolist``): on a GPU each is a wait for the device."""
+    ``item``, ``tolist``) inside it: on a GPU each is a wait for the device (``mlmkit doctor``'s
+    count, refusing)."""
 
-    NAMES = ("__bool__", "__float__", "__int__", "item", "tolist")
+    def __init__(self) -> None:
+        super().__init__("cpu", refuse=True)
 
-    def __init__(self, monkeypatch) -> None:
-        self.monkeypatch = monkeypatch
-
-    def __enter__(self):
-        def refuse(name):
-            def read(self, *args, **kwargs):
-                raise AssertionError(f"a host read of a tensor: Tensor.{name}")
-            return read
-        for name in self.NAMES:
-            self.monkeypatch.setattr(torch.Tensor, name, refuse(name))
+    def __enter__(self) -> NoHostReads:
+        super().__enter__()
+        self.counting = True
         return self
-
-    def __exit__(self, *exc):
-        self.monkeypatch.undo()

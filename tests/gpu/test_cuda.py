@@ -59,7 +59,7 @@ def _prepared(tokenizer, precision):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_the_step_learns_skips_and_waits_for_the_gpu_only_at_log_steps(tokenizer, precision, monkeypatch):
+def test_the_step_learns_skips_and_waits_for_the_gpu_only_at_log_steps(tokenizer, precision):
     """bf16, and fp16 with its scaler: the loss falls over a few steps, none of which reads a
     device value on the host; a step with a non-finite gradient leaves the weights as they were."""
     from mlmkit.training.step import SkipCount, optimizer_step
@@ -67,7 +67,7 @@ def test_the_step_learns_skips_and_waits_for_the_gpu_only_at_log_steps(tokenizer
     accelerator, objective, optimizer = _prepared(tokenizer, precision)
     batches = [_cuda(b) for b in _batches(tokenizer, _packed, n=2)]
     skips, losses = SkipCount(), []
-    with NoHostReads(monkeypatch):
+    with NoHostReads():
         for i in range(12):
             result = optimizer_step(accelerator, objective, optimizer, 1e-3, [batches[i % 2]], 1.0)
             optimizer.zero_grad(set_to_none=True)
@@ -104,7 +104,7 @@ def test_documents_attend_within_themselves_on_cuda(tokenizer, config):
     assert result["documents"] >= 2 and result["ok"], result
 
 
-def test_on_device_masks_resume_exactly_on_cuda(tokenizer, monkeypatch):
+def test_on_device_masks_resume_exactly_on_cuda(tokenizer):
     from mlmkit.masking.collator import MLMCollator
 
     def collator():
@@ -114,7 +114,7 @@ def test_on_device_masks_resume_exactly_on_cuda(tokenizer, monkeypatch):
     first = collator()
     first.mask_in_step(batches[0]["input_ids"])
     saved = first.step_generator_state()
-    with NoHostReads(monkeypatch):
+    with NoHostReads():
         drawn = [first.mask_in_step(b["input_ids"]) for b in batches[1:]]
     resumed = collator()
     resumed.load_step_generator_state(saved)

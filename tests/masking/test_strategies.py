@@ -235,7 +235,7 @@ def test_cjk_ideographs_start_words_in_a_unigram_vocabulary():
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_masks_drawn_in_the_step_resume_from_the_checkpointed_generator(tokenizer, rows, strategy, monkeypatch):
+def test_masks_drawn_in_the_step_resume_from_the_checkpointed_generator(tokenizer, rows, strategy):
     """masking.on_device: the step masks from a generator of its own (on the device; here the
     CPU), whose state the loop state keeps, so a resumed run draws the masks it would have; and
     the masking waits for no host read (on a GPU each would be a wait for the device)."""
@@ -259,7 +259,7 @@ def test_masks_drawn_in_the_step_resume_from_the_checkpointed_generator(tokenize
     drawn = [first.mask_in_step(batches[0]["input_ids"], batches[0]["attention_mask"])]
     saved = loop_state(first).state_dict()
     assert saved["collator_step"][0] is not None
-    with NoHostReads(monkeypatch):
+    with NoHostReads():
         drawn += [first.mask_in_step(b["input_ids"], b["attention_mask"]) for b in batches[1:]]
     resumed = collator()
     loop_state(resumed).load_state_dict(saved)

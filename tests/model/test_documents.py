@@ -130,7 +130,7 @@ def test_varlen_flash_attention_matches_the_block_diagonal_mask(tokenizer, prese
 
 @pytest.mark.parametrize("config", [BERT, MODERNBERT], ids=["bert", "modernbert"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config, attn, monkeypatch):
+def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config, attn):
     """A padded batch: MaskedLM builds the key-padding mask (and ModernBERT's window) itself, so
     transformers does not ask ``mask.all()`` (a wait for the device) on every forward; the states
     and the loss are those of transformers' own masks."""
@@ -148,7 +148,7 @@ def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config,
     objective = MaskedLM(model)
     objective.train()  # the training step's forward: no logits returned
     with torch.no_grad():
-        with NoHostReads(monkeypatch):
+        with NoHostReads():
             ours = objective(**batch)["loss_sum"]
         encoder = objective.parts.encoder(model)
         hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state

@@ -53,12 +53,12 @@ def parts():
     AcceleratorState._reset_state(reset_partial_state=True)  # the next in-process run sets its own
 
 
-def test_a_nonfinite_step_is_skipped_on_the_device_without_a_host_read(parts, monkeypatch):
+def test_a_nonfinite_step_is_skipped_on_the_device_without_a_host_read(parts):
     accelerator, objective, optimizer = parts
     assert skips_on_device(optimizer)  # mlmkit's fused AdamW
     objective.poison = True
     before = {k: v.clone() for k, v in objective.state_dict().items()}
-    with NoHostReads(monkeypatch):
+    with NoHostReads():
         result = optimizer_step(accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0)
         skips = SkipCount()
         skips.add(result.ok)
@@ -71,7 +71,7 @@ def test_a_nonfinite_step_is_skipped_on_the_device_without_a_host_read(parts, mo
     assert not hasattr(optimizer.optimizer, "found_inf")
     objective.poison = False
     optimizer.zero_grad()
-    with NoHostReads(monkeypatch):
+    with NoHostReads():
         result = optimizer_step(accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0)
     assert bool(result.ok)
     assert not torch.equal(objective.head.weight, before["head.weight"])
@@ -94,9 +94,9 @@ def _settle(skips, bad_steps=0, max_bad_steps=3):
     return state
 
 
-def test_skipped_steps_are_counted_on_the_device_and_read_at_settle(monkeypatch):
+def test_skipped_steps_are_counted_on_the_device_and_read_at_settle():
     skips = SkipCount()
-    with NoHostReads(monkeypatch):
+    with NoHostReads():
         for ok in (False, True, False, False):
             skips.add(torch.tensor(ok))
     state = _settle(skips)

@@ -141,13 +141,15 @@ class HostReads:
     """Counts the host's waits for the device while ``counting`` is set. On CUDA: every
     synchronising CUDA call torch reports (``torch.cuda.set_sync_debug_mode``: ``item``,
     ``nonzero``, boolean indexing, ...). On a CPU, where nothing waits: the reads of tensor values
-    on the host (``item``, ``bool``, ``float``, ``int``, ``tolist``), each a wait on a GPU."""
+    on the host (``item``, ``bool``, ``float``, ``int``, ``tolist``), each a wait on a GPU. With
+    ``refuse`` such a read raises instead, on any device (the tests' guard of code that must not
+    wait)."""
 
     NAMES = ("item", "__bool__", "__float__", "__int__", "tolist")
 
-    def __init__(self, device_type: str) -> None:
-        self.device_type, self.count, self._counting = device_type, 0, False
-        self._cuda = device_type == "cuda"
+    def __init__(self, device_type: str, refuse: bool = False) -> None:
+        self.device_type, self.count, self._counting, self.refuse = device_type, 0, False, refuse
+        self._cuda = device_type == "cuda" and not refuse
         self._saved: dict[str, Any] = {}
 
     @property
@@ -170,7 +172,9 @@ class HostReads:
             original = getattr(torch.Tensor, name)
             self._saved[name] = torch.Tensor.__dict__.get(name)  # None: inherited
 
-            def counted(tensor, *args, _original=original, **kwargs):
+            def counted(tensor, *args, _original=original, _name=name, **kwargs):
+                if self._counting and self.refuse:
+                    raise RuntimeError(f"a host read of a tensor's value (Tensor.{_name}) where none may be")
                 if self._counting:
                     self.count += 1
                 return _original(tensor, *args, **kwargs)
