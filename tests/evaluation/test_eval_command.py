@@ -102,7 +102,7 @@ def test_document_isolated_run_and_its_evaluation(tmp_path, cache_dir):
     logged = events(run, "eval")[-1]
     assert logged["step"] == 20 and math.isfinite(logged["eval_loss"])
     figures = {}
-    for packing in ("the run's", "concatenate"):
+    for packing in ("the run's", "documents", "concatenate"):
         out = tmp_path / f"eval-{packing.replace(chr(39), '')}.json".replace(" ", "-")
         proc = run_eval(f"checkpoint={run / 'final'}", f"paths.cache_dir={cache_dir}", f"output={out}",
                         *([] if packing == "the run's" else [f"data.packing={packing}"]))
@@ -113,6 +113,9 @@ def test_document_isolated_run_and_its_evaluation(tmp_path, cache_dir):
     assert figures["the run's"]["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
     assert "data.packing=documents" in figures["the run's"]["data"]
     assert "data.packing=concatenate" in figures["concatenate"]["data"]
-    # a 20-step model barely uses its context (a 6e-6 relative change was seen), yet reading
-    # across documents moves its loss by more than the repeat above may (1e-6)
-    assert abs(figures["concatenate"]["loss"] - logged["eval_loss"]) > 1e-6 * logged["eval_loss"]
+    # the same tokens under the same masks: scoring is deterministic (the run's packing named
+    # or left out gives the same loss to the bit), and reading across documents changes it,
+    # however little a 20-step model uses its context (4e-7 to 6e-6 relative has been seen)
+    assert figures["documents"]["loss"] == figures["the run's"]["loss"]
+    assert figures["concatenate"]["tokens"] == figures["the run's"]["tokens"]
+    assert figures["concatenate"]["loss"] != figures["the run's"]["loss"]
