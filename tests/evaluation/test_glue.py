@@ -113,6 +113,45 @@ def test_the_modern_protocol_starts_rte_from_mnli_and_scores_mnli_on_both_dev_se
     assert rte["score"] == pytest.approx(sorted(r["score"] for r in rte["runs"])[0])  # the lower middle of 2
 
 
+@pytest.mark.slow
+def test_tasks_run_side_by_side_in_processes_of_their_own_and_rte_waits_for_mnli(tmp_path, trained_run):
+    """parallel=2 (on a CPU; with GPUs the default is one task per GPU): MNLI and SST-2 start
+    together in two worker processes, and RTE, under the modern protocol, starts once MNLI's
+    model is there, from it."""
+    data = _glue_data(tmp_path / "glue_data", ["mnli", "rte", "sst2"])
+    (data / "MNLI" / "dev_mismatched.tsv").write_text((data / "MNLI" / "dev_matched.tsv").read_text())
+    proc = python_run("-m", "mlmkit", "glue", f"checkpoint={trained_run}", f"data_dir={data}",
+                      "tasks=[rte,sst2,mnli]", "protocol=modern", "lrs=[1e-3]", "seeds=[0]", "epochs=1",
+                      "max_train_samples=8", "parallel=2", f"hydra.run.dir={tmp_path / 'glue'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 jobs side by side: on the CPU" in proc.stdout + proc.stderr
+    assert "| model | SST-2 | MNLI-m/mm | RTE | GLUE (3 of 8) |" in proc.stdout
+    results = json.loads((tmp_path / "glue" / "results.json").read_text())
+    places = {n: results["tasks"][n]["ran_on"] for n in ("sst2", "mnli", "rte")}
+    assert {p["device"] for p in places.values()} == {"cpu"}
+    assert places["sst2"]["process"] != places["mnli"]["process"]  # side by side, not one after the other
+    assert places["rte"]["process"] in (places["sst2"]["process"], places["mnli"]["process"])
+    settings = json.loads((tmp_path / "glue" / "rte" / "lr0.001-seed0" / "results.json").read_text())
+    assert settings["checkpoint"] == results["tasks"]["mnli"]["runs"][0]["model"]  # after MNLI, from it
+    assert results["average_tasks"] == ["sst2", "mnli", "rte"]
+
+
+def test_workers_take_the_gpus_round_robin_and_refuse_a_distributed_launch(monkeypatch):
+    from mlmkit.evaluation.workers import slot_devices, worker_count
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert worker_count(None, ["2", "5"]) == 2 and worker_count(None, []) == 1
+    assert worker_count(3, []) == 3
+    assert slot_devices(3, ["2", "5"]) == ["2", "5", "2"]  # a third task shares the first GPU
+    assert slot_devices(2, []) == [None, None]
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert worker_count(None, ["0", "1"]) == 1  # the ranks share each task
+    with pytest.raises(ConfigError, match="parallel=2 runs jobs in processes of their own.*set parallel=1"):
+        worker_count(2, ["0", "1"])
+    with pytest.raises(ConfigError, match="parallel must be at least 1"):
+        GlueConfig(checkpoint="x", parallel=0)
+
+
 @pytest.mark.parametrize("case", ["no task folder", "no data folder", "no model"])
 def test_glue_command_refuses_what_it_cannot_run_in_one_sentence(tmp_path, trained_run, case):
     """A data_dir holding none of the tasks, a data_dir that is no folder and a checkpoint that

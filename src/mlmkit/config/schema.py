@@ -891,6 +891,9 @@ class GlueConfig:
     max_train_samples: int | None = None  # the first N training examples of each task (a quick look)
     pooling: str = "mean"  # mean | cls ([CLS], as BERT)
     precision: str = "auto"
+    # tasks run side by side, each in a process of its own pinned to a GPU (dealt round-robin);
+    # null: one per visible GPU, one at a time on a CPU or under accelerate launch
+    parallel: int | None = None
 
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, self.init, "score")
@@ -907,6 +910,8 @@ class GlueConfig:
         _check(self.max_train_samples is None or self.max_train_samples >= 1,
                "max_train_samples must be at least 1 (or null for all).")
         check_precision(self.precision, "precision")
+        _check(self.parallel is None or self.parallel >= 1,
+               f"parallel must be at least 1 (or null: one task per GPU), got {self.parallel}.")
 
 
 @dataclass

@@ -21,6 +21,8 @@ the mean of its two (MRPC and QQP: F1 and accuracy; STS-B: Pearson and Spearman;
 matched and mismatched accuracy); the average is the unweighted mean of the task scores, WNLI
 left out as usual (GLUE's WNLI dev set is adversarial to training-set statistics), and it is
 labelled with the tasks it covers: a task whose data is missing is skipped with a note.
+``parallel`` tasks run side by side, each in a process of its own pinned to a GPU (default:
+one per visible GPU; one at a time on a CPU): ``mlmkit.evaluation.workers``.
 Each fine-tuning is ``mlmkit finetune`` (``evaluation.finetune.finetune``) into
 ``<run dir>/<task>/lr<lr>-seed<seed>/``; the results are ``results.json``, ``results.md`` (the
 table) and ``glue.png`` (a bar chart) in the run dir.
@@ -142,6 +144,7 @@ class TaskResult:
     metrics: dict[str, float] = field(default_factory=dict)  # the chosen figures
     lr: float | None = None
     skipped: str | None = None
+    ran_on: dict[str, Any] = field(default_factory=dict)  # device and process (workers.job_place)
 
 
 def task_score(task: GlueTask, figures: dict[str, float]) -> float:
@@ -193,7 +196,9 @@ def mismatched_accuracy(model_dir: str, data_dir: str | None) -> float:
 def run_task(cfg: GlueConfig, name: str, protocol: Protocol, run_dir: Path,
              mnli_model: str | None) -> TaskResult:
     """Every (lr, seed) run of one task, and the score chosen from them."""
-    meta, result = TASKS[name], TaskResult(name)
+    from mlmkit.evaluation.workers import job_place
+
+    meta, result = TASKS[name], TaskResult(name, ran_on=job_place())
     task = task_config(name, cfg.data_dir)
     if why := missing_data(task):
         result.skipped = why
@@ -220,6 +225,37 @@ def run_task(cfg: GlueConfig, name: str, protocol: Protocol, run_dir: Path,
             log.info("GLUE %s lr %g seed %d: %.4f", name, lr, seed, run["score"])
     result.lr, result.score, result.metrics = choose(meta, result.runs)
     return result
+
+
+def run_tasks(cfg: GlueConfig, order: list[str], protocol: Protocol, run_dir: Path) -> dict[str, TaskResult]:
+    """Each task's runs, ``cfg.parallel`` tasks at once (``workers.pool``: a process per task,
+    pinned to a GPU); under a protocol that starts RTE, MRPC and STS-B from MNLI's model,
+    those wait for MNLI. Returns the results in ``order``."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    from mlmkit.evaluation.workers import pool
+
+    after_mnli = [n for n in order if protocol.from_mnli and TASKS[n].small and "mnli" in order]
+    results: dict[str, TaskResult] = {}
+    with pool(cfg.parallel) as executor:
+        running = {executor.submit(run_task, cfg, n, protocol, run_dir, None): n for n in order if n not in after_mnli}
+        try:
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = running.pop(future)
+                    results[name] = future.result()
+                    if results[name].skipped:
+                        log.warning("GLUE %s skipped: %s", name, results[name].skipped)
+                    if name == "mnli":
+                        runs = results[name].runs
+                        mnli_model = max(runs, key=lambda r: r["score"])["model"] if runs else None
+                        running.update({executor.submit(run_task, cfg, n, protocol, run_dir, mnli_model): n
+                                        for n in after_mnli})
+        except BaseException:
+            executor.shutdown(wait=True, cancel_futures=True)  # the running tasks end; none starts
+            raise
+    return {n: results[n] for n in order}
 
 
 def average(results: dict[str, TaskResult]) -> tuple[float | None, list[str]]:
@@ -288,14 +324,7 @@ def glue(cfg: GlueConfig, run_dir: str | Path) -> dict[str, Any]:
     names = [n for n in TASKS if n in cfg.tasks]  # GLUE's order
     order = sorted(names, key=lambda n: n != "mnli") if protocol.from_mnli else names
     log.info("GLUE %s, protocol %s", ", ".join(names), protocol.describe())
-    results: dict[str, TaskResult] = {}
-    mnli_model = None
-    for name in order:
-        results[name] = run_task(cfg, name, protocol, run_dir, mnli_model)
-        if results[name].skipped:
-            log.warning("GLUE %s skipped: %s", name, results[name].skipped)
-        if name == "mnli" and results[name].runs:
-            mnli_model = max(results[name].runs, key=lambda r: r["score"])["model"]
+    results = run_tasks(cfg, order, protocol, run_dir)
     if all(r.skipped for r in results.values()):
         first = results[names[0]]
         raise DataError(f"No GLUE task could be run ({first.task}: {first.skipped.rstrip('.')}); set "
