@@ -140,3 +140,17 @@ def test_the_doctor_counts_every_wait_for_the_gpu():
         x.sum().item()
         reads.counting = False
     assert reads.count >= 2
+
+
+def test_side_by_side_workers_each_see_one_gpu_dealt_round_robin():
+    """mlmkit glue's workers (parallel=3 here, more than most machines' GPUs): each sees one
+    GPU as cuda:0, the visible GPUs taken in turn."""
+    from mlmkit.evaluation.workers import job_place, pool, slot_devices, visible_gpus
+
+    gpus = visible_gpus()
+    with pool(3) as executor:
+        places = [executor.submit(job_place) for _ in range(3)]
+        seen = [executor.submit(visible_gpus) for _ in range(3)]
+        places, seen = [f.result() for f in places], [f.result() for f in seen]
+    assert {p["device"] for p in places} <= {f"cuda:{d}" for d in slot_devices(3, gpus)}
+    assert all(len(s) == 1 and s[0] in gpus for s in seen)
