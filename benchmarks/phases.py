@@ -19,7 +19,8 @@ Each step holds 4,096 tokens in every phase. Corpora: where ../shared/data is pr
 Gutenberg books to train on and two others held out (Austen's Persuasion, Chesterton's The Man
 Who Was Thursday); else the built-in corpus and its validation split.
 
-    python benchmarks/phases.py [--tokens 4194304] [--only bert modern] [--corpus shared] [--out DIR]
+    python benchmarks/phases.py [--tokens 4194304] [--only bert modern] [--corpus shared] [--size mini]
+                                [--out DIR]
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def main() -> None:
                    help="shared: the Gutenberg books where ../shared/data has them (default); builtin")
     p.add_argument("--eval-min-masked", type=int, default=10_000,
                    help="masked tokens each evaluation scores at least (default 10,000, mlmkit eval's)")
+    p.add_argument("--size", default="mini", choices=["mini", "tiny"],
+                   help="the presets' size: mini (bert-mini, modernbert-mini; default) or tiny (a quick look)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/bench-phases/<time>)")
     args = p.parse_args()
     if args.tokens < 4096:
@@ -110,7 +113,9 @@ def main() -> None:
         rows = []
         for name, overrides, phase_exports in RUNS[family]:
             run_dir = out / family / re.sub(r"[^\w.]+", "-", name).strip("-")
+            overrides = [o.replace("-mini", f"-{args.size}") if o.startswith("model=") else o for o in overrides]
             events = train_mlmkit([*overrides, *data, "logger=none", "train.progress=false",
+                                   f"masking.eval_min_masked_tokens={args.eval_min_masked}",
                                    f"paths.cache_dir={cache}", "train.max_steps=null",
                                    f"train.max_tokens={args.tokens}", "train.eval_every=0", "train.save_every=0"],
                                   run_dir, f"the {family} {name} run")

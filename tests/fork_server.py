@@ -67,6 +67,13 @@ def preload() -> None:
     for optional in ("deepspeed", "sentence_transformers", "hydra_plugins.hydra_submitit_launcher"):
         if importlib.util.find_spec(optional.split(".")[0]) is not None:
             importlib.import_module(optional)
+    if importlib.util.find_spec("deepspeed") is not None:
+        # DeepSpeed's collectives on a CPU go through gloo, as on any host without its shared-memory
+        # kernels: those are DeepSpeed's own C++ extension, compiled at the first use on a machine
+        # (over a minute on two cores, in every fresh CI run), and not what the tests check
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def run_child(request: dict) -> None:
