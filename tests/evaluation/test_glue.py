@@ -136,6 +136,25 @@ def test_tasks_run_side_by_side_in_processes_of_their_own_and_rte_waits_for_mnli
     assert results["average_tasks"] == ["sst2", "mnli", "rte"]
 
 
+def test_one_task_at_a_time_stops_at_the_first_tasks_error(monkeypatch, tmp_path):
+    """parallel=1 runs the tasks in this process, and a task's error stops the command at once:
+    no later task starts (with workers, the tasks already running finish first)."""
+    import mlmkit.evaluation.glue as glue
+    from mlmkit.errors import DataError
+
+    started = []
+
+    def run_task(cfg, name, protocol, run_dir, mnli_model):
+        started.append(name)
+        raise DataError(f"{name}: a bad line.")
+
+    monkeypatch.setattr(glue, "run_task", run_task)
+    cfg = GlueConfig(checkpoint="x", tasks=["cola", "sst2"], parallel=1)
+    with pytest.raises(DataError, match="cola: a bad line"):
+        glue.run_tasks(cfg, ["cola", "sst2"], protocol_of(cfg), tmp_path)
+    assert started == ["cola"]
+
+
 def test_workers_take_the_gpus_round_robin_and_refuse_a_distributed_launch(monkeypatch):
     from mlmkit.evaluation.workers import slot_devices, worker_count
 

@@ -69,14 +69,12 @@ def _start_worker(slots: Any, ready: Any, threads: int) -> None:
 
 
 class InProcess(Executor):
-    """The executor of one worker: each job runs in this process when it is submitted."""
+    """The executor of one worker: each job runs in this process when it is submitted, and its
+    error is raised there, as a loop's would be (no later job starts)."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - the caller meets it at result(), as from a process
-            future.set_exception(exc)
+        future.set_result(fn(*args, **kwargs))
         return future
 
 
