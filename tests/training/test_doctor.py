@@ -50,7 +50,11 @@ def test_a_modernbert_run_reports_its_window_kernel(tmp_path):
                      "model.num_attention_heads=2", "model.intermediate_size=96", "model.local_attention=16",
                      "model.global_attn_every_n_layers=3")
     assert "ModernBERT's local layers (window)" in report["attention"]["kernels"]
-    assert report["findings"] == [] and all(c["ok"] for c in report["parity"]["checks"].values())
+    # a 64-wide model's step is so short that its batches' loading can pass the data-wait limit on
+    # a slow machine (10% seen): that finding is a matter of timing, tested on its own below
+    timing = "The step waits for batches"
+    assert [f for f in report["findings"] if not f.startswith(timing)] == []
+    assert all(c["ok"] for c in report["parity"]["checks"].values())
 
 
 def test_a_slow_loader_and_padding_are_found(tmp_path, monkeypatch):
