@@ -64,7 +64,7 @@ TEST_THREADS ?= 1
 test: venv  ## the test suite (CPU, a few minutes)
 	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
 
-test-long: venv  ## the long tests alone (600 steps of bert-mini that must learn word order a random init lacks; docs/benchmarks.md)
+test-long: venv  ## the long tests alone (400 steps of bert-mini that must learn word order a random init lacks; docs/benchmarks.md)
 	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)
 
 test-fast: venv
