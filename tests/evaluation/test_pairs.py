@@ -84,6 +84,19 @@ def test_batched_scores_equal_one_masked_copy_at_a_time(tokenizer, trained_run, 
         reference_plls(model, tokenizer, SENTENCES[:3], max_length=128), abs=1e-4)
 
 
+def test_bf16_autocast_scores_near_the_fp32_ones(trained_run):
+    """eval-pairs' precision=bf16 (auto on bf16 hardware): the fp32 weights under autocast,
+    log-softmax in fp32; each sentence's score within 2% of the fp32 one, and not the same."""
+    from mlmkit.training.loading import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(trained_run)[:2]
+    model = model.float()
+    fp32 = pseudo_log_likelihoods(model, tokenizer, SENTENCES)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = pseudo_log_likelihoods(model, tokenizer, SENTENCES)
+    assert bf16 == pytest.approx(fp32, rel=0.02) and bf16 != fp32
+
+
 def unigram_model(tokenizer, favoured: dict[str, float]):
     """A masked LM whose prediction ignores the context: the head's layer norm zeroed, its
     logits are the output bias, here 0 but for the tokens of ``favoured``."""
@@ -216,13 +229,14 @@ def test_eval_pairs_on_a_trained_run_and_random_weights(trained_run, tmp_path):
     anaphor = PAIRS + [("The boys saw themselves.", "The boys saw himself.")]
     jsonl = write_jsonl(tmp_path / "agreement.jsonl", agreement)
     tsv = write_tsv(tmp_path / "anaphor.tsv", anaphor, header=("id", "sentence_good", "sentence_bad"))
-    for init in ("pretrained", "random"):
+    for init, precision in (("pretrained", "no"), ("random", "bf16")):
         out = tmp_path / f"{init}.json"
         proc = run_eval_pairs(f"checkpoint={trained_run}", f"files=[{jsonl},{tsv}]", f"init={init}",
-                              f"output={out}", "batch_size=64")
+                              f"output={out}", "batch_size=64", f"precision={precision}")
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
-        assert set(result) == {"checkpoint", "init", "files", "accuracy", "pairs", "seconds"}
+        assert set(result) == {"checkpoint", "init", "files", "accuracy", "pairs", "precision", "seconds"}
+        assert result["precision"] == precision
         assert (result["checkpoint"], result["init"]) == (str(trained_run / "final"), init)
         assert {name: f["pairs"] for name, f in result["files"].items()} == {str(jsonl): 9, str(tsv): 3}
         assert result["pairs"] == 12
@@ -240,6 +254,13 @@ def test_eval_pairs_errors_and_help(trained_run, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("Error: ") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "absent.jsonl" in proc.stderr
+    if not torch.cuda.is_available():  # fp16 autocast is a GPU's
+        pairs = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+        proc = run_eval_pairs(f"checkpoint={trained_run}", f"files=[{pairs}]", "precision=fp16")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip() == "Error: precision=fp16 needs a CUDA GPU; use bf16 or no on this machine."
+    with pytest.raises(ConfigError, match="precision"):
+        PairsEvalConfig(checkpoint="x", files=["a.tsv"], precision="fp8")
     shown = run_eval_pairs("--help")
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "good_field: sentence_good" in shown.stdout and "files: []" in shown.stdout

@@ -962,6 +962,7 @@ class PairsEvalConfig:
     bad_field: str = "sentence_bad"  # the field (TSV: column) of the unacceptable sentence
     max_seq_length: int = 128  # tokens kept of each sentence, [CLS] and [SEP] included
     batch_size: int = 512  # masked copies of the sentences per forward pass
+    precision: str = "auto"  # auto (bf16 where the hardware has it) | no | fp16 | bf16
     seed: int = 0  # the weights of init=random
     output: str | None = None  # also write the figures to this JSON file
 
@@ -979,3 +980,4 @@ class PairsEvalConfig:
                f"and {self.bad_field!r}.")
         _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
+        check_precision(self.precision, "precision")

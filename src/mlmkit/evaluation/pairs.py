@@ -37,10 +37,12 @@ from mlmkit.evaluation.sts import write_output
 from mlmkit.model.architectures import parts_of
 from mlmkit.model.bert import padded_vocab_size
 from mlmkit.training.loading import load_model_and_tokenizer
+from mlmkit.training.runtime import resolve_precision
 
 log = logging.getLogger("mlmkit")
 
 FIX = "set files=[...] to JSONL or TSV files of minimal pairs"
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # precision= -> autocast dtype
 
 
 # ---- reading the pairs ------------------------------------------------------------------------
@@ -210,8 +212,11 @@ def load_masked_lm(cfg: PairsEvalConfig):
     if cfg.init == "random":
         torch.manual_seed(cfg.seed)
         mlm = type(mlm)(mlm.config)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return mlm.float().to(device).eval(), tokenizer, resolved
+    return mlm.float().to(_device()).eval(), tokenizer, resolved
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def evaluate_pairs(cfg: PairsEvalConfig) -> dict[str, Any]:
@@ -219,16 +224,20 @@ def evaluate_pairs(cfg: PairsEvalConfig) -> dict[str, Any]:
     written to ``cfg.output`` when set. Every file is read before the model loads, and the
     sentences of all files are scored together."""
     data = {name: read_pairs(name, cfg.good_field, cfg.bad_field) for name in cfg.files}
+    device = _device()
+    precision = resolve_precision(cfg.precision, use_cpu=device.type == "cpu", setting="precision")
     model, tokenizer, resolved = load_masked_lm(cfg)
     t0 = time.perf_counter()
     sentences = list(dict.fromkeys(s for pairs in data.values() for pair in pairs for s in pair))
-    scores = dict(zip(sentences, pseudo_log_likelihoods(model, tokenizer, sentences, cfg.max_seq_length,
-                                                        cfg.batch_size)))
+    # the encoder and head under autocast (the weights stay fp32); log-softmax in fp32
+    with torch.autocast(device.type, dtype=AUTOCAST_DTYPES.get(precision), enabled=precision in AUTOCAST_DTYPES):
+        scores = dict(zip(sentences, pseudo_log_likelihoods(model, tokenizer, sentences, cfg.max_seq_length,
+                                                            cfg.batch_size)))
     files = {name: {"accuracy": pair_accuracy([scores[g] for g, _ in pairs], [scores[b] for _, b in pairs]),
                     "pairs": len(pairs)} for name, pairs in data.items()}
     result = {"checkpoint": str(resolved), "init": cfg.init, "files": files,
               "accuracy": sum(f["accuracy"] for f in files.values()) / len(files),
-              "pairs": sum(f["pairs"] for f in files.values()),
+              "pairs": sum(f["pairs"] for f in files.values()), "precision": precision,
               "seconds": round(time.perf_counter() - t0, 1)}
     write_output(cfg.output, result)
     return result
