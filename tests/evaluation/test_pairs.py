@@ -224,6 +224,8 @@ def run_eval_pairs(*overrides: str):
 
 
 def test_eval_pairs_on_a_trained_run_and_random_weights(trained_run, tmp_path):
+    from mlmkit.training.runtime import cpu_has_bf16
+
     agreement = [(f"The {n} {v}s here.", f"The {n} {v} here.") for n in ("man", "dog", "city")
                  for v in ("stay", "work", "wait")]
     anaphor = PAIRS + [("The boys saw themselves.", "The boys saw himself.")]
@@ -244,6 +246,9 @@ def test_eval_pairs_on_a_trained_run_and_random_weights(trained_run, tmp_path):
         assert all(0.0 <= a <= 1.0 for a in accuracies)
         assert result["accuracy"] == pytest.approx(sum(accuracies) / 2)  # the mean over files
         lines = proc.stdout.strip().splitlines()
+        if precision == "bf16" and not cpu_has_bf16():  # said once, naming the setting
+            warning = lines.pop(0)
+            assert warning.startswith("bf16 emulated on this CPU") and "set precision=auto or no" in warning
         assert len(lines) == 3, proc.stdout  # a line per file, and the summary
         assert lines[0] == f"{jsonl}: accuracy {accuracies[0]:.4f} over 9 pairs"
         assert lines[2].endswith(f"accuracy {result['accuracy']:.4f} over 12 pairs in 2 files")

@@ -81,8 +81,8 @@ def resolve_precision(precision: str, use_cpu: bool | None = None,
     if precision == "fp16" and not on_cuda:
         raise ConfigError(f"{setting}=fp16 needs a CUDA GPU; use bf16 or no on this machine.")
     if precision == "bf16" and not on_cuda and not torch.backends.mps.is_available() and not cpu_has_bf16():
-        log.warning("bf16 emulated on this CPU (it has no AVX512-BF16 or AMX); training in fp32 is "
-                    "faster: set %s=auto or no.", setting)
+        log.warning("bf16 emulated on this CPU (it has no AVX512-BF16 or AMX); fp32 is faster here: "
+                    "set %s=auto or no.", setting)
     return precision
 
 
