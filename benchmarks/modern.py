@@ -41,9 +41,10 @@ VARIANTS = {
 
 
 def run_variant(overrides: list[str], data_overrides: list[str], budget: float, run_dir: Path,
-                cache: Path, name: str) -> dict:
+                cache: Path, name: str, eval_min_masked: int = 10_000) -> dict:
     events = train_mlmkit([*overrides, *data_overrides, "logger=none", "train.progress=false",
                            f"paths.cache_dir={cache}", f"train.max_time={budget:g}s",
+                           f"masking.eval_min_masked_tokens={eval_min_masked}",
                            "train.max_steps=1000000000", "train.eval_every=1000000000",
                            "train.save_every=0", "train.export=false"], run_dir, f"the {name} run")
     last = [e for e in events if e["event"] == "train"][-1]
@@ -71,9 +72,14 @@ def main() -> None:
     p.add_argument("--variant", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default outputs/bench-modern/<date>_<time>)")
+    p.add_argument("--eval-min-masked", type=int, default=10_000,
+                   help="masked tokens the held-out figures are taken over at least "
+                        "(masking.eval_min_masked_tokens; default 10,000; 0: one mask draw, a quick look)")
     args = p.parse_args()
     if args.budget <= 0:
         p.error("--budget must be positive")
+    if args.eval_min_masked < 0:
+        p.error("--eval-min-masked must be 0 or more")
 
     from harness import machine
 
@@ -96,7 +102,7 @@ def main() -> None:
             print(f"== {corpus}: {name}", flush=True)
             slug = name.replace(", ", "-")
             rows.append(run_variant(VARIANTS[name], data.overrides, args.budget, out / corpus / slug,
-                                    out / "cache", name))
+                                    out / "cache", name, args.eval_min_masked))
         tables[corpus] = {"training": data.training, "held_out": data.held_out, "rows": rows}
         print_table(corpus, data.training, data.held_out, args.budget, rows)
     (out / "summary.json").write_text(json.dumps({"machine": machine(), "cpu": describe_cpu(),

@@ -19,7 +19,7 @@ ROW = re.compile(r"^\| (bert-mini|modernbert-mini)(, documents)? \| ([\d,]+) \| 
 def test_modern_benchmark_trains_each_variant_for_the_budget(tmp_path):
     out = tmp_path / "bench"
     cmd = [fork_python(), str(ROOT / "benchmarks" / "modern.py"), "--budget", "2", "--corpus", "builtin",
-           "--variant", "bert-mini, documents", "modernbert-mini", "--out", str(out)]
+           "--variant", "bert-mini, documents", "modernbert-mini", "--eval-min-masked", "0", "--out", str(out)]
     env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -33,3 +33,4 @@ def test_modern_benchmark_trains_each_variant_for_the_budget(tmp_path):
     # the documents run trained with document isolation
     overrides = (out / "builtin" / "bert-mini-documents" / ".hydra" / "overrides.yaml").read_text()
     assert "data.packing=documents" in overrides
+    assert "masking.eval_min_masked_tokens=0" in overrides  # one mask draw (--eval-min-masked 0)

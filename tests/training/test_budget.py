@@ -137,6 +137,15 @@ def test_token_and_time_budgets_stop_with_checkpoint_and_export(tmp_path, cache_
     assert events(run, "eval")[-1]["step"] == train[-1]["step"]
     assert (run / "final" / "config.json").is_file()
 
+    # one process reads its clock at every step: the run stops within a step or two of its
+    # budget, not at the first log step (here 1,000 steps) that a multi-process run waits for
+    run = tmp_path / "time-one-process"
+    run_train(run, cache_dir, "train.max_steps=100000", "train.max_time=2s", "train.log_every=1000",
+              "train.eval_every=0", "logger=none", "optim.warmup_steps=2")
+    last = events(run, "train")[-1]
+    seconds_per_step = last["elapsed_s"] / last["step"]
+    assert 2.0 <= last["elapsed_s"] <= 2.0 + 2 * seconds_per_step + 0.5, last
+
 
 def _deepspeed(world: int, **ds_config):
     """What check_engine reads of an accelerator running DeepSpeed."""

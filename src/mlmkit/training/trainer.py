@@ -275,8 +275,10 @@ class Trainer:
         state.finish_step(result.tokens)
         self.scheduler.step()  # the rate of the next step, from the budget used so far
         self.optimizer.zero_grad(set_to_none=True)
-        if state.budget.max_time and state.step % cfg.train.log_every == 0:
-            state.budget.sync(state.step, self._shared_clock())  # the main process's clock
+        # the main process's clock: read at every step where one process trains (free), at log
+        # steps where several must agree (a collective); between readings the budget extrapolates
+        if state.budget.max_time and (self.accelerator.num_processes == 1 or state.step % cfg.train.log_every == 0):
+            state.budget.sync(state.step, self._shared_clock())
         if self.progress is not None:
             self.progress.update(1)
         return result
