@@ -144,7 +144,7 @@ def test_token_and_time_budgets_stop_with_checkpoint_and_export(tmp_path, cache_
               "train.eval_every=0", "logger=none", "optim.warmup_steps=2")
     last = events(run, "train")[-1]
     seconds_per_step = last["elapsed_s"] / last["step"]
-    assert 2.0 <= last["elapsed_s"] <= 2.0 + 2 * seconds_per_step + 0.5, last
+    assert 2.0 <= last["elapsed_s"] <= 2.0 + 2 * seconds_per_step + 1.0, last  # a second for a busy machine
 
 
 def _deepspeed(world: int, **ds_config):
