@@ -37,12 +37,11 @@ from mlmkit.evaluation.sts import write_output
 from mlmkit.model.architectures import parts_of
 from mlmkit.model.bert import padded_vocab_size
 from mlmkit.training.loading import load_model_and_tokenizer
-from mlmkit.training.runtime import resolve_precision
+from mlmkit.training.runtime import autocast_dtype, resolve_precision
 
 log = logging.getLogger("mlmkit")
 
 FIX = "set files=[...] to JSONL or TSV files of minimal pairs"
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # precision= -> autocast dtype
 
 
 # ---- reading the pairs ------------------------------------------------------------------------
@@ -230,7 +229,8 @@ def evaluate_pairs(cfg: PairsEvalConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     sentences = list(dict.fromkeys(s for pairs in data.values() for pair in pairs for s in pair))
     # the encoder and head under autocast (the weights stay fp32); log-softmax in fp32
-    with torch.autocast(device.type, dtype=AUTOCAST_DTYPES.get(precision), enabled=precision in AUTOCAST_DTYPES):
+    mixed = autocast_dtype(precision)
+    with torch.autocast(device.type, dtype=mixed, enabled=mixed is not None):
         scores = dict(zip(sentences, pseudo_log_likelihoods(model, tokenizer, sentences, cfg.max_seq_length,
                                                             cfg.batch_size)))
     files = {name: {"accuracy": pair_accuracy([scores[g] for g, _ in pairs], [scores[b] for _, b in pairs]),

@@ -40,7 +40,7 @@ from mlmkit.config import Config
 from mlmkit.model.bert import MaskedLM, flash_attn_available, resolve_attn_implementation
 from mlmkit.model.documents import document_inputs
 from mlmkit.training.perf import chip_bf16_peak, compute_dtype, measure_matmul_rate
-from mlmkit.training.runtime import cpu_has_bf16, describe_cpu
+from mlmkit.training.runtime import autocast_dtype, cpu_has_bf16, describe_cpu
 
 log = logging.getLogger("mlmkit")
 
@@ -478,7 +478,7 @@ def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float
         if not cfg.model.init_from:  # a fresh start may zero layers whose paths parity must tell apart
             torch.manual_seed(0)
             model = type(model)(model.config)
-        mixed = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        mixed = autocast_dtype(precision)
         if device.type == "cpu" and mixed == torch.float16:
             mixed = None
         batches = [parity_rows(b, parity_rows_per_batch) for b in trainer.eval_batches[:parity_batches]]

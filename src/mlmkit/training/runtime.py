@@ -86,6 +86,12 @@ def resolve_precision(precision: str, use_cpu: bool | None = None,
     return precision
 
 
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a resolved precision (``resolve_precision``): bf16 or fp16, None
+    for no (full precision)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 
