@@ -64,6 +64,9 @@ def preload() -> None:
     from mlmkit.data.sources import builtin_documents
 
     builtin_documents()  # parsed once here (a few seconds), read from memory by every child
+    from mlmkit.config.compose import register_configs
+
+    register_configs()  # the schemas stored with Hydra once here, not by every command
     for optional in ("deepspeed", "sentence_transformers", "hydra_plugins.hydra_submitit_launcher"):
         if importlib.util.find_spec(optional.split(".")[0]) is not None:
             importlib.import_module(optional)

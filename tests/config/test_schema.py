@@ -23,6 +23,22 @@ def _compose(overrides):
         return compose(config_name="config", overrides=overrides)
 
 
+def test_the_schemas_are_stored_once_per_process():
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from mlmkit.config import EvalConfig
+
+    register_configs()
+    repo = ConfigStore.instance().repo
+    first = repo["mlmkit_schema.yaml"]
+    register_configs()
+    assert repo["mlmkit_schema.yaml"] is first  # not stored again
+    ConfigStore.instance().store(name="mlmkit_schema", node=EvalConfig)  # another schema under the name
+    register_configs()
+    assert OmegaConf.get_type(repo["mlmkit_schema.yaml"].node) is Config
+
+
 def _group_options():
     for group in GROUPS:
         for path in sorted((CONF / group).glob("*.yaml")):
