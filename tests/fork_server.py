@@ -67,6 +67,13 @@ def preload() -> None:
     from mlmkit.config.compose import register_configs
 
     register_configs()  # the schemas stored with Hydra once here, not by every command
+    try:  # transformers' table of checkpoint renamings (a thousand regular expressions), built at
+        # a process's first save or load of a model: built here once, for every child
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+        get_checkpoint_conversion_mapping("bert")
+    except ImportError:  # a transformers without it
+        pass
     for optional in ("deepspeed", "sentence_transformers", "hydra_plugins.hydra_submitit_launcher"):
         if importlib.util.find_spec(optional.split(".")[0]) is not None:
             importlib.import_module(optional)
