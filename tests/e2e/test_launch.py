@@ -10,10 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from runs import ROOT, TINY, free_port
+from runs import ROOT, TINY, fork_python, free_port
 
 from mlmkit.cli import COMMANDS
 from mlmkit.cli.launch import explained, split_command
@@ -67,10 +66,12 @@ def locked_run_dir(tmp_path):
 
 @pytest.mark.slow
 def test_a_refused_run_is_one_sentence_from_many_processes(locked_run_dir, cache_dir):
+    # the launcher and its ranks as children of the tests' fork server (runs.fork_python): the
+    # signal test below and tests/e2e/test_distributed.py start true processes
+    python = fork_python()
     args = [*TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={locked_run_dir}", "train.max_steps=2"]
-    launched = _start(sys.executable, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
+    launched = _start(python, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
                       "train", *args)
-    bare = Path(sys.executable).with_name("accelerate")
     out, err = _finish(launched)
     assert launched.returncode == 2, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("\t", "The following",
@@ -78,7 +79,7 @@ def test_a_refused_run_is_one_sentence_from_many_processes(locked_run_dir, cache
     assert lines == ["Error: The run dir " + repr(str(locked_run_dir)) + " is in use by another run "
                      "(pid 4242 on host elsewhere); wait for it to end or choose a new hydra.run.dir."], err
     # a mistake every rank finds alike (a misspelt key) is said once too
-    launched = _start(sys.executable, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
+    launched = _start(python, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
                       "train", *args, "train.bach_size=3")
     out, err = _finish(launched)
     assert launched.returncode == 2, err[-3000:]
@@ -86,7 +87,7 @@ def test_a_refused_run_is_one_sentence_from_many_processes(locked_run_dir, cache
         line for line in err.splitlines() if line.startswith("Error:")], err
     assert err.count("Error:") == 1 and "Traceback" not in err, err
     # a bare accelerate launch: the launcher's own report stays, but no rank adds a traceback
-    plain = _start(str(bare), "launch", "--main_process_port", free_port(), *OPTIONS, "-m", "mlmkit", "train", *args)
+    plain = _start(python, "-m", "accelerate.commands.launch", "--main_process_port", free_port(), *OPTIONS, "-m", "mlmkit", "train", *args)
     out, err = _finish(plain)
     assert plain.returncode != 0 and err.count("Error: The run dir") == 1, err[-3000:]
     assert "[rank1]" not in err and "Connection closed by peer" not in err, err[-3000:]
