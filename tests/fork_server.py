@@ -67,6 +67,9 @@ def preload() -> None:
     from mlmkit.config.compose import register_configs
 
     register_configs()  # the schemas stored with Hydra once here, not by every command
+    from mlmkit.cli.train import compose
+
+    compose(["model=bert-mini", "train.max_steps=3", "optim.lr=1e-3"])  # the parsers' tables built once
     try:  # transformers' table of checkpoint renamings (a thousand regular expressions), built at
         # a process's first save or load of a model: built here once, for every child
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
