@@ -63,3 +63,27 @@ def test_help_lists_only_the_groups_the_command_can_override(tmp_path, command, 
         overrides = [f"{group}={option}" for group, options in listed.items() for option in options[-1:]]
         composed = mlmkit(command, *overrides, "--cfg", "job", cwd=tmp_path)
         assert composed.returncode == 0, composed.stderr[-2000:]
+
+
+def test_the_help_lists_the_groups_as_hydra_itself_does():
+    """``cli.hydra_help.group_listing`` (one copy of the config repository) gives Hydra's own
+    listing of the config groups and their options, Hydra's groups and the command's."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mlmkit.cli.hydra_help import group_listing
+    from mlmkit.config.compose import CONFIG_MODULE, register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        loader = GlobalHydra.instance().hydra.config_loader
+        every = GlobalHydra.instance().hydra.format_config_groups(lambda g: True)  # Hydra's own
+        assert group_listing(loader, lambda g: True) == every
+        assert "hydra/launcher: " in every and "\nmodel: bert-base, " in every
+        lines = every.splitlines()
+        assert group_listing(loader, lambda g: g in {"data", "model"}) == "".join(
+            line + "\n" for line in lines if line.startswith(("data:", "model:")))
+        assert group_listing(loader, lambda g: g == "model", compact=False) == "".join(
+            f"{group}:\n" + "".join(f"  {o}\n" for o in options.split(", "))
+            for group, options in (line.split(": ", 1) for line in lines if line.startswith("model:")))
