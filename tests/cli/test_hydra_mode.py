@@ -24,6 +24,7 @@ LAUNCHERS = [[]] + ([["hydra/launcher=submitit_slurm"]]
 def test_hydras_own_lookup_finds_no_mode_in_any_commands_config(overrides):
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -32,16 +33,10 @@ def test_hydras_own_lookup_finds_no_mode_in_any_commands_config(overrides):
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             hydra = GlobalHydra.instance().hydra
             # the composition Hydra makes for its lookup must work, or None would mean a failure
-            cfg = hydra.compose_config(config_name=name, overrides=list(overrides), run_mode=_multirun(),
+            cfg = hydra.compose_config(config_name=name, overrides=list(overrides), run_mode=RunMode.MULTIRUN,
                                        with_log_configuration=False, validate_sweep_overrides=False)
             assert cfg.hydra.mode is None, name
             assert hydra.get_mode(config_name=name, overrides=list(overrides)) is None, name
-
-
-def _multirun():
-    from hydra.types import RunMode
-
-    return RunMode.MULTIRUN
 
 
 def test_what_can_set_the_mode_besides_the_command_line():

@@ -52,19 +52,32 @@ def group_listing(loader, predicate: Callable[[str], bool], compact: bool = True
 
 
 @contextmanager
-def composed_groups_only(argv: list[str] | None = None) -> Iterator[None]:
-    """Within: Hydra's ``--help`` lists only the groups the command's config composes."""
-    argv = sys.argv[1:] if argv is None else argv
+def hydra_method_replaced(name: str, make: Callable[[Callable], Callable] | None) -> Iterator[None]:
+    """Within: Hydra's ``Hydra.<name>`` is ``make(original)``; as it was where ``make`` is None,
+    or where this Hydra has no such method (another version's internals)."""
     try:
         from hydra._internal.hydra import Hydra
-    except ImportError:  # another Hydra layout: its help as it is
+    except ImportError:
+        Hydra = None
+    original = getattr(Hydra, name, None)
+    if make is None or original is None:
         yield
         return
-    original = getattr(Hydra, "format_config_groups", None)
-    if original is None or not any(arg in HELP_FLAGS for arg in argv):
+    setattr(Hydra, name, make(original))
+    try:
         yield
-        return
+    finally:
+        setattr(Hydra, name, original)
 
+
+def composed_groups_only(argv: list[str] | None = None):
+    """Within: Hydra's ``--help`` lists only the groups the command's config composes."""
+    argv = sys.argv[1:] if argv is None else argv
+    return hydra_method_replaced("format_config_groups",
+                                 _groups_of_the_command if any(arg in HELP_FLAGS for arg in argv) else None)
+
+
+def _groups_of_the_command(original: Callable) -> Callable:
     def format_config_groups(self, predicate: Callable[[str], bool], compact: bool = True) -> str:
         from hydra.core.hydra_config import HydraConfig
 
@@ -81,8 +94,4 @@ def composed_groups_only(argv: list[str] | None = None) -> Iterator[None]:
         except AttributeError:  # another Hydra's internals: its own listing
             return original(self, keep, compact)
 
-    Hydra.format_config_groups = format_config_groups
-    try:
-        yield
-    finally:
-        Hydra.format_config_groups = original
+    return format_config_groups

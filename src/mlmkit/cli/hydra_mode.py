@@ -14,8 +14,6 @@ skips it and goes straight to that rule, unless the command line can set the mod
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 # command-line flags and settings through which a config other than mlmkit's own can set the mode
 OWN_CONFIGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
@@ -31,26 +29,17 @@ def mode_may_come_from_config(argv: list[str]) -> bool:
     return False
 
 
-@contextmanager
-def compose_once(argv: list[str] | None = None) -> Iterator[None]:
+def compose_once(argv: list[str] | None = None):
     """Within: Hydra takes the run mode from the command line without composing the config
     for it (see the module's docstring); elsewhere, as Hydra does."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        from hydra._internal.hydra import Hydra
-    except ImportError:  # another Hydra layout: it composes as it does
-        yield
-        return
-    original = getattr(Hydra, "get_mode", None)
-    if original is None or mode_may_come_from_config(argv):
-        yield
-        return
+    from mlmkit.cli.hydra_help import hydra_method_replaced
 
+    argv = sys.argv[1:] if argv is None else argv
+    return hydra_method_replaced("get_mode", None if mode_may_come_from_config(argv) else _mode_from_command_line)
+
+
+def _mode_from_command_line(original):
     def get_mode(self, config_name, overrides):
         return None  # what Hydra's own lookup gives for mlmkit's configs: the command line decides
 
-    Hydra.get_mode = get_mode
-    try:
-        yield
-    finally:
-        Hydra.get_mode = original
+    return get_mode
