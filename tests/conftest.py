@@ -49,8 +49,14 @@ def fork_server():
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One tokenizer/dataset cache for the whole session (trained once, reused)."""
-    return tmp_path_factory.mktemp("mlmkit-cache")
+    """One tokenizer/dataset cache for the whole session (trained once, reused), shared by the
+    session's xdist workers: an entry either worker prepares first serves both (the cache
+    writes each entry whole, under a lock, and renames it into place)."""
+    base = tmp_path_factory.getbasetemp()
+    # under xdist each worker's base is a folder of the session's own (pytest-N/popen-gwK)
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "mlmkit-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")

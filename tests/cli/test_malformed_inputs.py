@@ -3,10 +3,9 @@ exit status 2, one line on stderr that starts with "Error:" and names the file o
 and never a traceback.
 
 The fixtures (a tiny trained run, damaged copies of it, broken files) are built once, the
-run by ``python -m mlmkit train`` in a fresh interpreter. Each case then runs as ``python -m
-mlmkit`` in a process of its own, forked by the tests' fork server (``tests/fork_server.py``)
-after one import of the commands; a few cases run in a fresh interpreter too, with the same
-result.
+run by ``python -m mlmkit train``. It and each case run as ``python -m mlmkit`` in a process of
+its own, forked by the tests' fork server (``tests/fork_server.py``) after one import of the
+commands; a few cases run in a fresh interpreter too, with the same result.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from runs import python_popen
+from runs import python_popen, python_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -173,7 +172,7 @@ def fx(tmp_path_factory):
                          garbage=tmp / "garbage.jsonl", trunc_parquet=tmp / "cut.parquet",
                          marker=tmp / "custom-code-ran", run=tmp / "run", missing=tmp / "missing.txt")
     _make_files(fx)
-    fx.train = mlmkit(*train_args(fx, fx.run))
+    fx.train = python_run("-m", "mlmkit", *train_args(fx, fx.run), env=ENV, timeout=300)
     assert fx.train.returncode == 0, fx.train.stderr[-3000:]
     _make_damaged_artifacts(fx)
     return fx
