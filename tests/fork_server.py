@@ -143,10 +143,10 @@ def _run_argv(argv: list[str]) -> int:
 
 
 def serve(path: str) -> None:
+    parent = os.getppid()  # read before the imports: a test process may end while they run
     preload()
     sys.stdout.flush()
     sys.stderr.flush()
-    parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(16)

@@ -43,7 +43,8 @@ def test_what_can_set_the_mode_besides_the_command_line():
     assert not mode_may_come_from_config(["model=bert-mini", "train.max_steps=3", "--multirun",
                                           "hydra.run.dir=out", "hydra/launcher=submitit_slurm"])
     for argv in (["hydra.mode=MULTIRUN"], ["+hydra.mode=RUN"], ["--config-dir", "mine"], ["-cd", "mine"],
-                 ["--config-name=mine"], ["-cn", "mine"], ["--config-path", "x"], ["hydra.searchpath=[file://x]"]):
+                 ["--config-name=mine"], ["-cn", "mine"], ["--config-path", "x"], ["hydra.searchpath=[file://x]"],
+                 ["--config-d", "mine"], ["--config-n=mine"]):  # argparse's abbreviations of the flags
         assert mode_may_come_from_config(["model=bert-mini", *argv]), argv
 
 

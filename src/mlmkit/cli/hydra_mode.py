@@ -24,7 +24,8 @@ def mode_may_come_from_config(argv: list[str]) -> bool:
     """Whether ``argv`` can set ``hydra.mode`` other than by ``--multirun``."""
     for arg in argv:
         flag = arg.split("=", 1)[0]
-        if flag in OWN_CONFIGS or flag.lstrip("+~").startswith(MODE_SETTINGS):
+        # Hydra's argparse takes a long flag's unique abbreviation too (--config-d is --config-dir)
+        if flag in OWN_CONFIGS or flag.startswith("--config") or flag.lstrip("+~").startswith(MODE_SETTINGS):
             return True
     return False
 
