@@ -26,11 +26,16 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch alone first (only it is looked up on the extra index), then its dependencies
+	# torch alone first (only it is looked up on the extra index)
 	$(BIN)/python -c "import torch" 2>/dev/null || \
-	  ( $(BIN)/python -m pip install --quiet --retries 1 --no-deps "$(TORCH)" $(TORCH_INDEX) && \
-	    $(BIN)/python -m pip install --quiet "$(TORCH)" )
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	  $(BIN)/python -m pip install --quiet --retries 1 --no-deps "$(TORCH)" $(TORCH_INDEX)
+	# then mlmkit, torch's dependencies and the dev tools through uv, which downloads and installs
+	# in parallel (about 45 s instead of 90 s here, bytecode included, which an environment with
+	# PYTHONDONTWRITEBYTECODE=1 would otherwise compile in every process) and keeps the torch
+	# above; pip where uv cannot be installed or cannot reach the index (uv does not read pip.conf)
+	( $(BIN)/python -m pip install --quiet uv && \
+	  $(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev]" ) || \
+	  $(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 # The quick start: at most QUICK_START_TIME of training (its schedule decays over that budget),
@@ -61,10 +66,14 @@ sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 
+# Bytecode of mlmkit and the tests first: where PYTHONDONTWRITEBYTECODE=1 is set, every fresh
+# interpreter a test starts would compile them again.
 test: venv  ## the test suite (CPU, a few minutes)
+	$(BIN)/python -m compileall -q src tests >/dev/null
 	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
 
 test-long: venv  ## the long tests alone (400 steps of bert-mini that must learn word order a random init lacks; docs/benchmarks.md)
+	$(BIN)/python -m compileall -q src tests >/dev/null
 	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)
 
 test-fast: venv
