@@ -13,6 +13,10 @@ The server only imports: it never runs a torch operation, so no OpenMP thread po
 it forks. The client sends only requests whose environment agrees with the server's in the
 variables that libraries read at import (``runs.IMPORT_TIME``); the child takes the request's
 whole environment.
+
+A second server, forked after the libraries' imports and before mlmkit's, answers on
+``SOCKET.plain``: its children have never imported mlmkit, for the checks that an export loads
+with transformers or sentence-transformers alone.
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ import threading
 import traceback
 
 
-def preload() -> None:
-    """What the commands import, so that each child finds it loaded: mlmkit's commands, the
-    model classes, the trackers, and DeepSpeed (accelerate's unwrap_model imports it, and
-    with it MLflow, where it is installed: over 2 s)."""
+def preload_libraries() -> None:
+    """What the commands import besides mlmkit: the model classes and pipelines, the trackers,
+    sentence-transformers, and DeepSpeed (accelerate's unwrap_model imports it, and with it
+    MLflow, where it is installed: over 2 s)."""
     import importlib.util
 
     import matplotlib
@@ -47,6 +51,7 @@ def preload() -> None:
     import transformers  # noqa: F401
     from transformers import (  # noqa: F401
         AutoConfig,
+        AutoModelForMaskedLM,
         AutoTokenizer,
         BertForMaskedLM,
         BertForSequenceClassification,
@@ -57,19 +62,6 @@ def preload() -> None:
     )
     from transformers.pipelines import fill_mask  # noqa: F401
 
-    import mlmkit.cli
-    for module, _, _ in mlmkit.cli.COMMANDS.values():
-        importlib.import_module(module)
-    import mlmkit.export.run  # noqa: F401
-    from mlmkit.data.sources import builtin_documents
-
-    builtin_documents()  # parsed once here (a few seconds), read from memory by every child
-    from mlmkit.config.compose import register_configs
-
-    register_configs()  # the schemas stored with Hydra once here, not by every command
-    from mlmkit.cli.train import compose
-
-    compose(["model=bert-mini", "train.max_steps=3", "optim.lr=1e-3"])  # the parsers' tables built once
     try:  # transformers' table of checkpoint renamings (a thousand regular expressions), built at
         # a process's first save or load of a model: built here once, for every child
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
@@ -87,6 +79,25 @@ def preload() -> None:
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def preload_mlmkit() -> None:
+    """mlmkit's commands, the built-in corpus, the schemas and one composed config."""
+    import importlib
+
+    import mlmkit.cli
+    for module, _, _ in mlmkit.cli.COMMANDS.values():
+        importlib.import_module(module)
+    import mlmkit.export.run  # noqa: F401
+    from mlmkit.data.sources import builtin_documents
+
+    builtin_documents()  # parsed once here (a few seconds), read from memory by every child
+    from mlmkit.config.compose import register_configs
+
+    register_configs()  # the schemas stored with Hydra once here, not by every command
+    from mlmkit.cli.train import compose
+
+    compose(["model=bert-mini", "train.max_steps=3", "optim.lr=1e-3"])  # the parsers' tables built once
 
 
 def run_child(request: dict) -> None:
@@ -143,8 +154,24 @@ def _run_argv(argv: list[str]) -> int:
 
 
 def serve(path: str) -> None:
+    """Import, then answer requests on ``path`` until the test process that started the server
+    ends. After the libraries and before mlmkit, a second server forks off and answers on
+    ``path + PLAIN``: its children have torch, transformers and sentence-transformers loaded
+    and nothing of mlmkit, for the checks that an export loads without mlmkit."""
     parent = os.getppid()  # read before the imports: a test process may end while they run
-    preload()
+    preload_libraries()
+    if os.fork() == 0:
+        _listen(path + PLAIN, os.getppid())  # ends with the server it forked from
+    else:
+        preload_mlmkit()
+        _listen(path, parent)
+
+
+PLAIN = ".plain"
+
+
+def _listen(path: str, parent: int) -> None:
+    """Fork a child for each request on the socket ``path`` while ``parent`` lives; never returns."""
     sys.stdout.flush()
     sys.stderr.flush()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -155,7 +182,7 @@ def serve(path: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}
-    while os.getppid() == parent:  # ends with the test process that started it
+    while os.getppid() == parent:
         for key, _ in selector.select(timeout=0.02):
             conn, _ = key.fileobj.accept()
             conn.setblocking(True)
@@ -178,6 +205,7 @@ def serve(path: str) -> None:
                 except OSError:
                     pass
                 conn.close()
+    os._exit(0)
 
 
 if __name__ == "__main__":

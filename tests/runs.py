@@ -194,9 +194,12 @@ class ForkedProcess:
 
 
 def _forked(args: list[str], cwd: Path, env: dict, file_size_limit: int | None,
-            new_session: bool) -> ForkedProcess | None:
-    """``python *args`` as a child of the fork server, or None where it cannot run there."""
+            new_session: bool, plain: bool = False) -> ForkedProcess | None:
+    """``python *args`` as a child of the fork server (with ``plain``, of its server that has
+    never imported mlmkit), or None where it cannot run there."""
     path = _server_path()
+    if path is not None and plain:
+        path = _plain_path(path)
     if path is None or _stable(env) != _stable(_server["env"]):  # some are read at import
         _log_fresh(args, env if path is None else
                    sorted(set(_stable(env).items()) ^ set(_stable(_server["env"]).items())))
@@ -228,14 +231,29 @@ def python_popen(*args: str, cwd: Path = ROOT, env: dict | None = None,
                             stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
 
+def _plain_path(path: str) -> str | None:
+    """The socket of the fork server's second server (tests/fork_server.py), once it listens."""
+    deadline = time.time() + 300
+    while not os.path.exists(path + PLAIN):
+        if _server["proc"].poll() is not None or time.time() > deadline:
+            return None
+        time.sleep(0.05)
+    return path + PLAIN
+
+
+PLAIN = ".plain"  # fork_server.PLAIN
+
+
 def python_run(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
-               file_size_limit: int | None = None, check: bool = False) -> subprocess.CompletedProcess:
+               file_size_limit: int | None = None, check: bool = False,
+               plain: bool = False) -> subprocess.CompletedProcess:
     """``python *args`` to its end, as ``subprocess.run(..., capture_output=True, text=True)``;
     ``file_size_limit``: a file cannot grow past that many bytes (the write fails with EFBIG,
-    as on a full disk)."""
+    as on a full disk); ``plain``: in a process that has never imported mlmkit (a child of the
+    fork server's second server, or a fresh interpreter)."""
     env = {**os.environ, **TEST_ENV} if env is None else env
     args = [str(a) for a in args]
-    proc = _forked(args, cwd, env, file_size_limit, False)
+    proc = _forked(args, cwd, env, file_size_limit, False, plain)
     if proc is None:
         limit = (lambda: _limit_file_size(file_size_limit)) if file_size_limit else None
         return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -68,8 +65,7 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
         "assert 'mlmkit' not in sys.modules\n"
         "print(json.dumps({'n': len(out), 'cls': type(model).__name__, 'token': out[0]['token_str']}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    proc = python_run("-c", code, cwd=tmp_path, timeout=300, plain=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["n"] == 5 and result["cls"] == "BertForMaskedLM" and result["token"]
@@ -247,8 +243,7 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
             f"AutoModelForMaskedLM.from_pretrained({str(out)!r}); "
             f"v = SentenceTransformer({str(out)!r}, device='cpu').encode(['a b c']); "
             "assert v.shape[0] == 1 and not any(m.startswith('mlmkit') for m in sys.modules)")
-    check = subprocess.run([sys.executable, "-c", code], env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                           capture_output=True, text=True, timeout=300)  # a fresh interpreter
+    check = python_run("-c", code, timeout=300, plain=True)  # a process that never imported mlmkit
     assert check.returncode == 0, check.stderr[-3000:]
     again = python_run("-m", "mlmkit", "export", ckpt, out, timeout=300)
     assert again.returncode == 2 and "already exists" in again.stderr

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 from conftest import shared_file
@@ -84,8 +81,7 @@ def test_modernbert_export_fills_masks_without_mlmkit(modernbert_run, tmp_path):
         "                  'inputs': sorted(ids), 'finite': bool(torch.isfinite(logits).all()),\n"
         "                  'tied': model.decoder.weight is model.model.embeddings.tok_embeddings.weight}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    proc = python_run("-c", code, cwd=tmp_path, timeout=300, plain=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["n"] == 5 and result["cls"] == "ModernBertForMaskedLM" and result["token"]

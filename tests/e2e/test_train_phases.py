@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-from runs import events, run_train
+from runs import events, python_run, run_train
 
 # bert-tiny's TINY settings at 32 tokens, then 64 tokens with half the batch and a new warmup
 TWO_PHASES = ("phases=[{name:short,share:0.5},{name:long,share:0.5,schedule:rewarm,warmup_steps:2,"
@@ -94,8 +92,7 @@ def test_each_phase_export_loads_with_nothing_from_mlmkit(tmp_path, cache_dir):
         "print(json.dumps(out))\n"
     )
     paths = [str(run / "phases" / name) for name in ("short", "long")]
-    proc = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    proc = python_run("-c", code, *paths, cwd=tmp_path, timeout=300, plain=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [out[p] for p in paths] == [["BertForMaskedLM", 5, [2, 32]]] * 2

@@ -6,10 +6,9 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
-from runs import ROOT, events, python_run
+from runs import ROOT, TEST_ENV, events, fork_python, free_port, python_run
 
 from mlmkit.evaluation.metric_modules import load_metric
 
@@ -63,11 +62,14 @@ def test_evaluate_any_files_on_one_and_two_processes(trained_run, cache_dir, tmp
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     run_eval(f"checkpoint={trained_run}", f"files=[{text}]", f"paths.cache_dir={cache_dir}",
              f"output={one}", "precision=no")
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    # the launcher and its ranks as children of the fork server (the launch of true processes
+    # is tests/e2e/test_distributed.py's DDP reference)
+    launcher = [fork_python(), "-m", "accelerate.commands.launch", "--main_process_port", free_port(),
+                "--multi_gpu", "--num_processes", "2"]
     proc = subprocess.run(
         launcher + ["-m", "mlmkit", "eval", *EVAL_ARGS, f"checkpoint={trained_run}", f"files=[{text}]",
                     f"paths.cache_dir={cache_dir}", f"output={two}", "precision=no"],
-        cwd=ROOT, env={**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1"},
+        cwd=ROOT, env={**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1"},
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = json.loads(one.read_text()), json.loads(two.read_text())

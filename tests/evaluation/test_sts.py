@@ -4,14 +4,11 @@ eval-sts (zero-shot STS-B), finetune task=stsb (regression) and the correlation 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import shared_file
-from runs import TEST_ENV, python_run, run_finetune, run_train
+from runs import python_run, run_finetune, run_train
 
 from mlmkit.errors import DataError
 from mlmkit.evaluation.correlation import pearson, ranks, spearman
@@ -185,9 +182,8 @@ def test_sentence_transformers_loads_final_as_a_mean_pooling_embedder(sts_run):
     assert json.loads((final / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
     assert 'SentenceTransformer("path/to/this/dir")' in (final / "README.md").read_text()
 
-    proc = subprocess.run([sys.executable, "-c", ST_SCRIPT, str(final), json.dumps(SENTENCES)],
-                          cwd=final, env={**os.environ, **TEST_ENV}, capture_output=True, text=True,
-                          timeout=300)  # a fresh interpreter: nothing of mlmkit imported
+    proc = python_run("-c", ST_SCRIPT, final, json.dumps(SENTENCES), cwd=final, timeout=300,
+                      plain=True)  # a process that never imported mlmkit
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["max_seq_length"] == 64 and got["dimension"] == 32
