@@ -71,10 +71,10 @@ def to_config(cfg: Any, schema_class: type = Config) -> Any:
         return cfg
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
-    schema = OmegaConf.structured(schema_class)
     try:
-        merged = OmegaConf.merge(schema, cfg)
-        return OmegaConf.to_object(merged)
+        if OmegaConf.get_type(cfg) is not schema_class:  # Hydra's composition is typed already
+            cfg = OmegaConf.merge(OmegaConf.structured(schema_class), cfg)
+        return OmegaConf.to_object(cfg)
     except ConfigError:
         raise
     except Exception as exc:  # omegaconf validation errors name the key
