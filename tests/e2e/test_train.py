@@ -255,14 +255,14 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
 def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr, warmup):
     """The preset alone on the command line: its size, its peak lr and warmup, 40% masking,
     the sinusoidal position start and the unigram output bias (docs/recipes.md); a few steps
-    train and evaluate."""
+    of 8 sequences (the batch is no setting of a preset) train and evaluate."""
     from omegaconf import OmegaConf
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     from mlmkit.model.architectures import parts_of
 
     run = tmp_path / "run"
-    proc = python_run(ROOT / "train.py", f"model={preset}", "train.max_steps=4", "train.log_every=1",
+    proc = python_run(ROOT / "train.py", f"model={preset}", "train.max_steps=4", "train.batch_size=8", "train.log_every=1",
                       "train.eval_every=4", "train.save_every=0", "data.max_eval_samples=8",
                       "train.progress=false", "masking.eval_min_masked_tokens=0", "logger=none",
                       f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}")
