@@ -67,13 +67,14 @@ TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 
 # Bytecode of mlmkit and the tests first: where PYTHONDONTWRITEBYTECODE=1 is set, every fresh
-# interpreter a test starts would compile them again.
+# interpreter a test starts would compile them again. A file that does not compile is printed,
+# and pytest reports it too.
 test: venv  ## the test suite (CPU, a few minutes)
-	$(BIN)/python -m compileall -q src tests >/dev/null
+	$(BIN)/python -m compileall -q src tests || true
 	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
 
 test-long: venv  ## the long tests alone (400 steps of bert-mini that must learn word order a random init lacks; docs/benchmarks.md)
-	$(BIN)/python -m compileall -q src tests >/dev/null
+	$(BIN)/python -m compileall -q src tests || true
 	$(BIN)/python -m pytest -q --durations=5 -m long $(ARGS)
 
 test-fast: venv

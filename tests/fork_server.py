@@ -160,8 +160,9 @@ def serve(path: str) -> None:
     and nothing of mlmkit, for the checks that an export loads without mlmkit."""
     parent = os.getppid()  # read before the imports: a test process may end while they run
     preload_libraries()
+    server = os.getpid()  # read before the fork: the server may end before the child reads it
     if os.fork() == 0:
-        _listen(path + PLAIN, os.getppid())  # ends with the server it forked from
+        _listen(path + PLAIN, server)  # ends with the server it forked from
     else:
         preload_mlmkit()
         _listen(path, parent)

@@ -16,6 +16,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from fork_server import PLAIN  # the second server's socket: the first's path + PLAIN
+
 ROOT = Path(__file__).resolve().parents[1]
 # DS_ACCELERATOR: DeepSpeed's CPU accelerator, in the fork server and every command alike (a
 # command whose import-time variables differ from the server's starts a fresh interpreter)
@@ -67,12 +69,18 @@ def _server_path(env: dict | None = None) -> str | None:
                                     stdout=subprocess.DEVNULL)
             atexit.register(proc.kill)
             _server.update(proc=proc, path=path, env=env)
+    return _listening(_server["path"], proc)
+
+
+def _listening(path: str, server: subprocess.Popen) -> str | None:
+    """``path`` once a server listens there (after its imports); None if the fork server ended
+    or took over 5 minutes."""
     deadline = time.time() + 300
-    while not os.path.exists(_server["path"]):  # listening once its imports are done
-        if proc.poll() is not None or time.time() > deadline:
+    while not os.path.exists(path):
+        if server.poll() is not None or time.time() > deadline:
             return None
         time.sleep(0.05)
-    return _server["path"]
+    return path
 
 
 # Variables that torch, its math libraries, transformers, tokenizers, datasets or DeepSpeed read
@@ -199,7 +207,7 @@ def _forked(args: list[str], cwd: Path, env: dict, file_size_limit: int | None,
     never imported mlmkit), or None where it cannot run there."""
     path = _server_path()
     if path is not None and plain:
-        path = _plain_path(path)
+        path = _listening(path + PLAIN, _server["proc"])
     if path is None or _stable(env) != _stable(_server["env"]):  # some are read at import
         _log_fresh(args, env if path is None else
                    sorted(set(_stable(env).items()) ^ set(_stable(_server["env"]).items())))
@@ -229,19 +237,6 @@ def python_popen(*args: str, cwd: Path = ROOT, env: dict | None = None,
         return proc
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=new_session)
-
-
-def _plain_path(path: str) -> str | None:
-    """The socket of the fork server's second server (tests/fork_server.py), once it listens."""
-    deadline = time.time() + 300
-    while not os.path.exists(path + PLAIN):
-        if _server["proc"].poll() is not None or time.time() > deadline:
-            return None
-        time.sleep(0.05)
-    return path + PLAIN
-
-
-PLAIN = ".plain"  # fork_server.PLAIN
 
 
 def python_run(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
