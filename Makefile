@@ -108,7 +108,7 @@ bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 	$(BIN)/python benchmarks/sparse_head.py $(ARGS)
 
 bench-kernels: venv  ## mlmkit's CPU kernels (head loss, bf16 attention) vs the plain torch ops
-	$(BIN)/python benchmarks/kernels.py $(ARGS)
+	$(BIN)/python benchmarks/cpu_kernels.py $(ARGS)
 
 bench-masking: venv  ## masking strategies vs transformers' collator, batches/s side by side
 	$(BIN)/python benchmarks/masking.py $(ARGS)

@@ -173,3 +173,43 @@ def test_the_layer_checker_rejects_a_planted_pair(tmp_path):
     assert later_imports(edges, LAYERS) == [
         "mlmkit.config imports the later mlmkit.evaluation at mlmkit/config/schema.py:5"]
     assert later_imports([("mlmkit.evaluation", "mlmkit.config", "x.py:1")], LAYERS) == []
+
+
+# Folders whose scripts run with the folder first on sys.path (``python benchmarks/x.py``,
+# ``python train.py``, pytest's rootdir insertion for tests/): a module there named like a
+# package would be imported in that package's place by any library that imports it, or that
+# probes for it as an optional dependency (transformers' ``is_kernels_available`` found
+# benchmarks/kernels.py and imported it as the ``kernels`` package).
+SCRIPT_DIRS = ("", "benchmarks", "examples", "examples/slurm", "tests")
+
+
+def optional_packages_probed() -> set[str]:
+    """The top-level names transformers, accelerate, datasets and huggingface_hub look up as
+    optional packages (they import one where it is found)."""
+    import importlib
+    import inspect
+    import re
+
+    found = set()
+    for name in ("transformers.utils.import_utils", "accelerate.utils.imports", "datasets.config",
+                 "huggingface_hub.utils._runtime"):
+        source = inspect.getsource(importlib.import_module(name))
+        found |= set(re.findall(r"""(?:_is_package_available|find_spec)\(\s*["']([\w.-]+)["']""", source))
+    return {n.split(".")[0] for n in found if n and not n.startswith(".")}
+
+
+def test_no_script_folder_module_takes_the_name_of_a_package():
+    import importlib.machinery
+    import sys
+
+    folders = {str((ROOT / d).resolve()) for d in SCRIPT_DIRS}
+    elsewhere = [p for p in sys.path if p not in ("", ".") and str(Path(p).resolve()) not in folders]
+    taken = optional_packages_probed() | set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    clashes = []
+    for folder in SCRIPT_DIRS:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            name = path.stem
+            if name in taken or importlib.machinery.PathFinder.find_spec(name, elsewhere):
+                clashes.append(f"{folder or '.'}/{path.name}")
+    assert "kernels" in taken  # the probe reads what it should
+    assert not clashes, f"rename these: they shadow a package of that name: {clashes}"

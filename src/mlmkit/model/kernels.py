@@ -1,6 +1,6 @@
 """Two CPU paths that compute what torch computes, with less memory traffic.
 
-Both were found by profiling a bf16 bert-mini step on a CPU (``benchmarks/kernels.py``
+Both were found by profiling a bf16 bert-mini step on a CPU (``benchmarks/cpu_kernels.py``
 measures them against the plain ops, side by side):
 
 * ``cross_entropy_sum``: the loss over the head's logits. ``F.cross_entropy(logits.float())``

@@ -8,7 +8,7 @@
 
 Rounds alternate between the two; the best round of each is kept.
 
-    python benchmarks/kernels.py [--rounds 3] [--iters 10]
+    python benchmarks/cpu_kernels.py [--rounds 3] [--iters 10]
 """
 
 from __future__ import annotations
