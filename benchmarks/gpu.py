@@ -152,28 +152,46 @@ def main() -> None:
         cfg_c.train.num_workers = workers
         cfg_c.model, cfg_c.data = cfg.model, cfg.data
         runs.append(("mlmkit, compile, fixed masking", lambda: run_mlmkit("mlmkit, compile", cfg_c, warmup)))
-    results = {name: fn() for name, fn in runs}
+    figures = {"machine": machine(), "preset": preset, "batch": batch, "seq": args.seq, "steps": steps,
+               "peak": against, "runs": {}}
+    results = {}
+    for name, fn in runs:  # the figures file is rewritten as each run ends: a timeout keeps the rest
+        results[name] = r = fn()
+        flops = model_flops(cfg, vocab, r.predicted_share) * r.tokens_per_s
+        figures["runs"][name] = {"tokens_per_s": r.tokens_per_s, "mfu": flops / peak, "seconds": r.seconds}
+        add_ratios(figures, results)
+        if args.out:
+            write_json(args.out, figures)
 
     print(f"MFU against: {against}")
     print(f"{'':<46}{'tokens/s':>12}{'model TFLOP/s':>15}{'MFU':>8}{'seconds':>9}")
-    figures = {"machine": machine(), "preset": preset, "batch": batch, "seq": args.seq, "steps": steps,
-               "peak": against, "runs": {}}
     for name, r in results.items():
-        flops = model_flops(cfg, vocab, r.predicted_share) * r.tokens_per_s
-        print(f"{name:<46}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.2f}{flops / peak:>8.1%}{r.seconds:>9.1f}")
-        figures["runs"][name] = {"tokens_per_s": r.tokens_per_s, "mfu": flops / peak, "seconds": r.seconds}
-    if "Trainer, bf16=True" in results:
-        base = results["Trainer, bf16=True"].tokens_per_s
-        for name, r in results.items():
-            if name.startswith("mlmkit"):
-                print(f"ratio {name} / Trainer bf16: {r.tokens_per_s / base:.2f}x")
-                figures["runs"][name]["ratio_to_trainer"] = r.tokens_per_s / base
-    if args.out:
-        import json
+        run = figures["runs"][name]
+        print(f"{name:<46}{r.tokens_per_s:>12,.0f}{run['mfu'] * peak / 1e12:>15.2f}{run['mfu']:>8.1%}"
+              f"{r.seconds:>9.1f}")
+    for name, run in figures["runs"].items():
+        if "ratio_to_trainer" in run:
+            print(f"ratio {name} / Trainer bf16: {run['ratio_to_trainer']:.2f}x")
 
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=1)
 
+def add_ratios(figures: dict, results: dict) -> None:
+    """Set each mlmkit run's tokens/s ratio to the Trainer's, once the Trainer has run."""
+    if "Trainer, bf16=True" not in results:
+        return
+    base = results["Trainer, bf16=True"].tokens_per_s
+    for name, r in results.items():
+        if name.startswith("mlmkit"):
+            figures["runs"][name]["ratio_to_trainer"] = r.tokens_per_s / base
+
+
+def write_json(path: str, figures: dict) -> None:
+    """Write ``figures`` to ``path`` whole (a reader never sees half a file)."""
+    import json
+
+    partial = f"{path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump(figures, f, indent=1)
+    os.replace(partial, path)
 
 if __name__ == "__main__":
     main()

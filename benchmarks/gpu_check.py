@@ -1,78 +1,80 @@
-"""The GPU check: one command, under 8 minutes on one H200, that runs what a CPU cannot show and
-writes every figure to files.
+"""The GPU check: one command that runs, on one GPU, what a CPU cannot show, and writes each
+step's figures to its output folder as that step ends.
 
-Here, with PyPI reachable (``make gpu-wheels``): the wheels a bare GPU image lacks, for Python
-3.12 on x86-64 Linux, at the versions this checkout is tested with, and mlmkit's own wheel (so
-that ``pkg://mlmkit.conf`` resolves), into ``.whl/``:
+Here, with PyPI reachable, fetch the wheels a bare GPU image lacks (``make gpu-wheels``): the
+packages of ``.ci/gpu-carry.txt`` (mlmkit's lowest declared datasets, evaluate, hydra-core and
+omegaconf, and what they need at versions they accept) for Python 3.12 on x86-64 Linux:
 
     python benchmarks/gpu_check.py wheels [--dest .whl] [--dry-run]
 
-There, from the checkout's root (no network, no ``pip install --upgrade pip``):
+There, from the checkout's root, with no network and nothing else installed first:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-    python3 benchmarks/gpu_check.py run --out results/
+    python3 benchmarks/gpu_check.py run --wheels .whl --out results/
 
-``run`` does, each step with a time limit and its output kept:
+``run --wheels`` installs the wheels and this checkout's mlmkit into a folder of its own (never
+into the image's Python), then runs each step with a time limit inside an overall budget
+(``--budget``, 6.5 minutes on a GPU, so that a fresh machine's start and the install fit in 8):
   1. the GPU-marked tests (``pytest -m gpu``): SDPA against eager in bf16, fp16 with its scaler,
      compiled layers, the documents mask, exact resume of on-device masks, flash-attn's where
      installed;
-  2. ``mlmkit doctor`` for bert-base and modernbert-base (kernels, a rehearsal, parity, findings);
+  2. ``mlmkit doctor`` for bert-base (kernels, a rehearsal, parity, findings);
   3. bert-base at 128 tokens in bf16: mlmkit against ``Trainer(bf16=True)``, and mlmkit with
      ``train.compile=true`` (``benchmarks/gpu.py``);
   4. modernbert-base at 1,024 tokens (mlmkit; ModernBERT's published rate is about 304k tokens/s
-     per H100: 1.7T tokens in 194 h on 8 GPUs, Warner et al., 2024).
-``--cpu`` runs the same steps with tiny models on a CPU in about a minute (``make test`` runs it,
-so the check cannot rot). Files in ``--out``: ``summary.json`` (each step's status, seconds and
-figures), ``log.txt`` (every step's output), ``doctor-*.json``, ``gpu-*.json``.
+     per H100: 1.7T tokens in 194 h on 8 GPUs, Warner et al., 2024);
+  5. ``mlmkit doctor`` for modernbert-base.
+``--cpu`` runs the same steps with tiny models on a CPU (``make test`` rehearses it so, in a bare
+environment with the GPU image's versions, ``.ci/gpu-image.txt``). Files in ``--out`` (at most
+eight, as a lent machine returns): ``summary.json`` (each step's status, seconds and figures,
+rewritten as each step ends), ``log.txt`` (every step's output), ``doctor-*.json``,
+``gpu-*.json``. Caches (tokenizers, packed data, the site) go to ``--work``, a temporary folder
+by default.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# What mlmkit needs that the GPU image lacks (its other needs are there: torch, transformers,
-# accelerate, tokenizers, safetensors, pandas, xxhash, fsspec, huggingface-hub, tensorboard,
-# matplotlib, sentence-transformers, pytest): datasets and evaluate with their dill and
-# multiprocess, Hydra with OmegaConf and its ANTLR runtime (published only as a source archive:
-# built into a wheel here, pure Python): 1.6 MB. With --with-pyarrow also pyarrow at the version
-# datasets needs, where the image's is older (53 MB more, of the 64 MiB a call carries).
-WHEELS = ("datasets", "evaluate", "dill", "multiprocess", "hydra-core", "omegaconf")
-OPTIONAL = ("pyarrow",)  # --with-pyarrow
-BUILT = ("antlr4-python3-runtime",)
+CARRY = ROOT / ".ci" / "gpu-carry.txt"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+# published only as a source archive: built into a (pure Python) wheel here
+BUILT = ("antlr4-python3-runtime",)
+GPU_BUDGET, CPU_BUDGET = 390, 900  # seconds for all steps together
 
 
-def wheel_commands(dest: Path, with_pyarrow: bool = False) -> list[list[str]]:
-    """The pip commands that fill ``dest``: each package at the version installed here."""
+def carried(path: Path = CARRY) -> list[str]:
+    """The ``name==version`` lines of the carried packages' list."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def wheel_commands(dest: Path, pins: list[str] | None = None) -> list[list[str]]:
+    """The pip commands that fill ``dest`` with ``pins`` (default: ``.ci/gpu-carry.txt``)."""
+    pins = carried() if pins is None else pins
     pip = [sys.executable, "-m", "pip"]
-    names = WHEELS + (OPTIONAL if with_pyarrow else ())
-    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in names]
+    binary = [p for p in pins if p.split("==")[0] not in BUILT]
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     download = [*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-                "--implementation", "cp", *platforms, "-d", str(dest), *pinned]
-    built = [*pip, "wheel", "--no-deps", "-w", str(dest),
-             *[f"{name}=={importlib.metadata.version(name)}" for name in BUILT]]
-    own = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dest), str(ROOT)]
-    return [download, built, own]
+                "--implementation", "cp", *platforms, "-d", str(dest), *binary]
+    built = [*pip, "wheel", "--no-deps", "-w", str(dest), *[p for p in pins if p.split("==")[0] in BUILT]]
+    return [download, built]
 
 
 def wheels(args) -> int:
     dest = Path(args.dest)
-    commands = wheel_commands(dest, args.with_pyarrow)
-    for command in commands:
+    for command in wheel_commands(dest):
         print(" ".join(command))
         if not args.dry_run and subprocess.run(command).returncode != 0:
-            print(f"Error: {command[3]} failed; see pip's message above.", file=sys.stderr)
+            print(f"Error: pip {command[3]} failed; see pip's message above.", file=sys.stderr)
             return 1
     if not args.dry_run:
         print(f"{len(list(dest.glob('*.whl')))} wheels in {dest}; carry it to the GPU machine.")
@@ -81,82 +83,141 @@ def wheels(args) -> int:
 
 # ---- the check ---------------------------------------------------------------------------------
 
-def plan(out: Path, cpu: bool) -> list[tuple[str, list[str], int, Path | None]]:
-    """(name, command, time limit in seconds, the figures' file) of each step."""
-    py, cache = sys.executable, out / "cache"
-    tiny = ["model.num_hidden_layers=2", "model.hidden_size=64", "model.num_attention_heads=2",
-            "model.intermediate_size=128", "tokenizer.vocab_size=2000", "data.max_seq_length=64",
-            "data.max_eval_samples=32", "train.batch_size=8"]
+TINY = ["model.num_hidden_layers=2", "model.hidden_size=64", "model.num_attention_heads=2",
+        "model.intermediate_size=128", "tokenizer.vocab_size=2000", "data.max_seq_length=64",
+        "data.max_eval_samples=32", "train.batch_size=8"]
+
+
+def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, Path | None]]:
+    """(name, command, time limit in seconds, the figures' file) of each step, the most telling
+    first (a budget that runs out drops the last)."""
+    py = sys.executable
     doctor = [py, "-m", "mlmkit", "doctor", "data=builtin", f"paths.cache_dir={cache}"]
     gpu = [py, str(ROOT / "benchmarks" / "gpu.py")]
-    steps = [("gpu-tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs",
-                            str(ROOT / "tests")], 240, None)]
+    tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs", str(ROOT / "tests")]
+
+    def step(name, command, limit):
+        figures = out / f"{name}.json"
+        return name, [*command, "--out", str(figures)], limit, figures
+
     if cpu:  # limits with room for a slow CPU (these steps check the script, not the speed)
-        steps += [
-            ("doctor-bert", [*doctor, "model=bert-tiny", *tiny, "--steps", "4", "--out", str(out / "doctor-bert.json")],
-             240, out / "doctor-bert.json"),
-            ("doctor-modernbert", [*doctor, "model=modernbert-tiny", *tiny, "model.local_attention=32",
-                                   "--steps", "4", "--out", str(out / "doctor-modernbert.json")],
-             240, out / "doctor-modernbert.json"),
-            ("gpu-bert", [*gpu, "--tiny", "--corpus", "builtin", "--steps", "2", "--warmup", "1",
-                          "--out", str(out / "gpu-bert.json")],
-             360, out / "gpu-bert.json"),
-        ]
-        return steps
-    return steps + [
-        ("doctor-bert-base", [*doctor, "model=bert-base", "train.batch_size=128", "data.max_seq_length=128",
-                              "--out", str(out / "doctor-bert-base.json")], 120, out / "doctor-bert-base.json"),
-        ("doctor-modernbert-base", [*doctor, "model=modernbert-base", "train.batch_size=32",
-                                    "data.max_seq_length=1024", "--out", str(out / "doctor-modernbert-base.json")],
-         120, out / "doctor-modernbert-base.json"),
-        ("gpu-bert-base", [*gpu, "--steps", "300", "--warmup", "50", "--compile",
-                           "--out", str(out / "gpu-bert-base.json")], 240, out / "gpu-bert-base.json"),
-        ("gpu-modernbert-base", [*gpu, "--preset", "modernbert-base", "--seq", "1024", "--batch", "32",
-                                 "--steps", "100", "--warmup", "50", "--out", str(out / "gpu-modernbert-base.json")],
-         150, out / "gpu-modernbert-base.json"),
-    ]
+        return [("gpu-tests", tests, 240, None),
+                step("doctor-bert", [*doctor, "model=bert-tiny", *TINY, "--steps", "4"], 240),
+                step("gpu-bert", [*gpu, "--tiny", "--corpus", "builtin", "--steps", "2", "--warmup", "1"], 360),
+                step("doctor-modernbert", [*doctor, "model=modernbert-tiny", *TINY, "model.local_attention=32",
+                                           "--steps", "4"], 240)]
+    return [("gpu-tests", tests, 90, None),
+            step("doctor-bert-base", [*doctor, "model=bert-base", "train.batch_size=128",
+                                      "data.max_seq_length=128"], 75),
+            step("gpu-bert-base", [*gpu, "--corpus", "builtin", "--steps", "200", "--warmup", "50",
+                                   "--compile"], 150),
+            step("gpu-modernbert-base", [*gpu, "--corpus", "builtin", "--preset", "modernbert-base",
+                                         "--seq", "1024", "--batch", "32", "--steps", "100", "--warmup", "50"], 90),
+            step("doctor-modernbert-base", [*doctor, "model=modernbert-base", "train.batch_size=32",
+                                            "data.max_seq_length=1024"], 75)]
 
 
-def software() -> dict[str, str | None]:
-    """The versions the figures depend on (None: not installed), and the GPU."""
-    versions = {}
-    for name in ("torch", "transformers", "accelerate", "datasets", "pyarrow", "flash-attn", "mlmkit"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    import torch
+def install(wheel_dir: Path, site: Path, log) -> int:
+    """Install the carried wheels and this checkout's mlmkit (built from a copy of its sources,
+    with the Python's own setuptools: no index, no build isolation) into ``site``."""
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--no-cache-dir", "--upgrade", "--target", str(site)]
+    found = sorted(str(p) for p in wheel_dir.glob("*.whl"))
+    if not found:
+        log.write(f"no wheels in {wheel_dir}: make gpu-wheels fills it\n")
+        return 1
+    source = site.parent / "mlmkit-source"
+    shutil.rmtree(source, ignore_errors=True)
+    for part in ("src", "conf"):
+        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, source / part)
+    for command in ([*pip, *found], [*pip, "--no-build-isolation", str(source)]):
+        log.write(f"\n==== install: {' '.join(command)}\n")
+        log.flush()
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code:
+            return code
+    return 0
 
-    versions["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return versions
+
+def software(env: dict) -> dict[str, str | None]:
+    """The versions the figures depend on (None: not installed) and the GPU, as the steps see
+    them (with ``env``'s PYTHONPATH)."""
+    code = ("import importlib.metadata as m, json, torch\n"
+            "def v(n):\n"
+            "    try: return m.version(n)\n"
+            "    except m.PackageNotFoundError: return None\n"
+            "names = ('torch', 'transformers', 'accelerate', 'datasets', 'pyarrow', 'hydra-core', "
+            "'flash-attn', 'mlmkit')\n"
+            "found = {n: v(n) for n in names}\n"
+            "found['python'] = '.'.join(map(str, __import__('sys').version_info[:3]))\n"
+            "found['gpu'] = torch.cuda.get_device_name() if torch.cuda.is_available() else None\n"
+            "print(json.dumps(found))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr[-500:]}
+
+
+class Summary:
+    """``summary.json``, rewritten whole after every step."""
+
+    def __init__(self, out: Path, cpu: bool) -> None:
+        self.path, self.data = out / "summary.json", {"cpu": cpu, "software": None, "steps": {}}
+
+    def record(self, name: str, status: str, seconds: float, figures: Path | None = None) -> None:
+        step = {"status": status, "seconds": round(seconds, 1)}
+        if figures is not None and figures.is_file():
+            step["figures"] = json.loads(figures.read_text())
+        self.data["steps"][name] = step
+        self.write()
+        print(f"{name}: {status} in {step['seconds']} s", flush=True)
+
+    def write(self) -> None:
+        partial = self.path.with_name("summary.json.partial")
+        partial.write_text(json.dumps(self.data, indent=1, default=str))
+        partial.replace(self.path)
+
+
+def run_step(command: list[str], limit: float, env: dict, log) -> str:
+    """Run one step with its output in ``log``; its status."""
+    try:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                              timeout=limit).returncode
+    except subprocess.TimeoutExpired:
+        return f"timeout after {limit:.0f} s"
+    return "ok" if code == 0 else f"failed ({code})"
 
 
 def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="mlmkit-gpu-check-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
-    summary, failed = {"cpu": args.cpu, "software": software(), "steps": {}}, 0
+    summary, budget = Summary(out, args.cpu), args.budget or (CPU_BUDGET if args.cpu else GPU_BUDGET)
+    deadline = time.monotonic() + budget
     with open(out / "log.txt", "w", encoding="utf-8") as log:
-        for name, command, limit, figures in plan(out, args.cpu):
+        if args.wheels:
+            site, started = work / "site", time.monotonic()
+            code = install(Path(args.wheels), site, log)
+            summary.record("install", "ok" if code == 0 else f"failed ({code})", time.monotonic() - started)
+            if code:
+                return 1
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+        summary.data["software"] = software(env)
+        for name, command, limit, figures in plan(out, work / "cache", args.cpu):
+            left = deadline - time.monotonic()
+            if left < 20:
+                summary.record(name, "skipped (the budget ran out)", 0.0)
+                continue
             log.write(f"\n==== {name}: {' '.join(command)}\n")
             log.flush()
-            started = time.perf_counter()
-            try:
-                code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                      timeout=limit).returncode
-            except subprocess.TimeoutExpired:
-                code = "timeout"
-            seconds = round(time.perf_counter() - started, 1)
-            step = {"status": "ok" if code == 0 else f"failed ({code})", "seconds": seconds}
-            if figures is not None and figures.is_file():
-                step["figures"] = json.loads(figures.read_text())
-            summary["steps"][name] = step
-            failed += code != 0
-            print(f"{name}: {step['status']} in {seconds} s", flush=True)
-            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    print(f"{len(summary['steps']) - failed} of {len(summary['steps'])} steps ok; figures in {out}")
-    return 1 if failed else 0
+            started = time.monotonic()
+            status = run_step(command, min(limit, left), env, log)
+            summary.record(name, status, time.monotonic() - started, figures)
+    steps = summary.data["steps"].values()
+    ok = sum(step["status"] == "ok" for step in steps)
+    print(f"{ok} of {len(steps)} steps ok; figures in {out}")
+    return 0 if ok == len(steps) else 1
 
 
 def main() -> int:
@@ -165,10 +226,13 @@ def main() -> int:
     w = sub.add_parser("wheels", help="download and build the wheels the GPU image lacks (needs PyPI)")
     w.add_argument("--dest", default=str(ROOT / ".whl"))
     w.add_argument("--dry-run", action="store_true", help="print the pip commands only")
-    w.add_argument("--with-pyarrow", action="store_true",
-                   help="also pyarrow, where the GPU image's is older than datasets needs")
     r = sub.add_parser("run", help="run the check and write its figures")
-    r.add_argument("--out", required=True)
+    r.add_argument("--out", required=True, help="the figures' folder (at most eight files)")
+    r.add_argument("--wheels", default=None,
+                   help="install these wheels and this checkout into --work first (a bare GPU image)")
+    r.add_argument("--work", default=None, help="caches and the installed site (default: a temporary folder)")
+    r.add_argument("--budget", type=float, default=None,
+                   help=f"seconds for all steps (default {GPU_BUDGET}; {CPU_BUDGET} with --cpu)")
     r.add_argument("--cpu", action="store_true", help="tiny models on a CPU: checks the script")
     args = p.parse_args()
     return wheels(args) if args.command == "wheels" else run(args)

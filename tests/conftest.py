@@ -41,6 +41,17 @@ def shared_file(relative: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """After each test, accelerate's process-wide state is reset, so that the next test's
+    ``Accelerator`` may take another mixed precision (accelerate refuses a changed one)."""
+    yield
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fork_server():
     """The fork server that starts the tests' commands (runs.py), importing while tests run."""

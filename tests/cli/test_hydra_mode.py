@@ -17,7 +17,7 @@ from mlmkit.config.compose import CONFIG_MODULE, register_configs
 
 COMMAND_CONFIGS = sorted(p.name[:-5] for p in files(CONFIG_MODULE).iterdir() if p.name.endswith(".yaml"))
 LAUNCHERS = [[]] + ([["hydra/launcher=submitit_slurm"]]
-                    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") else [])
+                    if importlib.util.find_spec("hydra_plugins") and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") else [])
 
 
 @pytest.mark.parametrize("overrides", LAUNCHERS, ids=lambda o: o[0] if o else "basic")

@@ -94,7 +94,7 @@ def test_added_tokens_keep_their_ids_and_unknown_words_are_added(prose_tokenizer
     base = copy.deepcopy(prose_tokenizer)
     base.add_tokens(["<foo>"])
     base.add_special_tokens({"additional_special_tokens": ["<doc>"]})
-    texts = python_docs[:300] + ["a naïve café serves crème brûlée"] * 50
+    texts = python_docs[:300] + ["a naïve café serves crème brûlée"] * 200
     extended, added = extend_tokenizer(base, texts, 200)
     old, new = base.get_vocab(), extended.get_vocab()
     assert all(new[t] == i for t, i in old.items()) and len(set(new.values())) == len(new)
