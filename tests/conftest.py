@@ -11,7 +11,7 @@ import pytest
 # the shared helpers beside this file (runs.py, batches.py) import as top-level modules
 # from the test files in the subfolders too
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import run_train, start_fork_server  # noqa: E402
+from runs import run_train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -50,12 +50,6 @@ def fresh_accelerate_state():
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state(reset_partial_state=True)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def fork_server():
-    """The fork server that starts the tests' commands (runs.py), importing while tests run."""
-    start_fork_server()
 
 
 @pytest.fixture(scope="session")

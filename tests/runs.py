@@ -1,8 +1,8 @@
-"""Helpers for tests that run train.py end to end."""
+"""Helpers for tests that run commands: in this process, or as real processes where the process
+is the point."""
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import resource
@@ -10,17 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from fork_server import PLAIN  # the second server's socket: the first's path + PLAIN
-
 ROOT = Path(__file__).resolve().parents[1]
-# DS_ACCELERATOR: DeepSpeed's CPU accelerator, in the fork server and every command alike (a
-# command whose import-time variables differ from the server's starts a fresh interpreter)
+# the environment of the tests' real processes (DS_ACCELERATOR: DeepSpeed's CPU accelerator)
 TEST_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu"}
 
 TINY = [
@@ -34,244 +28,128 @@ TINY = [
 def free_port() -> str:
     """A TCP port free now, for a launch's rendezvous (tests may run in parallel workers,
     each launching its own process group)."""
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
 
 
-# --- Python commands through the fork server (tests/fork_server.py) ---------------------------
-# A command such as ``python train.py ...`` spends seconds importing torch, transformers and
-# datasets before it does anything. The fork server imports them once per test process and forks
-# a child per command: a process of its own (its own pid, exit status, signals, files), as a
-# fresh interpreter runs it. MLMKIT_TEST_FORK=0 starts every command as a real process instead,
-# as on any platform but Linux.
-
-_server: dict = {}
-_server_lock = threading.Lock()
+# --- Commands ----------------------------------------------------------------------------------
+# A command runs in this process (``run_cli``: ``mlmkit.cli.main(argv)``), as litgpt's tests run
+# theirs; a real process (``python_run``, ``python_popen``) only where the process is the point:
+# signals, kills, launches of several processes, packaging, a process that never imported mlmkit.
 
 
-def _server_path(env: dict | None = None) -> str | None:
-    """The socket of this test process's fork server, started on first use with ``env`` (this
-    process's, by default); None when off."""
-    # Linux only: elsewhere forking a process that has loaded torch is not safe (macOS's
-    # Objective-C runtime aborts such children), and every command starts a fresh interpreter
-    if os.environ.get("MLMKIT_TEST_FORK", "1") == "0" or not sys.platform.startswith("linux"):
-        return None
-    with _server_lock:
-        proc = _server.get("proc")
-        if proc is None or proc.poll() is not None:
-            path = os.path.join(tempfile.mkdtemp(prefix="mlmkit-fork-"), "socket")
-            env = {**os.environ, **TEST_ENV} if env is None else env
-            proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py"), path],
-                                    cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL)
-            atexit.register(proc.kill)
-            _server.update(proc=proc, path=path, env=env)
-    return _listening(_server["path"], proc)
+@contextmanager
+def _command_state(cwd: Path, env: dict | None):
+    """Around an in-process command: its working dir and environment, then this process as it
+    was: cwd, environment, sys.argv, signal handlers, logging, warnings filters, torch's
+    threads and flags, Hydra's and accelerate's process-wide state."""
+    import logging
+    import warnings
+
+    import torch
+
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), list(sys.argv)
+    signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    loggers = [logging.getLogger(), logging.getLogger("mlmkit")]
+    logging_state = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    torch_state = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                   torch.get_float32_matmul_precision())
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv[:] = saved_argv
+        for sig, handler in signals.items():
+            signal.signal(sig, handler)
+        for lg, handlers, level, propagate in logging_state:
+            for handler in set(lg.handlers) - set(handlers):
+                handler.close()
+            lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
+        torch.set_num_threads(torch_state[0])
+        torch.use_deterministic_algorithms(torch_state[1])
+        torch.set_float32_matmul_precision(torch_state[2])
+        _reset_libraries()
 
 
-def _listening(path: str, server: subprocess.Popen) -> str | None:
-    """``path`` once a server listens there (after its imports); None if the fork server ended
-    or took over 5 minutes."""
-    deadline = time.time() + 300
-    while not os.path.exists(path):
-        if server.poll() is not None or time.time() > deadline:
-            return None
-        time.sleep(0.05)
-    return path
+def _reset_libraries() -> None:
+    """Forget Hydra's and accelerate's process-wide state, as a new process would have none."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
-# Variables that torch, its math libraries, transformers, tokenizers, datasets or DeepSpeed read
-# when they are imported: a command whose environment differs from the server's in one of
-# these starts as a real process. Others (what a test or an in-process run sets, such as
-# MLFLOW_ALLOW_FILE_STORE; TORCHINDUCTOR_CACHE_DIR, which inductor sets when it first compiles;
-# PYTORCH_NVML_BASED_CUDA_CHECK, which accelerate sets; KMP_DUPLICATE_LIB_OK and
-# KMP_INIT_AT_FORK, which an import sets for an OpenMP runtime the server has loaded already)
-# are read at run time or no more, and the child takes the command's own.
-IMPORT_TIME = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_", "OMP_",
-               "MKL_", "KMP_", "ONEDNN_", "DNNL_", "ATEN_", "OPENBLAS_", "CUDA_", "NCCL_", "DS_",
-               "PYTHON", "LD_", "MLMKIT_TEST")
-RUN_TIME = ("TORCHINDUCTOR_", "PYTORCH_NVML_BASED_CUDA_CHECK", "KMP_DUPLICATE_LIB_OK",
-            "KMP_INIT_AT_FORK")
+def run_cli(*args, cwd: Path = ROOT, env: dict | None = None, file_size_limit: int | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """``mlmkit *args`` in this process, as a command line runs it: its exit status and what it
+    wrote to stdout and stderr (an exception a process would die of is a traceback on stderr and
+    status 1). ``env``: the command's whole environment (read at run time; what a library reads
+    at import is this process's); ``file_size_limit``: a file cannot grow past that many bytes
+    (the write fails with EFBIG, as on a full disk)."""
+    import io
+    import traceback
+    from contextlib import nullcontext, redirect_stderr, redirect_stdout
 
+    from mlmkit.cli import main
 
-def write_fork_python(folder: Path) -> Path:
-    """``folder/python``: an interpreter for commands that start python themselves (shell
-    scripts, ``accelerate launch`` and its ranks, benchmarks): each command it runs is a child
-    of the fork server (tests/fork_client.py), and so are the commands that one starts with
-    ``sys.executable``; without a fork server, the real interpreter."""
-    python = folder / "python"
-    socket_path = _server_path()
-    if socket_path is None:  # no fork server (MLMKIT_TEST_FORK=0, or not Linux): the interpreter
-        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    else:
-        config = folder / "fork_client.json"
-        prefixes, runtime = list(IMPORT_TIME), [*RUN_TIME, "TORCHELASTIC_", "TORCH_NCCL_"]
-        # PYTHON (the scripts' interpreter setting) is no variable Python itself reads
-        env = {k: v for k, v in _server["env"].items()
-               if k.startswith(tuple(prefixes)) and not k.startswith(tuple(runtime)) and k != "PYTHON"}
-        config.write_text(json.dumps({
-            "socket": socket_path, "env": env, "prefixes": prefixes, "runtime": runtime,
-            "ignore": ["PYTHON"], "python": sys.executable, "executable": str(python),
-            "log": os.environ.get("MLMKIT_TEST_FORK_LOG")}))
-        client = ROOT / "tests" / "fork_client.py"
-        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -E -S "{client}" "{config}" "$@"\n')
-    python.chmod(0o755)
-    return python
-
-
-_fork_python: dict = {}
-
-
-def fork_python() -> str:
-    """This test process's ``write_fork_python`` interpreter (written on first use)."""
-    if "path" not in _fork_python:
-        _fork_python["path"] = str(write_fork_python(Path(tempfile.mkdtemp(prefix="mlmkit-python-"))))
-    return _fork_python["path"]
-
-
-def _stable(env: dict) -> dict:
-    """The variables of ``env`` that imports read."""
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and not k.startswith(RUN_TIME)}
-
-
-def _log_fresh(args: list[str], why) -> None:
-    """With MLMKIT_TEST_FORK_LOG set, a line in that file for each command started as a fresh
-    interpreter, and why (the variables that differ from the server's)."""
-    if path := os.environ.get("MLMKIT_TEST_FORK_LOG"):
-        why = "no fork server" if isinstance(why, dict) else why
-        with open(path, "a") as f:
-            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST')}: {args[:2]}: {why}\n")
-
-
-def start_fork_server() -> None:
-    """Start this test process's fork server now, so that its imports overlap other tests."""
-    env = {**os.environ, **TEST_ENV}
-    threading.Thread(target=_server_path, args=(env,), daemon=True).start()
-
-
-class ForkedProcess:
-    """The part of ``subprocess.Popen`` the tests use, for a child of the fork server."""
-
-    def __init__(self, args: list[str], conn: socket.socket, pid: int, out: str, err: str):
-        self.args, self.pid, self.returncode = args, pid, None
-        self._conn, self._out, self._err, self._buffer = conn, out, err, b""
-
-    def _reply(self, timeout: float | None) -> dict | None:
-        self._conn.settimeout(timeout)
+    args = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    limit = limited_file_size(file_size_limit) if file_size_limit else nullcontext()
+    with _command_state(cwd, env), redirect_stdout(out), redirect_stderr(err), limit:
         try:
-            while b"\n" not in self._buffer:
-                chunk = self._conn.recv(4096)
-                if not chunk:
-                    raise RuntimeError("the fork server stopped before the command ended")
-                self._buffer += chunk
-        except (TimeoutError, BlockingIOError):
-            return None
-        return json.loads(self._buffer.split(b"\n", 1)[0])
-
-    def poll(self) -> int | None:
-        if self.returncode is None and (reply := self._reply(0.0)) is not None:
-            self.returncode = reply["returncode"]
-            self._conn.close()
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            reply = self._reply(timeout)
-            if reply is None:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            self.returncode = reply["returncode"]
-            self._conn.close()
-        return self.returncode
-
-    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        self.wait(timeout)
-        return tuple(Path(p).read_text(errors="replace") for p in (self._out, self._err))
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-
-def _forked(args: list[str], cwd: Path, env: dict, file_size_limit: int | None,
-            new_session: bool, plain: bool = False) -> ForkedProcess | None:
-    """``python *args`` as a child of the fork server (with ``plain``, of its server that has
-    never imported mlmkit), or None where it cannot run there."""
-    path = _server_path()
-    if path is not None and plain:
-        path = _listening(path + PLAIN, _server["proc"])
-    if path is None or _stable(env) != _stable(_server["env"]):  # some are read at import
-        _log_fresh(args, env if path is None else
-                   sorted(set(_stable(env).items()) ^ set(_stable(_server["env"]).items())))
-        return None
-    folder = tempfile.mkdtemp(prefix="mlmkit-run-")
-    out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-    request = {"argv": args, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err,
-               "file_size_limit": file_size_limit, "new_session": new_session}
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(path)
-    conn.sendall(json.dumps(request).encode() + b"\n")
-    proc = ForkedProcess([sys.executable, *args], conn, 0, out, err)
-    reply = proc._reply(None)
-    if "pid" not in reply:
-        conn.close()
-        return None
-    proc.pid, proc._buffer = reply["pid"], proc._buffer.split(b"\n", 1)[1]
+            code = main(args)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    proc = subprocess.CompletedProcess(["mlmkit", *args], code or 0, out.getvalue(), err.getvalue())
+    if check and proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
     return proc
 
 
 def python_popen(*args: str, cwd: Path = ROOT, env: dict | None = None,
-                 new_session: bool = False):
-    """``python *args`` started (a ForkedProcess, or a Popen with text pipes)."""
+                 new_session: bool = False) -> subprocess.Popen:
+    """``python *args`` started as a real process, with text pipes."""
     env = {**os.environ, **TEST_ENV} if env is None else env
-    args = [str(a) for a in args]
-    if (proc := _forked(args, cwd, env, None, new_session)) is not None:
-        return proc
-    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
 
 def python_run(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
-               file_size_limit: int | None = None, check: bool = False,
-               plain: bool = False) -> subprocess.CompletedProcess:
-    """``python *args`` to its end, as ``subprocess.run(..., capture_output=True, text=True)``;
-    ``file_size_limit``: a file cannot grow past that many bytes (the write fails with EFBIG,
-    as on a full disk); ``plain``: in a process that has never imported mlmkit (a child of the
-    fork server's second server, or a fresh interpreter)."""
+               check: bool = False) -> subprocess.CompletedProcess:
+    """``python *args`` to its end in a real process, as ``subprocess.run(...,
+    capture_output=True, text=True)``."""
     env = {**os.environ, **TEST_ENV} if env is None else env
-    args = [str(a) for a in args]
-    proc = _forked(args, cwd, env, file_size_limit, False, plain)
-    if proc is None:
-        limit = (lambda: _limit_file_size(file_size_limit)) if file_size_limit else None
-        return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=timeout, preexec_fn=limit, check=check)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-    if check and proc.returncode:
-        raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=check)
 
 
 def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = True,
               file_size_limit: int | None = None):
-    """train.py with the tiny settings; ``file_size_limit``: a file cannot grow past that many
-    bytes (the write fails with EFBIG, as on a full disk)."""
-    proc = python_run(ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}",
-                      f"hydra.run.dir={run_dir}", *overrides, file_size_limit=file_size_limit)
+    """``mlmkit train`` (in this process) with the tiny settings; ``file_size_limit``: a file
+    cannot grow past that many bytes (the write fails with EFBIG, as on a full disk)."""
+    proc = run_cli("train", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides,
+                   file_size_limit=file_size_limit)
     if check and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise AssertionError(f"mlmkit train failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
 
 
@@ -324,7 +202,7 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 def run_finetune(*overrides: str, check: bool = True):
     """``mlmkit finetune`` with ``overrides``, from the checkout."""
-    proc = python_run("-m", "mlmkit", "finetune", *overrides, timeout=900)
+    proc = run_cli("finetune", *overrides)
     if check and proc.returncode != 0:
         raise AssertionError(f"finetune failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc

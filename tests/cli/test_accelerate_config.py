@@ -8,13 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
-from runs import ROOT, python_run
+from runs import ROOT, run_cli
 
 CONFIGS = ROOT / "conf" / "accelerate"
 
 
 def mlmkit(*args: str, cwd: Path):
-    return python_run("-m", "mlmkit", *args, cwd=cwd, timeout=120)
+    return run_cli(*args, cwd=cwd)
 
 
 def test_no_name_lists_every_packaged_config_with_what_it_is_for(tmp_path):

@@ -3,9 +3,8 @@ exit status 2, one line on stderr that starts with "Error:" and names the file o
 and never a traceback.
 
 The fixtures (a tiny trained run, damaged copies of it, broken files) are built once, the
-run by ``python -m mlmkit train``. It and each case run as ``python -m mlmkit`` in a process of
-its own, forked by the tests' fork server (``tests/fork_server.py``) after one import of the
-commands; a few cases run in a fresh interpreter too, with the same result.
+run by ``mlmkit train``. It and each case run in this process (``mlmkit.cli.main``); a few
+cases run as ``python -m mlmkit`` in a process of their own too, with the same result.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from runs import python_popen, python_run
+from runs import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -172,7 +171,7 @@ def fx(tmp_path_factory):
                          garbage=tmp / "garbage.jsonl", trunc_parquet=tmp / "cut.parquet",
                          marker=tmp / "custom-code-ran", run=tmp / "run", missing=tmp / "missing.txt")
     _make_files(fx)
-    fx.train = python_run("-m", "mlmkit", *train_args(fx, fx.run), env=ENV, timeout=300)
+    fx.train = run_cli(*train_args(fx, fx.run), env=ENV)
     assert fx.train.returncode == 0, fx.train.stderr[-3000:]
     _make_damaged_artifacts(fx)
     return fx
@@ -388,37 +387,31 @@ RESUMES = {
 ENTRY_POINT = ("train-utf16-file", "eval-truncated-export", "tokenizer-out-is-a-file", "fill-mask-pickled-weights")
 
 
-def _run_forked(jobs: dict[str, list[str]], parallel: int = 2) -> dict[str, SimpleNamespace]:
-    """``python -m mlmkit <args>`` of each job, ``parallel`` at a time, through the fork server."""
-    pending, running, done = list(jobs.items()), {}, {}
-    while pending or running:
-        while pending and len(running) < parallel:
-            name, args = pending.pop(0)
-            running[name] = (python_popen("-m", "mlmkit", *map(str, args), env=ENV), time.perf_counter())
-        for name, (proc, started) in list(running.items()):
-            if proc.poll() is not None:
-                out, err = proc.communicate()
-                done[name] = SimpleNamespace(returncode=proc.returncode, stdout=out, stderr=err,
-                                             seconds=round(time.perf_counter() - started, 2))
-                del running[name]
-        time.sleep(0.02)
+def _run_each(jobs: dict[str, list[str]]) -> dict[str, SimpleNamespace]:
+    """``mlmkit <args>`` of each job, in this process, one after another."""
+    done = {}
+    for name, args in jobs.items():
+        started = time.perf_counter()
+        proc = run_cli(*args, env=ENV)
+        done[name] = SimpleNamespace(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr,
+                                     seconds=round(time.perf_counter() - started, 2))
     return done
 
 
 def _own_run_dir(argv: list[str]) -> list[str]:
-    """``argv`` with a run dir of its own: a fresh interpreter beside the forked run of the same
+    """``argv`` with a run dir of its own: the process beside the in-process run of the same
     case would otherwise find that run's lock on the dir."""
     return [f"{arg}-direct" if arg.startswith("hydra.run.dir=") else arg for arg in argv]
 
 
 @pytest.fixture(scope="module")
 def outcomes(fx) -> dict[str, SimpleNamespace]:
-    """Every command of the module, each in a process of its own."""
+    """Every command of the module; a few in a process of their own as well, meanwhile."""
     jobs = {case.id: case.argv(fx) for case in CASES} | {name: argv(fx) for name, argv in RESUMES.items()}
     by_case = {case.id: case for case in CASES}
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the fresh interpreters beside the forks
+    with ThreadPoolExecutor(max_workers=1) as pool:
         direct = {name: pool.submit(mlmkit, *_own_run_dir(by_case[name].argv(fx))) for name in ENTRY_POINT}
-        results = _run_forked(jobs)
+        results = _run_each(jobs)
         fx.direct = {name: future.result() for name, future in direct.items()}
     return results
 
@@ -454,10 +447,10 @@ def test_malformed_input_is_one_sentence_naming_what_to_change(case, outcomes):
 
 @pytest.mark.parametrize("name", ENTRY_POINT)
 def test_python_m_mlmkit_gives_the_same_status_and_sentence(name, fx, outcomes):
-    direct, forked = fx.direct[name], outcomes[name]
-    assert direct.returncode == forked.returncode == 2
+    direct, in_process = fx.direct[name], outcomes[name]
+    assert direct.returncode == in_process.returncode == 2
     sentence = [line for line in direct.stderr.splitlines() if line.startswith("Error:")]
-    assert sentence == [line for line in forked.stderr.splitlines() if line.startswith("Error:")]
+    assert sentence == [line for line in in_process.stderr.splitlines() if line.startswith("Error:")]
 
 
 def test_no_custom_code_ran(fx, outcomes):

@@ -8,9 +8,10 @@ import math
 import os
 import re
 import subprocess
+import sys
 
 import pytest
-from runs import ROOT, TEST_ENV, fork_python
+from runs import ROOT, TEST_ENV
 
 ROW = re.compile(r"^\| (bert-mini|modernbert-mini)(, documents)? \| ([\d,]+) \| [\d.]+ M \| (\d+\.\d+) \| ")
 
@@ -18,7 +19,7 @@ ROW = re.compile(r"^\| (bert-mini|modernbert-mini)(, documents)? \| ([\d,]+) \| 
 @pytest.mark.slow
 def test_modern_benchmark_trains_each_variant_for_the_budget(tmp_path):
     out = tmp_path / "bench"
-    cmd = [fork_python(), str(ROOT / "benchmarks" / "modern.py"), "--budget", "2", "--corpus", "builtin",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "modern.py"), "--budget", "2", "--corpus", "builtin",
            "--variant", "bert-mini, documents", "modernbert-mini", "--eval-min-masked", "0", "--out", str(out)]
     env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)

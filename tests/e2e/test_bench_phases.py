@@ -7,15 +7,16 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
-from runs import ROOT, TEST_ENV, fork_python
+from runs import ROOT, TEST_ENV
 
 
 @pytest.mark.slow
 def test_phases_benchmark_scores_each_run_at_both_lengths(tmp_path):
     out = tmp_path / "bench"
-    cmd = [fork_python(), str(ROOT / "benchmarks" / "phases.py"), "--tokens", "40960", "--corpus", "builtin",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "phases.py"), "--tokens", "40960", "--corpus", "builtin",
            "--only", "bert", "--eval-min-masked", "500", "--size", "tiny", "--out", str(out)]
     env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)

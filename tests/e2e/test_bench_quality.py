@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from runs import ROOT, TEST_ENV, fork_python
+from runs import ROOT, TEST_ENV
 
 ROW = re.compile(r"^(mlmkit|Trainer) \(.*?\)\s+(\d\.\d+) ± (\d\.\d+)\s+(\S+)\s+([\d,]+)\s+([\d,]+)\s+(\S+)$")
 REACH = re.compile(r"^time to reach the Trainer's final held-out loss \((\S+)\): "
@@ -22,7 +22,7 @@ REACH = re.compile(r"^time to reach the Trainer's final held-out loss \((\S+)\):
 @pytest.mark.slow
 def test_quality_benchmark_runs_both_sides_and_reports_the_time_to_reach(tmp_path):
     out = tmp_path / "bench"
-    cmd = [fork_python(), str(ROOT / "benchmarks" / "quality.py"), "--budget", "3", "--preset", "bert-tiny",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--budget", "3", "--preset", "bert-tiny",
            "--builtin", "--eval-every", "10", "--calibration-steps", "2", "--out", str(out)]
     env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)

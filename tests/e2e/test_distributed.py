@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TEST_ENV, TINY, events, fork_python, free_port, run_train, write_probe_task
+from runs import ROOT, TEST_ENV, TINY, events, free_port, run_train, write_probe_task
 
 COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "train.log_every=1",
           "train.precision=no", "logger=none"]
@@ -52,7 +52,7 @@ def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool 
 # interpreters. The DDP reference run stays a launch of true processes by the installed
 # ``accelerate`` (as does the signal test of tests/e2e/test_launch.py).
 def forked_accelerate() -> list[str]:
-    return [fork_python(), "-m", "accelerate.commands.launch"]
+    return [sys.executable, "-m", "accelerate.commands.launch"]
 
 
 # Five evaluation batches over two ranks: the rank with fewer must still take part in every

@@ -1,7 +1,6 @@
 """Every script of examples/ runs, shrunk (a tiny model, a few steps: the overrides each script
 takes last), as a user starts it: ``bash examples/<script> ...``, with its settings from the
-environment. Their ``python`` is tests/fork_client.py, which runs each command in the test
-process's fork server instead of a fresh interpreter. The SLURM scripts meet stand-ins for
+environment, each command a process of its own. The SLURM scripts meet stand-ins for
 sbatch, srun, scontrol and sacct (tests/e2e/fake_slurm/) that run the job on this machine.
 The README links every script."""
 
@@ -12,11 +11,11 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-import runs
 from conftest import SHARED_DATA, shared_file
 from runs import ROOT, TEST_ENV, TINY, free_port, train_steps
 
@@ -34,10 +33,11 @@ CONTINUE = ["data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_s
 
 @pytest.fixture(scope="module")
 def bin_dir(tmp_path_factory) -> Path:
-    """A ``python`` that runs its commands in the fork server (tests/fork_client.py), and the
-    SLURM stand-ins, in one folder for the front of PATH."""
+    """``python`` (this interpreter) and the SLURM stand-ins, in one folder for the front of PATH."""
     folder = tmp_path_factory.mktemp("bin")
-    runs.write_fork_python(folder)
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
     for tool in FAKE_SLURM.iterdir():
         (folder / tool.name).symlink_to(tool)
     return folder

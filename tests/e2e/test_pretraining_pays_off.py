@@ -8,7 +8,7 @@ import random
 
 import pytest
 from conftest import shared_file
-from runs import ROOT, python_run
+from runs import run_cli
 
 # The long test's pretraining: bert-mini with its defaults, 128 blocks of 16 tokens per step, 400
 # steps. A step budget, so that every machine trains the same model; the 30-minute cap only
@@ -27,8 +27,7 @@ SENTENCES = 300
 
 def _pretrain(tmp_path, corpus):
     run = tmp_path / "pretrain"
-    proc = python_run(
-        ROOT / "train.py", "model=bert-mini", "data=files", f"data.train_files=[{corpus}]",
+    proc = run_cli("train", "model=bert-mini", "data=files", f"data.train_files=[{corpus}]",
         "data.txt_sample_by=line", f"data.max_seq_length={BLOCK}", f"train.batch_size={ROWS}",
         f"train.max_steps={PRETRAIN_STEPS}", f"train.max_time={PRETRAIN_CAP}", "train.eval_every=500",
         "train.save_every=0", "tokenizer.vocab_size=8192", "train.progress=false", "logger=none",
@@ -95,7 +94,7 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     accuracy = {}
     for init in ("pretrained", "random"):
         out = tmp_path / f"pairs-{init}.json"
-        proc = python_run("-m", "mlmkit", "eval-pairs", f"checkpoint={run}", f"files=[{pairs_file}]",
+        proc = run_cli("eval-pairs", f"checkpoint={run}", f"files=[{pairs_file}]",
                           f"init={init}", f"output={out}", timeout=1800)
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())

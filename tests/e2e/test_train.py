@@ -9,14 +9,12 @@ import pytest
 import torch
 import yaml
 from conftest import SHARED_DATA, shared_file
-from runs import (  # noqa: F401
-    ROOT,
-    TINY,
+from runs import (
     assert_same_losses,
     assert_same_weights,
     events,
-    free_port,
     python_run,
+    run_cli,
     run_finetune,
     run_train,
 )
@@ -65,7 +63,7 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
         "assert 'mlmkit' not in sys.modules\n"
         "print(json.dumps({'n': len(out), 'cls': type(model).__name__, 'token': out[0]['token_str']}))\n"
     )
-    proc = python_run("-c", code, cwd=tmp_path, timeout=300, plain=True)
+    proc = python_run("-c", code, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["n"] == 5 and result["cls"] == "BertForMaskedLM" and result["token"]
@@ -167,7 +165,7 @@ def test_vocabulary_extension_trains_resumes_evaluates_and_fine_tunes(trained_ru
     for name, tensor in first.items():
         assert torch.allclose(tensor, again[name], rtol=1e-5, atol=1e-6), name
     out = tmp_path / "eval.json"
-    proc = python_run("-m", "mlmkit", "eval", f"checkpoint={run}", f"output={out}")
+    proc = run_cli("eval", f"checkpoint={run}", f"output={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["tokens"] > 0
     sst = shared_file("glue/SST-2/train.tsv")
@@ -231,7 +229,7 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
 
     ckpt = trained_run / "checkpoints" / "step_0000015"
     out = tmp_path / "step15"
-    proc = python_run("-m", "mlmkit", "export", ckpt, out, timeout=300)
+    proc = run_cli("export", ckpt, out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = load_file(ckpt / "model.safetensors")
     exported = load_file(out / "model.safetensors")
@@ -243,9 +241,9 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
             f"AutoModelForMaskedLM.from_pretrained({str(out)!r}); "
             f"v = SentenceTransformer({str(out)!r}, device='cpu').encode(['a b c']); "
             "assert v.shape[0] == 1 and not any(m.startswith('mlmkit') for m in sys.modules)")
-    check = python_run("-c", code, timeout=300, plain=True)  # a process that never imported mlmkit
+    check = python_run("-c", code, timeout=300)  # a process that never imported mlmkit
     assert check.returncode == 0, check.stderr[-3000:]
-    again = python_run("-m", "mlmkit", "export", ckpt, out, timeout=300)
+    again = run_cli("export", ckpt, out)
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
@@ -262,7 +260,7 @@ def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr
     from mlmkit.model.architectures import parts_of
 
     run = tmp_path / "run"
-    proc = python_run(ROOT / "train.py", f"model={preset}", "train.max_steps=4", "train.batch_size=8", "train.log_every=1",
+    proc = run_cli("train", f"model={preset}", "train.max_steps=4", "train.batch_size=8", "train.log_every=1",
                       "train.eval_every=4", "train.save_every=0", "data.max_eval_samples=8",
                       "train.progress=false", "masking.eval_min_masked_tokens=0", "logger=none",
                       f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}")

@@ -12,6 +12,7 @@ from runs import (
     assert_same_weights,
     events,
     python_run,
+    run_cli,
     run_finetune,
     run_train,
 )
@@ -81,7 +82,7 @@ def test_modernbert_export_fills_masks_without_mlmkit(modernbert_run, tmp_path):
         "                  'inputs': sorted(ids), 'finite': bool(torch.isfinite(logits).all()),\n"
         "                  'tied': model.decoder.weight is model.model.embeddings.tok_embeddings.weight}))\n"
     )
-    proc = python_run("-c", code, cwd=tmp_path, timeout=300, plain=True)
+    proc = python_run("-c", code, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["n"] == 5 and result["cls"] == "ModernBertForMaskedLM" and result["token"]
@@ -99,7 +100,7 @@ def test_modernbert_eval_reproduces_the_runs_eval_events(modernbert_run, cache_d
     by_step = {e["step"]: e for e in events(run, "eval")}
     for target, step in [(run, 20), (run / "checkpoints" / "step_0000010", 10)]:
         out = tmp_path / f"eval-{step}.json"
-        proc = python_run("-m", "mlmkit", "eval", f"checkpoint={target}", f"paths.cache_dir={cache_dir}",
+        proc = run_cli("eval", f"checkpoint={target}", f"paths.cache_dir={cache_dir}",
                           "data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8",
                           f"output={out}", "precision=no")
         assert proc.returncode == 0, proc.stderr[-3000:]

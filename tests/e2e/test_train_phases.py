@@ -92,7 +92,7 @@ def test_each_phase_export_loads_with_nothing_from_mlmkit(tmp_path, cache_dir):
         "print(json.dumps(out))\n"
     )
     paths = [str(run / "phases" / name) for name in ("short", "long")]
-    proc = python_run("-c", code, *paths, cwd=tmp_path, timeout=300, plain=True)
+    proc = python_run("-c", code, *paths, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [out[p] for p in paths] == [["BertForMaskedLM", 5, [2, 32]]] * 2

@@ -6,9 +6,10 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
-from runs import ROOT, TEST_ENV, events, fork_python, free_port, python_run
+from runs import ROOT, TEST_ENV, events, free_port, run_cli
 
 from mlmkit.evaluation.metric_modules import load_metric
 
@@ -16,7 +17,7 @@ EVAL_ARGS = ["data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8
 
 
 def run_eval(*overrides: str, check: bool = True):
-    proc = python_run("-m", "mlmkit", "eval", *EVAL_ARGS, *overrides)
+    proc = run_cli("eval", *EVAL_ARGS, *overrides)
     if check and proc.returncode != 0:
         raise AssertionError(f"evaluate failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
@@ -64,7 +65,7 @@ def test_evaluate_any_files_on_one_and_two_processes(trained_run, cache_dir, tmp
              f"output={one}", "precision=no")
     # the launcher and its ranks as children of the fork server (the launch of true processes
     # is tests/e2e/test_distributed.py's DDP reference)
-    launcher = [fork_python(), "-m", "accelerate.commands.launch", "--main_process_port", free_port(),
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", free_port(),
                 "--multi_gpu", "--num_processes", "2"]
     proc = subprocess.run(
         launcher + ["-m", "mlmkit", "eval", *EVAL_ARGS, f"checkpoint={trained_run}", f"files=[{text}]",

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import shared_file
-from runs import ROOT, run_finetune
+from runs import ROOT, run_cli, run_finetune
 
 from mlmkit.config import TaskConfig
 from mlmkit.errors import DataError
@@ -349,9 +349,8 @@ def test_own_files_errors_name_the_setting(tmp_path):
 
 
 def _predict(*args) -> list[dict]:
-    from runs import python_run
 
-    proc = python_run("-m", "mlmkit", "predict", *map(str, args), "--json")
+    proc = run_cli("predict", *map(str, args), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines()]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from runs import python_run
+from runs import run_cli
 from test_glue_tasks import GLUE, _write
 
 from mlmkit.config import GlueConfig
@@ -68,7 +68,7 @@ def test_the_average_covers_glues_eight_without_wnli_and_says_how_many():
 def test_glue_command_prints_the_table_skips_missing_tasks_and_writes_its_results(tmp_path, trained_run):
     data = _glue_data(tmp_path / "glue_data", ["sst2", "cola", "mrpc"])
     out = tmp_path / "glue"
-    proc = python_run("-m", "mlmkit", "glue", f"checkpoint={trained_run}", f"data_dir={data}",
+    proc = run_cli("glue", f"checkpoint={trained_run}", f"data_dir={data}",
                       "tasks=[cola,sst2,mrpc,rte]", "lrs=[1e-3,3e-4]", "epochs=1", f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| model | CoLA | SST-2 | MRPC | RTE | GLUE (3 of 8) |" in proc.stdout
@@ -94,7 +94,7 @@ def test_the_modern_protocol_starts_rte_from_mnli_and_scores_mnli_on_both_dev_se
     data = _glue_data(tmp_path / "glue_data", ["mnli", "rte"])
     (data / "MNLI" / "dev_mismatched.tsv").write_text((data / "MNLI" / "dev_matched.tsv").read_text())
     # a process of its own, as the command runs (one Accelerator setting per process)
-    proc = python_run("-m", "mlmkit", "glue", f"checkpoint={trained_run}", f"data_dir={data}", "tasks=[rte,mnli]",
+    proc = run_cli("glue", f"checkpoint={trained_run}", f"data_dir={data}", "tasks=[rte,mnli]",
                       "protocol=modern", "lrs=[1e-3]", "seeds=[0,1]", "epochs=1", "max_train_samples=8",
                       f"hydra.run.dir={tmp_path / 'glue'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -120,7 +120,7 @@ def test_tasks_run_side_by_side_in_processes_of_their_own_and_rte_waits_for_mnli
     model is there, from it."""
     data = _glue_data(tmp_path / "glue_data", ["mnli", "rte", "sst2"])
     (data / "MNLI" / "dev_mismatched.tsv").write_text((data / "MNLI" / "dev_matched.tsv").read_text())
-    proc = python_run("-m", "mlmkit", "glue", f"checkpoint={trained_run}", f"data_dir={data}",
+    proc = run_cli("glue", f"checkpoint={trained_run}", f"data_dir={data}",
                       "tasks=[rte,sst2,mnli]", "protocol=modern", "lrs=[1e-3]", "seeds=[0]", "epochs=1",
                       "max_train_samples=8", "parallel=2", f"hydra.run.dir={tmp_path / 'glue'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -181,7 +181,7 @@ def test_glue_command_refuses_what_it_cannot_run_in_one_sentence(tmp_path, train
     settings = {"no task folder": (f"checkpoint={trained_run}", f"data_dir={data}"),
                 "no data folder": (f"checkpoint={trained_run}", f"data_dir={tmp_path / 'nowhere'}"),
                 "no model": (f"checkpoint={tmp_path / 'no-run'}", f"data_dir={data}")}[case]
-    proc = python_run("-m", "mlmkit", "glue", *settings, "tasks=[sst2,rte]", f"hydra.run.dir={tmp_path / 'g'}")
+    proc = run_cli("glue", *settings, "tasks=[sst2,rte]", f"hydra.run.dir={tmp_path / 'g'}")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert ("checkpoint=" if case == "no model" else "data_dir") in errors[0]

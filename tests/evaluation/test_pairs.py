@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from runs import python_run
+from runs import run_cli
 
 from mlmkit.config import ModelConfig, PairsEvalConfig
 from mlmkit.errors import ConfigError, DataError
@@ -220,7 +220,7 @@ def test_eval_pairs_settings_are_checked():
 # ---- the command ------------------------------------------------------------------------------
 
 def run_eval_pairs(*overrides: str):
-    return python_run("-m", "mlmkit", "eval-pairs", *overrides, timeout=300)
+    return run_cli("eval-pairs", *overrides)
 
 
 def test_eval_pairs_on_a_trained_run_and_random_weights(trained_run, tmp_path):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import shared_file
-from runs import python_run
+from runs import run_cli
 
 from mlmkit.errors import DataError
 
@@ -204,7 +204,7 @@ def test_the_tokens_kept_follow_the_setting_final_and_the_run(trained_run, tmp_p
 # ---- the command --------------------------------------------------------------------------------
 
 def run_eval_retrieval(*overrides: str):
-    return python_run("-m", "mlmkit", "eval-retrieval", *overrides)
+    return run_cli("eval-retrieval", *overrides)
 
 
 def test_eval_retrieval_on_a_trained_run_and_random_weights(trained_run, beir, tmp_path):

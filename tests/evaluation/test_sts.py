@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import shared_file
-from runs import python_run, run_finetune, run_train
+from runs import python_run, run_cli, run_finetune, run_train
 
 from mlmkit.errors import DataError
 from mlmkit.evaluation.correlation import pearson, ranks, spearman
@@ -18,7 +18,7 @@ SENTENCES = ["A man is playing a guitar.", "Someone plays the guitar.",
 
 
 def run_eval_sts(*overrides: str, check: bool = True):
-    proc = python_run("-m", "mlmkit", "eval-sts", *overrides)
+    proc = run_cli("eval-sts", *overrides)
     if check and proc.returncode != 0:
         raise AssertionError(f"eval-sts failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
@@ -182,8 +182,7 @@ def test_sentence_transformers_loads_final_as_a_mean_pooling_embedder(sts_run):
     assert json.loads((final / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
     assert 'SentenceTransformer("path/to/this/dir")' in (final / "README.md").read_text()
 
-    proc = python_run("-c", ST_SCRIPT, final, json.dumps(SENTENCES), cwd=final, timeout=300,
-                      plain=True)  # a process that never imported mlmkit
+    proc = python_run("-c", ST_SCRIPT, final, json.dumps(SENTENCES), cwd=final, timeout=300)  # a process that never imported mlmkit
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["max_seq_length"] == 64 and got["dimension"] == 32
