@@ -337,8 +337,8 @@ def stored_reference_rate(cache_dir: Path | None, device: torch.device, precisio
         rate, how = measure(device, precision, shapes)
         if rate >= floor:
             break
-        if measure is reference_rate:
-            reference_rate.cache_clear()  # nor kept in memory for a later start in this process
+        if hasattr(measure, "cache_clear"):
+            measure.cache_clear()  # nor kept in memory for a later start in this process
     if rate < floor:
         return rate, f"{how}; implausibly low for this machine (at least {floor / 1e12:.2g} " \
                      "TFLOP/s expected), not stored", False

@@ -182,18 +182,18 @@ def optimizer_step(accelerator, objective, optimizer, lr: float, micro, max_grad
 def deepspeed_step(engine, skipped_before: int) -> tuple[torch.Tensor, bool]:
     """(gradient norm, update applied) of the step DeepSpeed's engine took inside the backward
     (accelerate's DeepSpeed ``backward`` steps the engine; its optimizer's ``step`` does nothing,
-    so mlmkit can skip nothing here). The engine skips a step whose gradient overflowed where it
-    checks for overflow (fp16's loss scaler; bf16 from DeepSpeed 0.16 with ZeRO, unless
-    ``bf16.check_grad_overflow`` is false), counting it in ``engine.skipped_steps``: such a step
-    counts as skipped. A non-finite gradient the engine applied (fp32, or a bf16 engine that
-    does not check) is not a skip: it is logged, as the weights it left are not finite."""
+    so mlmkit can skip nothing here). The engine skips a step whose gradient is not finite where
+    it checks (fp16's loss scaler; ZeRO in fp32, and in bf16 unless the DeepSpeed config sets
+    ``bf16.check_grad_overflow`` false, as older DeepSpeed's bf16 did not check), counting it in
+    ``engine.skipped_steps``: only such a step counts as skipped. A non-finite gradient the engine
+    applied is no skip: it is logged, as the weights it left are not finite."""
     grad_norm = local_norm(engine.get_global_grad_norm())
     ok = engine.skipped_steps == skipped_before
     if ok and not bool(torch.isfinite(grad_norm)):  # a host read, as DeepSpeed's norm already is
-        log.warning("DeepSpeed applied an update whose gradient norm is %s (this engine does not skip "
-                    "a non-finite gradient), so the weights are no longer finite; lower optim.lr or set "
-                    "train.precision=fp16 (whose loss scaler skips such steps), then resume from the last "
-                    "checkpoint with train.resume=auto.", float(grad_norm))
+        log.warning("DeepSpeed applied an update whose gradient norm is %s (this engine does not skip a "
+                    "non-finite gradient), so the weights are no longer finite; set bf16.check_grad_overflow "
+                    "to true in the DeepSpeed config or lower optim.lr, then resume from the last checkpoint "
+                    "with train.resume=auto.", float(grad_norm))
     return grad_norm, ok
 
 
