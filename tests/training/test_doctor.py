@@ -165,8 +165,8 @@ def test_the_fp32_reference_runs_without_tf32_and_the_flags_come_back(tokenizer,
         with doctor.exact_fp32():
             assert (matmul.allow_tf32, cudnn.allow_tf32) == (False, False)
         assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
-        with pytest.raises(ZeroDivisionError), doctor.exact_fp32():
-            1 / 0
+        with pytest.raises(RuntimeError, match="a failing check"), doctor.exact_fp32():
+            raise RuntimeError("a failing check")
         assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
         cudnn.allow_tf32 = False  # each flag comes back as it was
         with doctor.exact_fp32():
