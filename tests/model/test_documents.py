@@ -156,3 +156,95 @@ def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config,
         from mlmkit.model.kernels import cross_entropy_sum
         theirs = cross_entropy_sum(objective.parts.head(model, hidden), batch["targets"])
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
+
+
+# -- a batch the loader flattened for flash-attn's variable-length kernel ----------------------------
+
+def _flattened(batch, sep_id=None):
+    """``batch`` laid out and flattened as the training loader does for flash-attn."""
+    from mlmkit.model.bert import prediction_positions
+    from mlmkit.model.documents import flatten_rows, sequence_lengths, varlen_layout
+
+    flat = {k: v.clone() for k, v in batch.items() if k not in ("positions", "targets")}
+    mask = flat.get("attention_mask")
+    flat.update(varlen_layout(mask, sequence_lengths(flat["input_ids"], mask, sep_id)))
+    flatten_rows(flat)
+    flat["positions"], flat["targets"] = prediction_positions(flat["labels"])
+    return flat
+
+
+def test_the_layout_by_hand():
+    from mlmkit.model.documents import flatten_rows, sequence_lengths, varlen_layout
+
+    ids = torch.tensor([[2, 10, 11, SEP, 0, 0], [2, 12, SEP, 0, 0, 0], [2, 13, SEP, 14, 15, SEP]])
+    mask = (ids != 0).long()
+    lengths = sequence_lengths(ids, mask)
+    assert lengths.tolist() == [4, 3, 6]
+    layout = varlen_layout(mask, lengths)
+    assert layout["flat_index"].tolist() == [0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 15, 16, 17]
+    assert layout["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 5]]
+    assert layout["cu_seq_lens_q"].tolist() == [0, 4, 7, 13] and layout["max_length_q"] == 6
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[0, 1], labels[2, 4] = 10, 15
+    flat = flatten_rows({"input_ids": ids, "labels": labels, "attention_mask": mask, **layout})
+    assert flat["input_ids"].tolist() == [[2, 10, 11, SEP, 2, 12, SEP, 2, 13, SEP, 14, 15, SEP]]
+    assert flat["labels"][0].tolist().index(10) == 1 and flat["labels"][0].tolist().index(15) == 11
+    # documents isolated: the third row holds two
+    documents = varlen_layout(mask, sequence_lengths(ids, mask, SEP))
+    assert documents["cu_seq_lens_q"].tolist() == [0, 4, 7, 10, 13] and documents["max_length_q"] == 4
+    assert documents["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 0, 1, 2]]
+
+
+@pytest.mark.parametrize("preset", [BERT, MODERNBERT], ids=["bert", "modernbert"])
+def test_a_flattened_padded_batch_gives_the_padded_batchs_loss(tokenizer, preset):
+    """The flattened batch, its sequences kept apart by the block-diagonal mask (SDPA, as
+    ``varlen_inputs`` builds it where flash-attn is absent), gives the loss and the gradients of
+    the padded batch through SDPA's padding mask: positions, labels and chosen positions follow
+    the flattening. The forward reads nothing on the host."""
+    from batches import _ragged
+    from host_reads import NoHostReads
+
+    from mlmkit.masking.collator import MLMCollator
+    from mlmkit.model.bert import prediction_positions
+
+    torch.manual_seed(0)
+    model = build_model(preset, tokenizer, attn_implementation="sdpa")
+    padded = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(_ragged(tokenizer, lengths=(9, 20, 31, 14)))
+    padded["positions"], padded["targets"] = prediction_positions(padded["labels"])
+    flat = _flattened(padded)
+    assert flat["input_ids"].shape == (1, 11 + 22 + 33 + 16)
+    objective = MaskedLM(model)
+    losses, grads = [], []
+    for batch in (padded, flat):
+        model.zero_grad()
+        with NoHostReads():
+            loss = objective(**batch)["loss_sum"]
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(model.get_input_embeddings().weight.grad.clone())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", [BERT, MODERNBERT], ids=["bert", "modernbert"])
+def test_flattened_documents_give_the_isolated_blocks_loss(tokenizer, preset):
+    """Blocks of documents: one row of documents, positions restarting at each, gives the loss of
+    the blocks with document isolation (``document_inputs``' block-diagonal mask)."""
+    from mlmkit.masking.collator import MLMCollator
+    from mlmkit.model.bert import prediction_positions
+
+    torch.manual_seed(0)
+    model = build_model(preset, tokenizer, attn_implementation="sdpa").eval()
+    rows = [{"input_ids": _block(tokenizer, [6, 20, 3], seed=s)[0][0]} for s in range(3)]
+    blocks = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(rows)
+    del blocks["attention_mask"]  # packed: no padding
+    blocks["positions"], blocks["targets"] = prediction_positions(blocks["labels"])
+    flat = _flattened(blocks, tokenizer.sep_token_id)
+    assert flat["cu_seq_lens_q"].tolist() == [0, 8, 29, 33, 41, 62, 66, 74, 95, 99]
+    with torch.no_grad():  # eval mode: the chosen positions' logits too
+        isolated = MaskedLM(model, document_sep_id=tokenizer.sep_token_id).eval()(**blocks)
+        flattened = MaskedLM(model).eval()(**flat)
+        shared = MaskedLM(model).eval()(**blocks)  # attention across the documents
+    torch.testing.assert_close(flattened["loss_sum"], isolated["loss_sum"], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(flattened["logits"], isolated["logits"], rtol=1e-4, atol=1e-4)
+    assert (shared["logits"] - isolated["logits"]).abs().max() > 1e-3

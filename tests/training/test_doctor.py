@@ -139,3 +139,48 @@ def test_a_setting_it_cannot_compose_is_one_sentence(capsys):
     assert "model=bert-huge is not a preset" in err and "Traceback" not in err
     assert main(["doctor", "train.bach_size=3"]) == 2
     assert "bach_size" in capsys.readouterr().err
+
+
+def test_the_fp32_reference_runs_without_tf32_and_the_flags_come_back(tokenizer, monkeypatch):
+    """A run turns TF32 on for the whole process (on a GPU: fp32 matmuls at about 1e-3 relative
+    error), so the parity check's fp32 reference and fp32 paths turn it off while they run and
+    restore the flags as they were, also when a check fails."""
+    import torch
+    from batches import _batches, _model, _ragged
+
+    from mlmkit.training import doctor
+
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    seen = []
+    real_outputs = doctor._outputs
+
+    def outputs(model, batches, device, autocast_dtype=None):
+        seen.append((autocast_dtype, matmul.allow_tf32, cudnn.allow_tf32))
+        return real_outputs(model, batches, device, autocast_dtype)
+
+    monkeypatch.setattr(doctor, "_outputs", outputs)
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = True  # as runtime.apply_speed_settings leaves them on a GPU
+        with doctor.exact_fp32():
+            assert (matmul.allow_tf32, cudnn.allow_tf32) == (False, False)
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
+        with pytest.raises(RuntimeError, match="a failing check"), doctor.exact_fp32():
+            raise RuntimeError("a failing check")
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
+        cudnn.allow_tf32 = False  # each flag comes back as it was
+        with doctor.exact_fp32():
+            pass
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, False)
+
+        cudnn.allow_tf32 = True
+        batches = _batches(tokenizer, _ragged, n=1, drop_mask=False)
+        report = doctor.parity_report(_model(tokenizer), batches, torch.device("cpu"), "sdpa",
+                                      torch.bfloat16, tokenizer.sep_token_id)
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+    fp32 = [flags for dtype, *flags in seen if dtype is None]
+    mixed = [flags for dtype, *flags in seen if dtype is not None]
+    assert len(fp32) >= 3 and all(flags == [False, False] for flags in fp32)  # reference, eager, sdpa, ...
+    assert mixed and all(flags == [True, True] for flags in mixed)  # the run's own precision, as it runs
+    assert report["checks"]["sdpa, fp32"]["ok"] and report["documents"]["ok"]

@@ -3,6 +3,7 @@ the machine's matmuls (mlmkit.training.perf)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -72,8 +73,8 @@ def test_throughput_meter_and_peak_memory():
 
     config = BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=256)
-    meter = ThroughputMeter(config, 32, reference_flops=1e12)
-    f = meter.figures(tokens=6400, masked=960, seconds=2.0)
+    meter = ThroughputMeter(config, reference_flops=1e12)
+    f = meter.figures({32: 200}, masked=960, seconds=2.0)  # 200 full rows of 32 tokens
     assert f["tokens_per_s"] == 3200 and f["masked_tokens_per_s"] == 480
     assert f["mfu"] == pytest.approx(3200 * model_flops_per_token(config, 32, 0.15) / 1e12)
     assert peak_memory_gb(torch.device("cpu")) > 0.01  # this process holds torch at least
@@ -192,10 +193,10 @@ def test_mfu_never_reads_above_one_when_the_run_beats_its_reference(caplog):
 
     config = BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=256)
-    meter = ThroughputMeter(config, 32, reference_flops=1e6)  # far below what any step reaches
+    meter = ThroughputMeter(config, reference_flops=1e6)  # far below what any step reaches
     with caplog.at_level(logging.WARNING, logger="mlmkit"):
-        first = meter.figures(tokens=6400, masked=960, seconds=2.0)
-        slower = meter.figures(tokens=3200, masked=480, seconds=2.0)
+        first = meter.figures({32: 200}, masked=960, seconds=2.0)
+        slower = meter.figures({32: 100}, masked=480, seconds=2.0)
     assert first["mfu"] == 1.0 and slower["mfu"] == pytest.approx(0.5)
     assert meter.reference_flops == pytest.approx(first["model_tflops_per_s"] * 1e12)
     assert caplog.text.count("above the measured matmul rate") == 1
@@ -219,9 +220,9 @@ def test_the_measured_rate_is_stored_once_per_machine_and_settings(monkeypatch, 
         perf.reference_rate.cache_clear()  # another process: nothing remembered in memory
         return perf.stored_reference_rate(tmp_path, cpu, "no", kw.get("shapes", shapes))
 
-    first, how = rate()
-    assert first == 1e11 and "stored" not in how and len(calls) == 1
-    again, how = rate()
+    first, how, reliable = rate()
+    assert first == 1e11 and "stored" not in how and reliable and len(calls) == 1
+    again, how, _ = rate()
     assert again == first and f"stored in {tmp_path / 'matmul_rates'}" in how and len(calls) == 1
     assert rate(shapes=((64, 32, 256),))[0] == 2e11  # other products: measured anew
     isa = os.environ.get("ATEN_CPU_CAPABILITY")  # avx2 under .ci/as-avx2
@@ -236,3 +237,149 @@ def test_the_measured_rate_is_stored_once_per_machine_and_settings(monkeypatch, 
     assert rate()[0] == 4e11 and rate()[0] == 4e11 and len(calls) == 4
     assert perf.stored_reference_rate(None, cpu, "no", shapes)[0] == 5e11  # no cache: measured
     perf.reference_rate.cache_clear()
+
+
+# -- MFU of real tokens, each attending within its own block ---------------------------------------
+
+def _bert_config():
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=256)
+
+
+def test_model_flops_count_real_tokens_and_each_blocks_own_attention():
+    """A padded batch of rows with 5, 9 and 12 real tokens (padded to 16), 6 of them predicted:
+    26 tokens, whose attention scores 5^2 + 9^2 + 12^2 = 250 pairs a layer, not 3 x 16 x 16."""
+    from mlmkit.training.perf import model_train_flops
+
+    config = _bert_config()
+    h, i, v, layers = 64, 256, 1024, 2
+    by_hand = 3 * (26 * layers * (8 * h * h + 4 * h * i) + 4 * h * layers * 250 + 6 * (2 * h * h + 2 * h * v))
+    assert by_hand == 18_226_176
+    assert model_train_flops(config, {5: 1, 9: 1, 12: 1}, predicted=6) == pytest.approx(by_hand)
+    # the padded count it replaces: 48 positions, each attending to all 16
+    padded = model_train_flops(config, {16: 3}, predicted=6)
+    assert padded == pytest.approx(48 * model_flops_per_token(config, 16, 6 / 48)) and padded > 1.7 * by_hand
+    # a block of 16 holding documents of 4, 7 and 5 tokens, isolated: 16 + 49 + 25 = 90 pairs
+    documents = 3 * (16 * layers * (8 * h * h + 4 * h * i) + 4 * h * layers * 90 + 6 * (2 * h * h + 2 * h * v))
+    assert model_train_flops(config, {4: 1, 7: 1, 5: 1}, predicted=6) == pytest.approx(documents)
+
+
+def test_modernbert_local_layers_count_their_window_within_each_block():
+    """ModernBERT, one global and two local layers of window 4: blocks of 3 and 8 tokens score
+    3^2 + 8^2 = 73 pairs in the global layer and 3 x 3 + 8 x 4 = 41 in each local one."""
+    from transformers import ModernBertConfig
+
+    from mlmkit.training.perf import model_train_flops
+
+    config = ModernBertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              intermediate_size=96, global_attn_every_n_layers=3, local_attention=4)
+    assert list(config.layer_types).count("sliding_attention") == 2
+    h, i, v = 64, 96, 1024
+    by_hand = 3 * (11 * 3 * (8 * h * h + 6 * h * i) + 4 * h * (73 + 2 * 41) + 2 * (2 * h * h + 2 * h * v))
+    assert model_train_flops(config, {3: 1, 8: 1}, predicted=2) == pytest.approx(by_hand)
+
+
+def test_the_meter_counts_real_tokens_per_second_and_the_blocks_flops():
+    """tokens/s counts real tokens (padding is none), the model FLOPs those of each block; with
+    two processes each is taken to have fed as many."""
+    from mlmkit.training.perf import model_train_flops
+
+    config = _bert_config()
+    blocks = {5: 1, 9: 1, 12: 1}
+    meter = ThroughputMeter(config, reference_flops=1e9)
+    f = meter.figures(blocks, masked=12, seconds=2.0, world=2)
+    assert f["tokens_per_s"] == 26  # 2 processes x 26 tokens / 2 s
+    assert f["masked_tokens_per_s"] == 6
+    flops = 2 * model_train_flops(config, blocks, predicted=6)
+    assert f["model_tflops_per_s"] == pytest.approx(flops / 2.0 / 1e12)
+    assert f["mfu"] == pytest.approx(flops / 2.0 / 1e9)
+
+
+# -- the chips' datasheet peaks --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,tflops", [
+    ("NVIDIA H200", 989), ("NVIDIA H200 NVL", 835), ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756),
+    ("NVIDIA H100 NVL", 835), ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A10G", 70),
+    ("NVIDIA GeForce RTX 4090", 165), ("NVIDIA GeForce RTX 3090", 71), ("NVIDIA GH200 480GB", 989),
+    ("NVIDIA A10", 125), ("Tesla T4", None),
+])
+def test_real_device_names_find_their_chips_peak(name, tflops):
+    from mlmkit.training.perf import chip_peak
+
+    peak = chip_peak(name)
+    assert (peak / 1e12 if peak is not None else None) == tflops
+
+
+def test_the_peak_of_the_cuda_device_is_looked_up_by_its_name(monkeypatch):
+    """``chip_bf16_peak`` asks CUDA only for the device's name (stubbed here)."""
+    from mlmkit.training import perf
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200 NVL")
+    assert perf.chip_bf16_peak(torch.device("cuda", 0)) == (835e12, "NVIDIA H200 NVL")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Quadro P1000")
+    assert perf.chip_bf16_peak(torch.device("cuda", 0)) is None
+
+
+# -- an implausible measured rate --------------------------------------------------------------------
+
+def test_an_implausible_rate_is_never_stored_and_is_measured_again(monkeypatch, tmp_path):
+    """A busy machine measured 0.04 TFLOP/s (printed as 0.0) and every later run inherited it:
+    a rate that rounds to 0.0, or under a tenth of the best stored for this machine, is measured
+    once more, is never stored, and is reported unreliable; a stored one is measured again."""
+    from mlmkit.training import perf
+
+    cpu, shapes, other = torch.device("cpu"), ((64, 32, 128),), ((64, 32, 256),)
+    rates, calls = [], []
+
+    def measure(device, precision, shapes):
+        calls.append(shapes)
+        return rates.pop(0), "measured"
+
+    def stored(shapes):
+        return perf.stored_reference_rate(tmp_path, cpu, "no", shapes, measure=measure)
+
+    rates[:] = [4e10, 4.2e10]
+    rate, how, reliable = stored(shapes)
+    assert (rate, reliable, len(calls)) == (4.2e10, False, 2) and "not stored" in how
+    assert not list((tmp_path / "matmul_rates").glob("*.json"))
+    rates[:] = [2e12]
+    assert stored(shapes)[::2] == (2e12, True) and len(calls) == 3
+    assert stored(shapes)[0] == 2e12 and len(calls) == 3  # read back, not measured
+    # other products on the same machine: 0.1 TFLOP/s is under a tenth of the 2 stored
+    rates[:] = [1e11, 1.5e11]
+    rate, how, reliable = stored(other)
+    assert (rate, reliable, len(calls)) == (1.5e11, False, 5)
+    rates[:] = [1.8e12]
+    assert stored(other)[::2] == (1.8e12, True)
+    # a rate an earlier mlmkit stored without these checks is measured again, and replaced
+    for file in (tmp_path / "matmul_rates").glob("*.json"):
+        entry = json.loads(file.read_text())
+        entry["rate"] = 3e10
+        file.write_text(json.dumps(entry))
+    rates[:] = [2.1e12]
+    assert stored(shapes)[::2] == (2.1e12, True) and len(calls) == 7
+
+
+def test_a_run_says_its_mfu_is_unreliable_against_an_implausible_rate(monkeypatch, tmp_path, tokenizer):
+    from accelerate.state import AcceleratorState
+    from runs import TINY
+
+    from mlmkit.cli.train import compose
+    from mlmkit.training import perf
+    from mlmkit.training.trainer import Trainer
+
+    monkeypatch.setattr(perf, "reference_rate", lambda device, precision, shapes=(): (3e10, "measured"))
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    cfg = compose([*TINY, "data=builtin", f"paths.cache_dir={tmp_path / 'cache'}",
+                   f"tokenizer.name_or_path={tmp_path / 'tokenizer'}"])
+    try:
+        Trainer(cfg, tmp_path / "run")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "MFU is taken against 0.03 TFLOP/s per process" in log
+    assert "the MFU figures of this run are unreliable" in log
+    assert not list((tmp_path / "cache" / "matmul_rates").glob("*.json"))

@@ -10,6 +10,7 @@ Map mode (``BatchStream``, over a packed dataset) and streaming
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from mlmkit.data.streaming import StreamingBatches
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.bert import prediction_positions
+from mlmkit.model.documents import flatten_rows, sequence_lengths, varlen_layout
 
 log = logging.getLogger("mlmkit")
 
@@ -40,6 +42,42 @@ class DropFullAttentionMask:
             del batch["attention_mask"]
         if "labels" in batch:
             batch["positions"], batch["targets"] = prediction_positions(batch["labels"])
+        return batch
+
+
+@dataclass
+class BatchLayout:
+    """What the loader found of a batch, on the host: ``positions``, its rows x width as
+    collated (padding included: the budget's count, ``TrainState.tokens_seen``); ``lengths``,
+    the lengths of the blocks attention runs over (each row's real tokens, or each document
+    where documents are isolated: the throughput meter's count)."""
+
+    positions: int
+    lengths: tuple[int, ...]
+
+
+class TrainingCollate(DropFullAttentionMask):
+    """The training loader's collation: ``DropFullAttentionMask``, the batch's ``BatchLayout``
+    (under ``"layout"``) and, with ``varlen`` (the model runs flash-attn), a padded batch or
+    any batch of isolated documents (``sep_id``) laid out as one row of its real tokens for
+    flash-attn's variable-length kernel (``model.documents.varlen_layout``), all on the host in
+    the dataloader worker. Masked here, the batch is flattened here; with ``masking.on_device``
+    it is flattened in the step, once masked (``flat_index`` rides along)."""
+
+    def __init__(self, collator: MLMCollator, sep_id: int | None = None, varlen: bool = False) -> None:
+        super().__init__(collator)
+        self.sep_id, self.varlen = sep_id, varlen
+
+    def __call__(self, examples):
+        batch = super().__call__(examples)
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        lengths = sequence_lengths(ids, mask, self.sep_id)
+        if self.varlen and (mask is not None or self.sep_id is not None):
+            batch.update(varlen_layout(mask, lengths))
+            if "labels" in batch:  # masked here: flattened here, the chosen positions with it
+                flatten_rows(batch)
+                batch["positions"], batch["targets"] = prediction_positions(batch["labels"])
+        batch["layout"] = BatchLayout(ids.numel(), tuple(lengths.tolist()))
         return batch
 
 
@@ -118,7 +156,7 @@ class BatchStream:
             self._start_epoch()
             batch = next(self._it)
         self.offset += 1
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return to_device(batch, self.device)
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "offset": self.offset, "batch_size": self.sampler.batch_size}
@@ -140,17 +178,27 @@ class BatchStream:
         self.epoch, self.offset, self._it = state["epoch"], offset, None
 
 
-def training_stream(cfg, collator: MLMCollator, train_set, accelerator):
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The batch's tensors on ``device`` (without waiting); its other values (the layout, the
+    longest sequence) stay on the host."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def training_stream(cfg, collator: MLMCollator, train_set, accelerator, sep_id: int | None = None,
+                    varlen: bool = False):
     """The stream of micro-batches of this rank: ``BatchStream`` in map mode,
-    ``StreamingBatches`` when ``data.streaming``.
+    ``StreamingBatches`` when ``data.streaming``; ``sep_id``: the id that ends a document where
+    documents are isolated; ``varlen``: the model runs flash-attn (``TrainingCollate``).
 
     Our own sampler (not accelerate's prepared loader, which collates a batch ahead)
     shards by rank and gives every row its own mask seed, so a resumed run sees the same
-    batches with the same masks, with or without dataloader workers.
+    batches with the same masks, with or without dataloader workers. The workers persist from
+    one epoch to the next: a new epoch (or a resume) sets the sampler's place and iterates the
+    same workers again, instead of forking new ones from the (CUDA) training process.
     """
     tc, device = cfg.train, accelerator.device
     workers = cfg.workers(device.type)
-    collate = DropFullAttentionMask(collator)
+    collate = TrainingCollate(collator, sep_id, varlen)
     if cfg.data.streaming:
         return StreamingBatches(train_set, collate, workers, device, device.type == "cuda")
     loader = DataLoader(
@@ -160,7 +208,7 @@ def training_stream(cfg, collator: MLMCollator, train_set, accelerator):
         collate_fn=collate,
         num_workers=workers,
         pin_memory=device.type == "cuda",
-        persistent_workers=False,
+        persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
         generator=torch.Generator(),
     )

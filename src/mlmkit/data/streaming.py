@@ -443,7 +443,8 @@ class StreamingBatches:
         self.dataset.states[role] = state
         self.consumed += 1
         self.epoch = epoch
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's position (the trainer gathers the ranks')."""

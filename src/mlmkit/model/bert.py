@@ -14,7 +14,7 @@ from mlmkit.config import ModelConfig
 from mlmkit.errors import CheckpointError, ConfigError
 from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
-from mlmkit.model.documents import document_inputs, padding_inputs
+from mlmkit.model.documents import document_inputs, padding_inputs, varlen_inputs
 from mlmkit.model.kernels import cross_entropy_sum, register_cpu_attention
 
 log = logging.getLogger(__name__)
@@ -329,13 +329,17 @@ class MaskedLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                 targets: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                token_type_ids: torch.Tensor | None = None, **varlen) -> dict[str, torch.Tensor]:
         """``positions``/``targets``: ``prediction_positions(labels)``, computed ahead (in the
         dataloader, on the CPU) so the step needs no host-device synchronisation; without
         them they are computed here (``nonzero`` waits for the device). Without ``labels``:
         only the encoder's last states, ``{"last_hidden_state": ...}`` (a probe's sentence
-        vectors), through this forward so that every engine's hooks (FSDP, ZeRO-3) run."""
-        if self.document_sep_id is None and (attention_mask is None or attention_mask.dim() != 2):
+        vectors), through this forward so that every engine's hooks (FSDP, ZeRO-3) run.
+        ``varlen``: a batch the loader flattened into one row of its sequences
+        (``position_ids``, ``cu_seq_lens_q/k``, ``max_length_q/k``: ``model.documents``)."""
+        if varlen:
+            inputs = varlen_inputs(self.model, input_ids, **varlen)
+        elif self.document_sep_id is None and (attention_mask is None or attention_mask.dim() != 2):
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         elif self.document_sep_id is None:  # padding: the masks built here, with no host wait
             inputs = padding_inputs(self.model, input_ids, attention_mask)

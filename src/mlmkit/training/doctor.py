@@ -323,21 +323,38 @@ def _differences(logits, loss, ref_logits, ref_loss) -> dict[str, float]:
             "finite": finite}
 
 
+@contextmanager
+def exact_fp32():
+    """Run fp32 matmuls and convolutions in full fp32 inside: TF32 off (the run turns it on for
+    the whole process, ``runtime.apply_speed_settings``), the flags restored as they were after.
+    Through the same flags the run sets (``allow_tf32``): torch refuses a mix of these and its
+    newer ``fp32_precision`` settings."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+
+
 def parity_report(model, batches, device: torch.device, run_path: str, mixed: torch.dtype | None,
                   sep_id: int | None) -> dict[str, Any]:
     """Each attention path at hand against eager in fp32 on ``batches``; the run's path in its
-    mixed precision; document isolation against each document alone."""
+    mixed precision; document isolation against each document alone. The reference and every
+    fp32 check run in full fp32 (``exact_fp32``), the mixed-precision ones as the run does."""
     base = copy.deepcopy(model).float().to(device)
     base.set_attn_implementation("eager")
-    ref_logits, ref_loss = _outputs(base, batches, device)
     checks = {}
-    for path in _paths(device, run_path):
-        if path == "flash_attention_2":  # bf16/fp16 only
-            continue
-        variant = copy.deepcopy(base)
-        variant.set_attn_implementation(path)
-        checks[f"{path}, fp32"] = {**_differences(*_outputs(variant, batches, device), ref_logits, ref_loss),
-                                   "tolerance": FP32_TOLERANCE}
+    with exact_fp32():
+        ref_logits, ref_loss = _outputs(base, batches, device)
+        for path in _paths(device, run_path):
+            if path == "flash_attention_2":  # bf16/fp16 only
+                continue
+            variant = copy.deepcopy(base)
+            variant.set_attn_implementation(path)
+            checks[f"{path}, fp32"] = {**_differences(*_outputs(variant, batches, device), ref_logits, ref_loss),
+                                       "tolerance": FP32_TOLERANCE}
     if mixed is not None:  # the run's path, SDPA, and flash-attn (bf16/fp16 only) where installed
         for path in dict.fromkeys([run_path, "sdpa", *(["flash_attention_2"] if flash_attn_available() else [])]):
             variant = copy.deepcopy(base)
@@ -350,7 +367,8 @@ def parity_report(model, batches, device: torch.device, run_path: str, mixed: to
         check["ok"] = check["finite"] and all(check[k] <= check["tolerance"][k] for k in ("logits", "loss"))
     report = {"reference": "eager, fp32", "reference_loss": ref_loss, "checks": checks}
     if sep_id is not None:
-        report["documents"] = documents_check(base, batches[0]["input_ids"][0], sep_id, device)
+        with exact_fp32():
+            report["documents"] = documents_check(base, batches[0]["input_ids"][0], sep_id, device)
     return report
 
 

@@ -25,14 +25,20 @@ about 1% of the exact count for blocks of a few windows.
 
 The head is counted only where the objective needs it (the chosen positions), whether
 or not an implementation computes it everywhere: MFU measures useful work, so a full
-head over every position does not raise it.
+head over every position does not raise it. For the same reason only real tokens count,
+and s is the length of the block a token attends within: its row without the padding
+(``data.packing=line_by_line``), or its document where documents are isolated
+(``data.packing=documents``). A run's window is counted block by block
+(``model_train_flops``): a block of n tokens scores n x n pairs per layer.
 
 MFU = achieved model FLOPs/s / the rate the hardware can reach. On a known GPU that rate
 is the chip's dense bf16 peak from its datasheet (``CHIP_BF16_PEAK``); elsewhere, and on
 every CPU, it is measured here: the best rate of large square products and of the model's
 own products, in the dtype the run's matmuls take (``reference_rate``). A measured rate
 can only fall short of the true peak, so where a run goes faster than it, the run's rate
-becomes the reference (``ThroughputMeter``): MFU never reads above 100%.
+becomes the reference (``ThroughputMeter``): MFU never reads above 100%. A measured rate
+far below what this machine reached before (a busy machine) is not kept for later runs
+(``stored_reference_rate``), and the run is told its MFU is unreliable.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -53,9 +60,11 @@ from mlmkit.training.runtime import cpu_has_bf16, cpu_name
 
 log = logging.getLogger("mlmkit")
 
-# Dense (no sparsity) bf16 tensor-core peak in FLOP/s, from the vendors' datasheets.
+# Dense (no sparsity) bf16 tensor-core peak in FLOP/s, from the vendors' datasheets (a datasheet
+# that gives the rate with sparsity only: half of it).
 CHIP_BF16_PEAK = {
     "H200": 989e12,
+    "H200 NVL": 835e12,  # NVIDIA H200 datasheet: BF16 1,671 TFLOPS with sparsity (NVL)
     "H100 SXM": 989e12,  # also "H100 80GB HBM3"
     "H100 NVL": 835e12,
     "H100 PCIe": 756e12,
@@ -67,33 +76,76 @@ CHIP_BF16_PEAK = {
     "L4": 121e12,
     "A10G": 70e12,  # AWS's A10G
     "A10": 125e12,
+    # GeForce cards run bf16 (which accumulates in fp32) at half their fp16-accumulate rate; these
+    # are the "Peak BF16 Tensor TFLOPS with FP32 Accumulate" dense figures: NVIDIA Ada GPU
+    # Architecture whitepaper, RTX 4090: 165.2 (330.4 with sparsity; fp16 with fp16 accumulate
+    # 330.3); NVIDIA Ampere GA102 GPU Architecture whitepaper, RTX 3090: 71 (142 with sparsity;
+    # fp16 with fp16 accumulate 142).
     "RTX 4090": 165e12,
     "RTX 3090": 71e12,
 }
 
 
+def train_flops(num_layers: int, hidden: int, intermediate: int, vocab: int, tokens: float,
+                predicted: float, pairs: float, ffn_matrices: int = 2, local_layers: int = 0,
+                local_pairs: float | None = None) -> float:
+    """Training FLOPs (the formula in the module docstring, summed) of ``tokens`` tokens, of which
+    ``predicted`` are predicted, whose attention scores ``pairs`` (query, key) pairs in each
+    layer, ``local_pairs`` in each of the ``local_layers`` that attend within a window.
+    ``ffn_matrices``: 2 for BERT's FFN, 3 for a GeGLU."""
+    h, i = hidden, intermediate
+    local_pairs = pairs if local_pairs is None else local_pairs
+    encoder = (tokens * num_layers * (8 * h * h + ffn_matrices * 2 * h * i)
+               + 4 * h * ((num_layers - local_layers) * pairs + local_layers * local_pairs))
+    head = predicted * (2 * h * h + 2 * h * vocab)
+    return 3.0 * (encoder + head)
+
+
 def train_flops_per_token(num_layers: int, hidden: int, intermediate: int, vocab: int,
                           seq_len: int, predicted_share: float, ffn_matrices: int = 2,
                           local_layers: int = 0, local_window: int | None = None) -> float:
-    """Training FLOPs per token (the formula in the module docstring). ``ffn_matrices``: 2
-    for BERT's FFN, 3 for a GeGLU; ``local_layers`` of the layers attend within
-    ``local_window`` tokens."""
-    h, i, s = hidden, intermediate, seq_len
-    attended = (num_layers - local_layers) * s + local_layers * min(s, local_window or s)
-    encoder = num_layers * (8 * h * h + ffn_matrices * 2 * h * i) + 4 * h * attended
-    head = predicted_share * (2 * h * h + 2 * h * vocab)
-    return 3.0 * (encoder + head)
+    """Training FLOPs per token of full rows of ``seq_len`` tokens (the formula in the module
+    docstring). ``ffn_matrices``: 2 for BERT's FFN, 3 for a GeGLU; ``local_layers`` of the
+    layers attend within ``local_window`` tokens."""
+    s = seq_len
+    return train_flops(num_layers, hidden, intermediate, vocab, 1, predicted_share, s, ffn_matrices,
+                       local_layers, min(s, local_window or s))
 
 
 def model_flops_per_token(config, seq_len: int, predicted_share: float) -> float:
     """``train_flops_per_token`` for a transformers ``BertConfig`` or ``ModernBertConfig``."""
-    shape = (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size,
-             seq_len, predicted_share)
+    return model_train_flops(config, {seq_len: 1}, predicted_share * seq_len) / seq_len
+
+
+def model_train_flops(config, blocks: Mapping[int, int], predicted: float) -> float:
+    """Training FLOPs of a transformers ``BertConfig`` or ``ModernBertConfig`` model over the
+    attended blocks ``blocks`` (``{length: how many}``, real tokens only), ``predicted`` tokens
+    of them predicted: each token attends to the tokens of its own block (its row, or its
+    document where documents are isolated), so a block of ``n`` tokens scores ``n * n`` pairs
+    per layer (ModernBERT's local layers ``n * min(n, local_attention)``), not ``n`` times the
+    longest row."""
+    tokens = sum(n * count for n, count in blocks.items())
+    pairs = sum(n * n * count for n, count in blocks.items())
+    shape = (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size)
     if config.model_type != "modernbert":
-        return train_flops_per_token(*shape)
+        return train_flops(*shape, tokens, predicted, pairs)
     local = sum(kind == "sliding_attention" for kind in config.layer_types)
-    return train_flops_per_token(*shape, ffn_matrices=3, local_layers=local,
-                                 local_window=config.local_attention)
+    window = config.local_attention
+    local_pairs = sum(n * min(n, window) * count for n, count in blocks.items())
+    return train_flops(*shape, tokens, predicted, pairs, ffn_matrices=3, local_layers=local,
+                       local_pairs=local_pairs)
+
+
+def chip_peak(name: str) -> float | None:
+    """The dense bf16 peak FLOP/s (``CHIP_BF16_PEAK``) of the GPU that CUDA names ``name``
+    (``"NVIDIA H100 80GB HBM3"``), else None."""
+    if "H100" in name and not any(k in name for k in ("PCIe", "NVL")):
+        return CHIP_BF16_PEAK["H100 SXM"]
+    # longest key first, so "A100" does not match an "A10" entry, nor "H200 NVL" an "H200" one
+    for key in sorted(CHIP_BF16_PEAK, key=len, reverse=True):
+        if key in name:
+            return CHIP_BF16_PEAK[key]
+    return None
 
 
 def chip_bf16_peak(device: torch.device | str | None = None) -> tuple[float, str] | None:
@@ -101,13 +153,8 @@ def chip_bf16_peak(device: torch.device | str | None = None) -> tuple[float, str
     if not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name(device)
-    if "H100" in name and not any(k in name for k in ("PCIe", "NVL")):
-        return CHIP_BF16_PEAK["H100 SXM"], name
-    # longest key first, so "A100" does not match an "A10" entry and vice versa
-    for key in sorted(CHIP_BF16_PEAK, key=len, reverse=True):
-        if key in name:
-            return CHIP_BF16_PEAK[key], name
-    return None
+    peak = chip_peak(name)
+    return (peak, name) if peak is not None else None
 
 
 def _best_rate(products, device: torch.device, min_seconds: float, repeats: int,
@@ -254,34 +301,75 @@ def reference_rate(device: torch.device, precision: str,
 _ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
+# A measured rate that prints as 0.0 TFLOP/s is no machine's that mlmkit trains on: the machine
+# was busy. Nor is one under a tenth of the best stored for the same machine and settings (with
+# other products): the products a model adds move the rate far less than that.
+IMPLAUSIBLE_RATE = 0.05e12
+IMPLAUSIBLE_SHARE = 0.1
+
+
 def stored_reference_rate(cache_dir: Path | None, device: torch.device, precision: str,
-                          shapes: tuple[tuple[int, int, int], ...] = ()) -> tuple[float, str]:
-    """``reference_rate``, measured once for this machine, software, thread count and set of
-    products and kept under ``cache_dir/matmul_rates/`` (about 1.5 s saved at each later start
-    on a CPU). A datasheet peak is never stored; an unwritable cache only costs the saving."""
-    known = device.type == "cuda" and precision in ("bf16", "fp16") and chip_bf16_peak(device)
-    if cache_dir is None or known:
-        return reference_rate(device, precision, shapes)
+                          shapes: tuple[tuple[int, int, int], ...] = (), measure=None
+                          ) -> tuple[float, str, bool]:
+    """``(rate, how it was found, reliable)``: ``reference_rate``, measured once for this machine,
+    software, thread count and set of products and kept under ``cache_dir/matmul_rates/`` (about
+    1.5 s saved at each later start on a CPU). A datasheet peak is never stored; an unwritable
+    cache only costs the saving.
+
+    A rate that is not plausible (``IMPLAUSIBLE_RATE``, ``IMPLAUSIBLE_SHARE`` of the best stored
+    for this machine) is measured once more; one that stays implausible is never stored (a stored
+    one is measured again), and ``reliable`` is False: MFU taken against it means little.
+    ``measure``: ``reference_rate`` unless given (tests)."""
+    measure = measure or reference_rate
+    if device.type == "cuda" and precision in ("bf16", "fp16") and chip_bf16_peak(device):
+        return (*measure(device, precision, shapes), True)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    key = json.dumps([machine, device.type, torch.__version__, torch.get_num_threads(), precision,
-                      str(compute_dtype(device, precision)), sorted(shapes),
-                      [os.environ.get(v) for v in _ISA_VARIABLES]])
-    path = Path(cache_dir) / "matmul_rates" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-    try:
-        stored = json.loads(path.read_text())
-        if stored.get("key") == key and stored.get("rate", 0) > 0:
-            return float(stored["rate"]), f"{stored['how']}, stored in {path.parent}"
-    except (OSError, ValueError, AttributeError):
-        pass
-    rate, how = reference_rate(device, precision, shapes)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps({"key": key, "rate": rate, "how": how}))
-        partial.replace(path)  # whole or absent for a reader
-    except OSError:
-        pass
-    return rate, how
+    settings = [machine, device.type, torch.__version__, torch.get_num_threads(), precision,
+                str(compute_dtype(device, precision)), [os.environ.get(v) for v in _ISA_VARIABLES]]
+    key = json.dumps([*settings[:6], sorted(shapes), settings[6]])
+    folder = Path(cache_dir) / "matmul_rates" if cache_dir is not None else None
+    path = folder / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json" if folder else None
+    stored, others = _stored_rates(folder, key, json.dumps(settings))
+    floor = max(IMPLAUSIBLE_RATE, IMPLAUSIBLE_SHARE * max(others, default=0.0))
+    if stored is not None and stored[0] >= floor:
+        return stored[0], f"{stored[1]}, stored in {folder}", True
+    for _ in range(2):  # a busy moment may have passed
+        rate, how = measure(device, precision, shapes)
+        if rate >= floor:
+            break
+        if hasattr(measure, "cache_clear"):
+            measure.cache_clear()  # nor kept in memory for a later start in this process
+    if rate < floor:
+        return rate, f"{how}; implausibly low for this machine (at least {floor / 1e12:.2g} " \
+                     "TFLOP/s expected), not stored", False
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_text(json.dumps({"key": key, "settings": json.dumps(settings), "rate": rate,
+                                           "how": how}))
+            partial.replace(path)  # whole or absent for a reader
+        except OSError:
+            pass
+    return rate, how, True
+
+
+def _stored_rates(folder: Path | None, key: str, settings: str
+                  ) -> tuple[tuple[float, str] | None, list[float]]:
+    """(the ``(rate, how)`` stored under ``key``, or None; the rates stored for the same
+    ``settings`` with other products) in ``folder``; a damaged file counts as none."""
+    stored, others = None, []
+    for file in sorted(folder.glob("*.json")) if folder is not None and folder.is_dir() else []:
+        try:
+            entry = json.loads(file.read_text())
+            rate = float(entry["rate"])
+            if entry.get("key") == key and rate > 0:
+                stored = (rate, str(entry["how"]))
+            elif entry.get("settings") == settings:
+                others.append(rate)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return stored, others
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -293,17 +381,27 @@ def peak_memory_gb(device: torch.device) -> float:
 
 
 class ThroughputMeter:
-    """Turns the counts of one log window into tokens/s, masked tokens/s and MFU."""
+    """Turns the counts of one log window into tokens/s, masked tokens/s, model TFLOP/s and MFU.
 
-    def __init__(self, model_config, seq_len: int, reference_flops: float) -> None:
+    ``tokens_per_s`` counts real tokens: padding (``data.packing=line_by_line``) is no token,
+    whether the model computed it (SDPA) or not (flash-attn's variable-length kernel). The model
+    FLOPs are those of the real tokens, each attending within its own block
+    (``model_train_flops``): a short padded row or an isolated document costs the square of its
+    length, not its length times ``data.max_seq_length``.
+    """
+
+    def __init__(self, model_config, reference_flops: float) -> None:
         self.model_config = model_config
-        self.seq_len = seq_len
         self.reference_flops = reference_flops
 
-    def figures(self, tokens: int, masked: float, seconds: float) -> dict[str, float]:
+    def figures(self, blocks: Mapping[int, int], masked: float, seconds: float,
+                world: int = 1) -> dict[str, float]:
+        """The window's figures: ``blocks``, this process's attended blocks by length (each of
+        the ``world`` processes taken to have fed as many); ``masked``, the chosen tokens of all
+        processes; ``seconds``, the window's training time."""
         seconds = max(seconds, 1e-9)
-        share = masked / max(tokens, 1)
-        flops = tokens * model_flops_per_token(self.model_config, self.seq_len, share)
+        tokens = world * sum(n * count for n, count in blocks.items())
+        flops = world * model_train_flops(self.model_config, blocks, masked / max(world, 1))
         rate = flops / seconds
         if self.reference_flops and rate > self.reference_flops:
             # A measured reference is a lower bound of the true peak, and so is a rate the

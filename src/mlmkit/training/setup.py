@@ -298,10 +298,15 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
         compile_encoder(model)
     block_tokens = tc.batch_size * cfg.data.max_seq_length  # one micro-batch's products
     shapes = model_matmul_shapes(model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens))
-    peak_rate, peak_source = stored_reference_rate(Path(cfg.paths.cache_dir).expanduser(), device,
-                                                   precision, shapes)
-    meter = ThroughputMeter(model.config, cfg.data.max_seq_length, peak_rate * accelerator.num_processes)
-    log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
+    peak_rate, peak_source, reliable = stored_reference_rate(Path(cfg.paths.cache_dir).expanduser(), device,
+                                                             precision, shapes)
+    meter = ThroughputMeter(model.config, peak_rate * accelerator.num_processes)
+    if reliable:
+        log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
+    else:
+        log.warning("MFU is taken against %.3g TFLOP/s per process (%s): this machine was busy while "
+                    "its matmul rate was measured, so the MFU figures of this run are unreliable.",
+                    peak_rate / 1e12, peak_source)
     objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction,
                          document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer))
     optimizer = build_optimizer(objective, cfg.optim, device.type)

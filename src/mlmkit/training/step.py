@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from mlmkit.data.loader import BatchLayout
 from mlmkit.errors import TrainingDiverged
 from mlmkit.masking.collator import IGNORE_INDEX
+from mlmkit.model.documents import flatten_rows
 
 log = logging.getLogger("mlmkit")
 
@@ -50,26 +53,34 @@ class StepResult:
     n_masked: torch.Tensor  # chosen tokens of the step, all ranks
     grad_norm: torch.Tensor
     lr: float  # the rate this step used
-    tokens: int  # positions fed, all ranks
+    tokens: int  # positions fed, all ranks (padding included: the budget's count)
     ok: torch.Tensor | bool  # the update was applied (a device tensor until a log step)
     mlm_probability: float = 0.0  # the masking rate of the step's batches
     data_wait: float = 0.0  # seconds the host waited for the step's batches
+    # this rank's attended blocks of the step by length (rows, or documents where they are
+    # isolated; real tokens only): what the throughput meter counts
+    blocks: Counter = field(default_factory=Counter)
 
 
 def next_micro_batches(stream, collator, accum: int, on_device: bool
-                       ) -> tuple[list[dict[str, torch.Tensor]], float]:
-    """The micro-batches of one optimizer step, and the seconds the host waited for them (the
-    loader's share of the step: with workers, only what they had not prepared ahead); with
-    ``masking.on_device`` the dataloader only padded them, and they are masked here, on the
-    accelerator."""
+                       ) -> tuple[list[dict[str, torch.Tensor]], float, list[BatchLayout | None]]:
+    """The micro-batches of one optimizer step, the seconds the host waited for them (the
+    loader's share of the step: with workers, only what they had not prepared ahead) and the
+    layout the loader found of each (``BatchLayout``, taken out of the batch; None where the
+    stream gives none); with ``masking.on_device`` the dataloader only padded them, and they
+    are masked here, on the accelerator, then flattened where the loader laid them out for
+    flash-attn's variable-length kernel (``flatten_rows``)."""
     started = time.perf_counter()
     micro = [next(stream) for _ in range(accum)]
     waited = time.perf_counter() - started
+    layouts = [batch.pop("layout", None) for batch in micro]
     if on_device:
         for batch in micro:
             batch["input_ids"], batch["labels"] = collator.mask_in_step(batch["input_ids"],
                                                                         batch.get("attention_mask"))
-    return micro, waited
+            if "flat_index" in batch:
+                flatten_rows(batch)
+    return micro, waited, layouts
 
 
 def skips_on_device(optimizer) -> bool:
@@ -81,23 +92,73 @@ def skips_on_device(optimizer) -> bool:
             and getattr(inner, "_step_supports_amp_scaling", False))
 
 
-def optimizer_step(accelerator, objective, optimizer, lr: float, micro, max_grad_norm: float | None
-                   ) -> StepResult:
+def local_norm(norm) -> torch.Tensor:
+    """The gradient norm as a plain tensor of this process. FSDP2 under accelerate before 1.16
+    returns it as a DTensor (the norm of sharded gradients), and whatever is computed from one
+    stays a DTensor, which the log step cannot read; its ``full_tensor()`` is the whole norm
+    (the same on every rank, which all take part). No norm (DeepSpeed may report none) is 0."""
+    if norm is None:
+        return torch.zeros(())
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+    return torch.as_tensor(norm)
+
+
+def deepspeed_engine(accelerator):
+    """The DeepSpeed engine behind ``accelerator`` once ``prepare`` made it, else None."""
+    if accelerator.distributed_type.value != "DEEPSPEED":
+        return None
+    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    return wrapped.engine if wrapped is not None else None
+
+
+def step_tokens(accelerator, micro, layouts=None) -> int:
+    """Positions fed in the step, all ranks: the batches' rows x widths as collated, padding
+    included, also where the loader flattened them (``BatchLayout.positions``)."""
+    layouts = layouts or [None] * len(micro)
+    return sum(layout.positions if layout is not None else batch["input_ids"].numel()
+               for batch, layout in zip(micro, layouts)) * accelerator.num_processes
+
+
+def step_blocks(micro, layouts=None) -> Counter:
+    """This rank's attended blocks of the step, by length: the loader's count where it made one,
+    else every row of a batch taken as one block of its width."""
+    blocks: Counter = Counter()
+    for batch, layout in zip(micro, layouts or [None] * len(micro)):
+        if layout is not None:
+            blocks.update(layout.lengths)
+        else:
+            rows, width = batch["input_ids"].shape
+            blocks[width] += rows
+    return blocks
+
+
+def optimizer_step(accelerator, objective, optimizer, lr: float, micro, max_grad_norm: float | None,
+                   layouts=None) -> StepResult:
     """Forward/backward ``micro``, clip, and update if the gradient is finite (the caller
-    steps the scheduler and zeroes the gradients once the step is counted).
+    steps the scheduler and zeroes the gradients once the step is counted); ``layouts``: the
+    loader's ``BatchLayout`` of each micro-batch (``next_micro_batches``), for the counts.
 
     A NaN/Inf gradient skips the update. With fused AdamW (mlmkit's optimizer on CUDA and
     CPU) the skip happens on the device, through the optimizer's ``found_inf``, and the host
     never waits for the step: ``StepResult.ok`` stays a device tensor until a log step reads
     it (``SkipCount``). With fp16 the gradient scaler finds overflows itself (skips the step
-    and lowers its scale), so there only a non-finite loss counts. Another optimizer (e.g.
-    DeepSpeed's) costs one host wait per step for the check.
+    and lowers its scale), so there only a non-finite loss counts. Another optimizer costs
+    one host wait per step for the check. Under DeepSpeed the engine has already clipped and
+    stepped inside the backward: ``ok`` is what the engine did (``deepspeed_step``).
     """
+    engine = deepspeed_engine(accelerator)
+    skipped_before = engine.skipped_steps if engine is not None else 0
     loss_sum, n_global = forward_backward(accelerator, objective, micro)
+    tokens, blocks = step_tokens(accelerator, micro, layouts), step_blocks(micro, layouts)
+    if engine is not None:
+        grad_norm, ok = deepspeed_step(engine, skipped_before)
+        return StepResult(loss_sum, n_global, grad_norm, lr, tokens, ok, blocks=blocks)
     max_norm = max_grad_norm if max_grad_norm is not None else math.inf
-    grad_norm = accelerator.clip_grad_norm_(objective.parameters(), max_norm)
-    # DeepSpeed clips inside its engine and may report no norm
-    grad_norm = torch.as_tensor(grad_norm if grad_norm is not None else 0.0)
+    grad_norm = local_norm(accelerator.clip_grad_norm_(objective.parameters(), max_norm))
     finite = torch.isfinite(grad_norm)
     if accelerator.scaler is not None:
         optimizer.step()  # the scaler skips an overflowing step itself
@@ -115,8 +176,25 @@ def optimizer_step(accelerator, objective, optimizer, lr: float, micro, max_grad
         ok = finite
         if bool(finite):  # the one host wait of this path
             optimizer.step()
-    tokens = sum(b["input_ids"].numel() for b in micro) * accelerator.num_processes
-    return StepResult(loss_sum, n_global, grad_norm, lr, tokens, ok)
+    return StepResult(loss_sum, n_global, grad_norm, lr, tokens, ok, blocks=blocks)
+
+
+def deepspeed_step(engine, skipped_before: int) -> tuple[torch.Tensor, bool]:
+    """(gradient norm, update applied) of the step DeepSpeed's engine took inside the backward
+    (accelerate's DeepSpeed ``backward`` steps the engine; its optimizer's ``step`` does nothing,
+    so mlmkit can skip nothing here). The engine skips a step whose gradient is not finite where
+    it checks (fp16's loss scaler; ZeRO in fp32, and in bf16 unless the DeepSpeed config sets
+    ``bf16.check_grad_overflow`` false, as older DeepSpeed's bf16 did not check), counting it in
+    ``engine.skipped_steps``: only such a step counts as skipped. A non-finite gradient the engine
+    applied is no skip: it is logged, as the weights it left are not finite."""
+    grad_norm = local_norm(engine.get_global_grad_norm())
+    ok = engine.skipped_steps == skipped_before
+    if ok and not bool(torch.isfinite(grad_norm)):  # a host read, as DeepSpeed's norm already is
+        log.warning("DeepSpeed applied an update whose gradient norm is %s (this engine does not skip a "
+                    "non-finite gradient), so the weights are no longer finite; set bf16.check_grad_overflow "
+                    "to true in the DeepSpeed config or lower optim.lr, then resume from the last checkpoint "
+                    "with train.resume=auto.", float(grad_norm))
+    return grad_norm, ok
 
 
 class SkipCount:

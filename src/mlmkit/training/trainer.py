@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -48,20 +49,19 @@ class LogWindow:
     def __init__(self, device: torch.device) -> None:
         self.loss = torch.zeros((), device=device)  # summed token loss, this rank
         self.masked = torch.zeros((), device=device)  # chosen tokens, all ranks
-        self.tokens = 0
         self.reset()
 
     def reset(self) -> None:
         self.loss.zero_()
         self.masked.zero_()
-        self.tokens = 0
+        self.blocks: Counter = Counter()  # this rank's attended blocks by length (the meter's count)
         self.data_wait = 0.0  # seconds the host waited for batches
         self.started, self.paused = time.perf_counter(), 0.0  # paused: eval and checkpoints
 
     def add(self, result: StepResult) -> None:
         self.loss += result.loss_sum
         self.masked += result.n_masked
-        self.tokens += result.tokens
+        self.blocks.update(result.blocks)
         self.data_wait += result.data_wait
 
 
@@ -126,11 +126,13 @@ class Trainer:
         self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
         if collator is not None:
             self.collator = self.state.collator = collator
-        self.state.stream = training_stream(cfg, self.collator, data.train_set, acc)
-        self.eval_batches = fixed_eval_batches(data.val_set, data.tokenizer, cfg.masking, cfg.train.batch_size)
-        self.meter.seq_len = cfg.data.max_seq_length
         objective = acc.unwrap_model(self.objective)
         objective.document_sep_id = isolation_sep_id(cfg.data.packing, data.tokenizer)
+        # flash-attn's variable-length kernel takes batches the loader flattened (model.documents)
+        varlen = objective.model.config._attn_implementation == "flash_attention_2"
+        self.state.stream = training_stream(cfg, self.collator, data.train_set, acc,
+                                            objective.document_sep_id, varlen)
+        self.eval_batches = fixed_eval_batches(data.val_set, data.tokenizer, cfg.masking, cfg.train.batch_size)
         set_rope_theta(objective.model, cfg.model.global_rope_theta, cfg.model.local_rope_theta)
 
     def begin_phase(self) -> None:
@@ -267,9 +269,9 @@ class Trainer:
                            else m.rate_at(state.budget.progress(state.step)))
         self.collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
         self.step_accum = self.ramp.accum(state.tokens_seen) if self.ramp is not None else self.accum
-        micro, waited = next_micro_batches(state.stream, self.collator, self.step_accum, m.on_device)
+        micro, waited, layouts = next_micro_batches(state.stream, self.collator, self.step_accum, m.on_device)
         result = optimizer_step(self.accelerator, self.objective, self.optimizer,
-                                self.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm)
+                                self.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm, layouts)
         result.mlm_probability, result.data_wait = mlm_probability, waited
         self.skips.add(result.ok)  # on the device: read at log and checkpoint steps
         state.finish_step(result.tokens)
@@ -296,7 +298,8 @@ class Trainer:
             "mlm_probability": result.mlm_probability,
             "grad_norm": float(result.grad_norm),
             "skipped_steps": state.skipped_steps,
-            **self.meter.figures(window.tokens, masked, elapsed),  # tokens/s, masked tokens/s, MFU
+            # real tokens/s (no padding), masked tokens/s, model TFLOP/s and MFU
+            **self.meter.figures(window.blocks, masked, elapsed, acc.num_processes),
             "data_wait_share": min(window.data_wait / elapsed, 1.0),  # of the steps' time: the loader's
             "peak_memory_gb": peak_memory_gb(acc.device),
             "tokens_seen": state.tokens_seen,
