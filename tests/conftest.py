@@ -42,10 +42,19 @@ def shared_file(relative: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """After each test, accelerate's process-wide state is reset, so that the next test's
-    ``Accelerator`` may take another mixed precision (accelerate refuses a changed one)."""
+def fresh_process_state():
+    """After each test, the loggers' handlers are as they were and accelerate's process-wide
+    state is reset, so that the next test's ``Accelerator`` may take another mixed precision
+    (accelerate refuses a changed one)."""
+    import logging
+
+    loggers = [logging.getLogger(), logging.getLogger("mlmkit")]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
     yield
+    for lg, handlers, level, propagate in saved:
+        for handler in set(lg.handlers) - set(handlers):
+            handler.close()
+        lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
     if "accelerate.state" in sys.modules:
         from accelerate.state import AcceleratorState
 

@@ -268,4 +268,4 @@ def test_eval_pairs_errors_and_help(trained_run, tmp_path):
         PairsEvalConfig(checkpoint="x", files=["a.tsv"], precision="fp8")
     shown = run_eval_pairs("--help")
     assert shown.returncode == 0, shown.stderr[-2000:]
-    assert "good_field: sentence_good" in shown.stdout and "files: []" in shown.stdout
+    assert "good_field=sentence_good" in shown.stdout and "files=[]" in shown.stdout

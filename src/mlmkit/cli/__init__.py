@@ -26,11 +26,13 @@ an input stops with exit status 2 and one sentence that names it (``cli.errors``
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from mlmkit.cli.errors import report_errors
 
-# command -> (module, whether main() takes the arguments (else Hydra reads sys.argv), what it does)
+# command -> (module, whether main() takes the arguments (else Hydra reads sys.argv), what it does);
+# a Hydra command's config is in HYDRA_CONFIGS
 COMMANDS: dict[str, tuple[str, bool, str]] = {
     "train": ("mlmkit.cli.train", False, "pretrain a masked language model"),
     "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
@@ -53,6 +55,10 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
     "launch": ("mlmkit.cli.launch", True, "a command on several processes (accelerate launch), with one "
                "sentence and a meaningful exit status however it ends"),
 }
+# the config (conf/<name>.yaml) each Hydra command composes
+HYDRA_CONFIGS = {"train": "config", "eval": "evaluate", "eval-sts": "eval_sts", "eval-retrieval": "eval_retrieval",
+                 "eval-pairs": "eval_pairs", "finetune": "finetune", "glue": "glue"}
+HELP_FLAGS = ("-h", "--help")
 
 
 def usage() -> str:
@@ -74,7 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.",
               file=sys.stderr)
         return 2
-    module, takes_args, _ = COMMANDS[command]
+    module, takes_args, what = COMMANDS[command]
+    if command in HYDRA_CONFIGS and any(arg in HELP_FLAGS for arg in rest):
+        from mlmkit.config.help import command_help
+
+        try:
+            print(command_help(command, HYDRA_CONFIGS[command], what))
+        except BrokenPipeError:  # mlmkit train --help | head
+            sys.stdout = open(os.devnull, "w")
+        return 0
     from mlmkit.cli.launch import record_pid
 
     record_pid()  # a rank under mlmkit launch: where the launcher's signals go

@@ -117,20 +117,14 @@ class ArgumentParser(argparse.ArgumentParser):
 def run_hydra_main(run: Callable[[], None]) -> None:
     """Run a ``@hydra.main`` function; a config Hydra cannot compose (a misspelt key or
     group option, a value of the wrong type, an override it cannot parse) is one sentence
-    and exit status 2 instead of Hydra's report of several lines. Its ``--help`` lists only
-    the config groups the command composes (``cli.hydra_help``), and it composes its config
-    once (``cli.hydra_mode``)."""
+    and exit status 2 instead of Hydra's report of several lines."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from mlmkit.cli.hydra_help import composed_groups_only
-    from mlmkit.cli.hydra_mode import compose_once
 
     saved = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises the error instead of printing it
     try:
-        with composed_groups_only(), compose_once():
-            run()
+        run()
     except (HydraException, OmegaConfBaseException) as exc:
         tell(2, f"Error: {hydra_error_sentence(exc)}")
         sys.exit(2)

@@ -18,6 +18,7 @@ from mlmkit.config import Config
 from mlmkit.evaluation.probe import probe_for_run
 from mlmkit.export.final import export_final, without_tied_copies
 from mlmkit.training import lock as run_lock
+from mlmkit.training import setup
 from mlmkit.training.trainer import Trainer
 
 log = logging.getLogger("mlmkit")
@@ -39,6 +40,7 @@ def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) ->
         export_run(trainer, last_eval)
     finally:
         run_lock.release()  # the run dir's lock, taken at setup
+        setup.stop_logging()
     return last_eval
 
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from mlmkit.config import Config
 from mlmkit.model.bert import MaskedLM, flash_attn_available, resolve_attn_implementation
 from mlmkit.model.documents import document_inputs
+from mlmkit.training import setup
 from mlmkit.training.perf import chip_bf16_peak, compute_dtype, measure_matmul_rate
 from mlmkit.training.runtime import autocast_dtype, cpu_has_bf16, describe_cpu
 
@@ -483,7 +484,10 @@ def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlmkit-doctor-") as scratch:
         run_dir = Path(scratch) / "run"
-        figures, trainer = rehearse(cfg, run_dir, steps, warmup, max_seconds)
+        try:
+            figures, trainer = rehearse(cfg, run_dir, steps, warmup, max_seconds)
+        finally:
+            setup.stop_logging()  # its train.log goes with the scratch folder
         device = trainer.accelerator.device
         precision = trainer.accelerator.mixed_precision  # bf16 | fp16 | no
         report: dict[str, Any] = {

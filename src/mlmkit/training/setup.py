@@ -74,25 +74,43 @@ def check_writable(run_dir: Path) -> None:
         ) from None
 
 
+def _not_shared_tensor_note(record: logging.LogRecord) -> bool:
+    """Drop accelerate's note on every save that tied weights (embeddings = output projection)
+    are stored once, which is expected for BERT."""
+    return "Removed shared tensor" not in record.getMessage()
+
+
 def setup_logging(run_dir: Path, is_main: bool) -> None:
+    """Send the ``mlmkit`` log to stderr and, on the main process, to ``<run dir>/train.log``
+    until ``stop_logging``."""
     log.setLevel(logging.INFO if is_main else logging.WARNING)
     log.propagate = False
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # per-file save/load chatter
-    # Tied weights (embeddings = output projection) are stored once; accelerate says so on
-    # every save, which is expected for BERT.
-    logging.getLogger("accelerate.utils.other").addFilter(
-        lambda record: "Removed shared tensor" not in record.getMessage()
-    )
+    other = logging.getLogger("accelerate.utils.other")
+    if _not_shared_tensor_note not in other.filters:
+        other.addFilter(_not_shared_tensor_note)
+    stop_logging()
     for h in list(log.handlers):
         log.removeHandler(h)
     fmt = logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S")
-    stream = logging.StreamHandler(sys.stderr)
-    stream.setFormatter(fmt)
-    log.addHandler(stream)
+    handlers = [logging.StreamHandler(sys.stderr)]
     if is_main:
-        fh = logging.FileHandler(run_dir / "train.log")
-        fh.setFormatter(fmt)
-        log.addHandler(fh)
+        handlers.append(logging.FileHandler(run_dir / "train.log"))
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+        _RUN_HANDLERS.append(handler)
+
+
+_RUN_HANDLERS: list[logging.Handler] = []  # what setup_logging added, for stop_logging
+
+
+def stop_logging() -> None:
+    """Detach and close the handlers ``setup_logging`` added (a run's end, in this process)."""
+    while _RUN_HANDLERS:
+        handler = _RUN_HANDLERS.pop()
+        log.removeHandler(handler)
+        handler.close()
 
 
 def resume_point(run_dir: Path, resume: str | None) -> Path | None:
