@@ -23,6 +23,7 @@ LAYERS = [
     "mlmkit.evaluation",
     "mlmkit.export",
     "mlmkit.cli",
+    "mlmkit.pretrain",
     "mlmkit.__main__",
     "mlmkit",
 ]

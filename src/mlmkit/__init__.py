@@ -17,17 +17,17 @@ def __getattr__(name):
 
 
 def compose(overrides=()):
-    """The ``Config`` that ``mlmkit train <overrides>`` runs with (its presets and recipes);
-    see ``mlmkit.cli.train.compose``."""
-    from mlmkit.cli.train import compose as _compose
+    """Compose the ``Config`` that ``mlmkit train <overrides>`` runs with (its presets and
+    recipes); see ``mlmkit.config.compose``."""
+    from mlmkit.config import compose as _compose
 
     return _compose(overrides)
 
 
 def train(cfg, run_dir):
-    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.export.run.train``."""
+    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.pretrain.train``."""
     from mlmkit.config import to_config
-    from mlmkit.export.run import train as _train
+    from mlmkit.pretrain import train as _train
 
     return _train(to_config(cfg), run_dir)
 

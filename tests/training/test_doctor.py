@@ -9,7 +9,7 @@ import time
 import pytest
 from runs import TINY
 
-from mlmkit.cli.train import compose
+from mlmkit.config import compose
 from mlmkit.training.doctor import format_report, run_doctor
 
 

@@ -367,7 +367,7 @@ def test_a_run_says_its_mfu_is_unreliable_against_an_implausible_rate(monkeypatc
     from accelerate.state import AcceleratorState
     from runs import TINY
 
-    from mlmkit.cli.train import compose
+    from mlmkit.config import compose
     from mlmkit.training import perf
     from mlmkit.training.trainer import Trainer
 

@@ -34,7 +34,7 @@ from mlmkit.cli.errors import report_errors
 # command -> (module, whether main() takes the arguments (else Hydra reads sys.argv), what it does);
 # a Hydra command's config is in HYDRA_CONFIGS
 COMMANDS: dict[str, tuple[str, bool, str]] = {
-    "train": ("mlmkit.cli.train", False, "pretrain a masked language model"),
+    "train": ("mlmkit.pretrain", False, "pretrain a masked language model"),
     "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
     "eval-sts": ("mlmkit.cli.eval_sts", False, "zero-shot STS-B similarity of the model's sentence embeddings"),
     "eval-retrieval": ("mlmkit.cli.eval_retrieval", False,

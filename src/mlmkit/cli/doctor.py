@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from mlmkit.cli.errors import hydra_error_sentence
-    from mlmkit.cli.train import compose
+    from mlmkit.config import compose
     from mlmkit.errors import ConfigError
     from mlmkit.training.doctor import format_report, run_doctor
 

@@ -21,8 +21,8 @@ EVAL_MASKING = ("eval_mlm_probability", "eval_seed", "eval_min_masked_tokens")
 def use_run_data(cfg: DictConfig, overrides: list[str]) -> str:
     """Put the data settings of the run ``cfg.checkpoint`` belongs to into ``cfg`` (the
     command line's ``data.*`` and ``masking.*`` on top); returns which data is scored."""
+    from mlmkit.config.recipes import given_keys
     from mlmkit.training.loading import resolve_model_path, run_settings
-    from mlmkit.training.recipes import given_keys
 
     keys = given_keys(overrides)
     if cfg.files:

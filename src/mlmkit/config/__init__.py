@@ -5,6 +5,7 @@ a checked ``Config``). Library code takes these objects, never a DictConfig."""
 from mlmkit.config.compose import (
     CONFIG_MODULE,
     CONFIG_PATH,
+    compose,
     launch_time,
     register_configs,
     to_config,
@@ -66,6 +67,7 @@ __all__ = [
     "TrainConfig",
     "check_masking",
     "check_precision",
+    "compose",
     "launch_time",
     "parse_duration",
     "register_configs",

@@ -65,6 +65,30 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 
 
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Compose the ``Config`` that ``mlmkit train <overrides>`` runs with: conf/config.yaml,
+    the presets it names, the overrides and the recipes (``compose(["model=bert-mini"])``)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    overrides = list(overrides)
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    return finish(cfg, overrides)[0]
+
+
+def finish(cfg: DictConfig, overrides: list[str]) -> tuple[Config, list[str]]:
+    """Apply the recipes to a composed run config for what ``overrides`` leaves unset, then
+    check it: the ``Config`` and the lines the run's log opens with (the recipe taken)."""
+    from mlmkit.config.recipes import apply_continued_pretraining, recipe_note
+
+    note = recipe_note(apply_continued_pretraining(cfg, overrides), cfg.model.get("init_from"))
+    return to_config(cfg), [note] if note else []
+
+
 def to_config(cfg: Any, schema_class: type = Config) -> Any:
     """Turn a composed DictConfig (or a plain dict) into a checked ``Config`` (or ``schema_class``)."""
     if isinstance(cfg, schema_class):

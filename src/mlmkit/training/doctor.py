@@ -42,6 +42,7 @@ from mlmkit.model.documents import document_inputs
 from mlmkit.training import setup
 from mlmkit.training.perf import chip_bf16_peak, compute_dtype, measure_matmul_rate
 from mlmkit.training.runtime import autocast_dtype, cpu_has_bf16, describe_cpu
+from mlmkit.training.step import train_step
 
 log = logging.getLogger("mlmkit")
 
@@ -249,21 +250,18 @@ def rehearse(cfg: Config, run_dir: Path, steps: int = 20, warmup: int = 3, max_s
     AcceleratorState._reset_state(reset_partial_state=True)
     trainer = Trainer(rehearsal_config(cfg, run_dir, steps, warmup, max_seconds), run_dir)
     device = trainer.accelerator.device
-    trainer.save = trainer.evaluate = dict  # a rehearsal: no checkpoint, no evaluation at its end
+    # the loop's own step and log, without its other jobs (no evaluation, checkpoint or export)
     with HostReads(device.type) as reads:
         stream = trainer.state.stream = _WatchedStream(trainer.state.stream, reads)
-        train_step, counted_steps = trainer.train_step, []
-
-        def step():
+        counted_steps = 0
+        trainer.start_fit()
+        while not trainer.done():
             reads.counting = trainer.state.step >= warmup
-            try:
-                return train_step()
-            finally:
-                if reads.counting:
-                    counted_steps.append(trainer.state.step)
-                reads.counting = False
-        trainer.train_step = step
-        trainer.fit()
+            result = train_step(trainer)
+            counted_steps += reads.counting
+            reads.counting = False
+            trainer.log(result)  # rehearsal_config: every step
+        trainer.end_fit()
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [e for e in events if e.get("event") == "train" and e["step"] > warmup] or \
         [e for e in events if e.get("event") == "train"]
@@ -274,7 +272,7 @@ def rehearse(cfg: Config, run_dir: Path, steps: int = 20, warmup: int = 3, max_s
         "mfu": sum(e["mfu"] for e in timed) / len(timed),
         "peak_memory_gb": max(e["peak_memory_gb"] for e in timed),
         "data_wait_share": sum(e["data_wait_share"] for e in timed) / len(timed),
-        "host_reads_per_step": reads.count / max(len(counted_steps), 1),
+        "host_reads_per_step": reads.count / max(counted_steps, 1),
         "padding_share": stream.padding / max(stream.positions, 1),
         "loss": timed[-1]["loss"], "finite": all(math.isfinite(e["loss"]) for e in timed),
     }

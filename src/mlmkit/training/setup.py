@@ -1,7 +1,7 @@
-"""Setting up a run, in the order ``Trainer`` calls these: the run dir and the accelerator
+"""Set a run up, in the order ``Trainer`` calls these: the run dir and the accelerator
 (``start``), the tokenizer and data (``prepare_data``), the engine's batch checks
-(``check_engine``), then the model with its objective, optimizer and schedule
-(``build_model_parts``)."""
+(``check_engine``), then the model and its objective (``build_run_model``), the throughput
+meter (``build_meter``) and the optimizer with its schedule (``build_schedule``)."""
 
 from __future__ import annotations
 
@@ -268,28 +268,34 @@ def check_engine(accelerator: Accelerator, cfg: Config, phases=()) -> int:
 
 
 @dataclass
-class ModelParts:
+class RunModel:
+    """The model a run trains and the objective around it (the loss at the chosen positions)."""
+
     model: Any  # the plain BertForMaskedLM or ModernBertForMaskedLM
     objective: MaskedLM
+
+
+@dataclass
+class Schedule:
+    """What paces a run: the optimizer and its learning-rate schedule, the budget the schedule
+    runs against, a phased run's plan and the batch-size warmup."""
+
     optimizer: Any
-    budget: Budget
     scheduler: Any
-    meter: ThroughputMeter
+    budget: Budget
     plan: PhasePlan | None = None  # a phased run's phases (the schedule follows them)
     ramp: BatchRamp | None = None  # the batch-size warmup
 
 
-def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
-                      run_dir: Path, resume_from: Path | None = None,
-                      token_counts: Any = None, run_cfg: Config | None = None, accum: int = 1) -> ModelParts:
-    """The model (its config and tokenizer saved to ``<run>/model/`` where none is; a resumed
-    run's model must have the shape saved beside its checkpoint), the objective, the optimizer,
-    the budget and the schedule against it, and the MFU meter. ``token_counts``: the training
-    blocks' token counts, where a new model's output bias starts from them
-    (``model.output_bias_init=unigram``). ``cfg``: the settings of the phase the run starts
-    in; ``run_cfg``: the run's, whose ``phases`` the schedule follows; ``accum``: the
-    accumulation steps of the run's batch (a batch-size warmup starts below them)."""
-    tc, device = cfg.train, accelerator.device
+def build_run_model(cfg: Config, accelerator: Accelerator, precision: str, tokenizer, run_dir: Path,
+                    resume_from: Path | None = None, token_counts: Any = None,
+                    run_cfg: Config | None = None) -> RunModel:
+    """Build the model (its config and tokenizer saved to ``<run>/model/`` where none is; a
+    resumed run's model must have the shape saved beside its checkpoint) and its objective.
+    ``token_counts``: the training blocks' token counts, where a new model's output bias starts
+    from them (``model.output_bias_init=unigram``); ``cfg``: the settings of the phase the run
+    starts in; ``run_cfg``: the run's (its longest phase sizes the positions)."""
+    device = accelerator.device
     attn = resolve_attn_implementation(cfg.model.attn_implementation, device.type, precision)
     base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
     if cfg.tokenizer.extend_vocab and cfg.model.init_from:
@@ -312,22 +318,36 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
         check_model_shape(source, model.config, resume_from)
     if accelerator.is_main_process and not (run_dir / RUN_MODEL_DIR / "config.json").is_file():
         save_run_model_spec(run_dir, model, tokenizer)  # config and tokenizer: any checkpoint loads
-    if tc.compile:
+    if cfg.train.compile:
         compile_encoder(model)
-    block_tokens = tc.batch_size * cfg.data.max_seq_length  # one micro-batch's products
+    objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction,
+                         document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer))
+    return RunModel(model, objective)
+
+
+def build_meter(cfg: Config, accelerator: Accelerator, precision: str, model) -> ThroughputMeter:
+    """The throughput meter, its MFU against the rate this machine can reach (``perf``)."""
+    block_tokens = cfg.train.batch_size * cfg.data.max_seq_length  # one micro-batch's products
     shapes = model_matmul_shapes(model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens))
-    peak_rate, peak_source, reliable = stored_reference_rate(Path(cfg.paths.cache_dir).expanduser(), device,
-                                                             precision, shapes)
-    meter = ThroughputMeter(model.config, peak_rate * accelerator.num_processes)
+    peak_rate, peak_source, reliable = stored_reference_rate(Path(cfg.paths.cache_dir).expanduser(),
+                                                             accelerator.device, precision, shapes)
     if reliable:
         log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
     else:
         log.warning("MFU is taken against %.3g TFLOP/s per process (%s): this machine was busy while "
                     "its matmul rate was measured, so the MFU figures of this run are unreliable.",
                     peak_rate / 1e12, peak_source)
-    objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction,
-                         document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer))
-    optimizer = build_optimizer(objective, cfg.optim, device.type)
+    return ThroughputMeter(model.config, peak_rate * accelerator.num_processes)
+
+
+def build_schedule(cfg: Config, accelerator: Accelerator, objective, run_cfg: Config | None = None,
+                   accum: int = 1) -> Schedule:
+    """The optimizer, the budget and the learning-rate schedule against it (a phased run's plan
+    and a batch-size warmup shape it). ``run_cfg``: the run's settings, whose ``phases`` the
+    schedule follows; ``accum``: the accumulation steps of the run's batch (a batch-size warmup
+    starts below them)."""
+    tc = cfg.train
+    optimizer = build_optimizer(objective, cfg.optim, accelerator.device.type)
     budget = Budget(cfg.optim, tc.max_steps, tc.max_tokens, parse_duration(tc.max_time))
     log.info(tc.budget_description())
     plan = PhasePlan(run_cfg, budget) if run_cfg is not None and run_cfg.phases else None
@@ -341,7 +361,7 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
                  f"{tc.batch_warmup_tokens:,}")
         factor = ramp.scaled(factor, budget)
     scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=factor)
-    return ModelParts(model, objective, optimizer, budget, scheduler, meter, plan, ramp)
+    return Schedule(optimizer, scheduler, budget, plan, ramp)
 
 
 def build_collator(cfg: Config, tokenizer, rank: int, generator=None) -> MLMCollator:

@@ -233,3 +233,21 @@ class SkipCount:
                 "train.precision=bf16 instead of fp16, then resume from the last checkpoint with "
                 "train.resume=auto."
             )
+
+
+def train_step(trainer) -> StepResult:
+    """One optimizer step of a run (a ``Trainer``): the masking rate the schedule gives, the
+    step's micro-batches, forward, backward, clip and update, then the step counted and the
+    learning rate moved on (``Trainer.finish_step``)."""
+    cfg, state = trainer.cfg, trainer.state
+    m = cfg.masking
+    mlm_probability = (m.probability_at(state.step, cfg.train.max_steps) if state.budget.step_only
+                       else m.rate_at(state.budget.progress(state.step)))
+    trainer.collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
+    trainer.step_accum = trainer.ramp.accum(state.tokens_seen) if trainer.ramp is not None else trainer.accum
+    micro, waited, layouts = next_micro_batches(state.stream, trainer.collator, trainer.step_accum, m.on_device)
+    result = optimizer_step(trainer.accelerator, trainer.objective, trainer.optimizer,
+                            trainer.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm, layouts)
+    result.mlm_probability, result.data_wait = mlm_probability, waited
+    trainer.finish_step(result)
+    return result

@@ -1,11 +1,12 @@
-"""The training loop.
+"""A run's parts and the jobs the loop does between its optimizer steps.
 
-``Trainer(cfg, run_dir)`` sets up (``setup``: run dir and accelerator, tokenizer and data,
-model, optimizer and budget), ``resume`` restores a checkpoint if asked (``TrainState``),
-then ``fit`` runs optimizer steps (``step``) until the first budget is spent, and once in a
-while logs, evaluates (``validation``) and saves a checkpoint; ``final_state`` gathers the
-weights for the export of ``final/`` (``export.run.train`` runs all of it). A phased run
-(``phases``) switches its data, masking and batch at each phase's end (``begin_phase``).
+``Trainer(cfg, run_dir)`` sets the run up in named steps (``setup``: run dir and accelerator,
+tokenizer and data, model, optimizer and budget); ``resume`` restores a checkpoint if asked
+(``TrainState``). The loop itself is ``mlmkit.pretrain.fit``: one optimizer step at a time
+(``step.train_step``), and between steps the jobs this class does when they are due: ``log``,
+``evaluate`` (``validation``), ``begin_phase`` (a phased run switches its data, masking and
+batch), ``run_probe`` and ``checkpoint``. ``final_state`` gathers the weights for the export of
+``final/``.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from mlmkit.training.loading import RUN_MODEL_DIR
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.perf import peak_memory_gb
 from mlmkit.training.phases import begun_phases, phase_changes
+from mlmkit.training.progress import Progress
 from mlmkit.training.signals import StopSignals
 from mlmkit.training.state import TrainState
-from mlmkit.training.step import SkipCount, StepResult, next_micro_batches, optimizer_step
-from mlmkit.training.tracking import finish_trackers_on_error, log_event, start_trackers
+from mlmkit.training.step import SkipCount, StepResult
+from mlmkit.training.tracking import log_event, start_trackers
 from mlmkit.training.validation import evaluate, fixed_eval_batches, majority_baseline
 
 log = logging.getLogger("mlmkit")
@@ -74,49 +76,73 @@ class Trainer:
         ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
         ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``);
         ``on_phase_end(trainer, name, last_eval)``: called on every rank when a phase ends
-        (``export.run`` writes ``phases/<name>/``). ``self.cfg`` holds the current phase's
+        (``mlmkit.pretrain`` writes ``phases/<name>/``). ``self.cfg`` holds the current phase's
         settings, ``self.run_cfg`` the run's."""
         self.run_cfg, self.probe, self.on_phase_end = cfg, probe, on_phase_end
         self.skips = SkipCount()  # steps skipped as non-finite, counted on the device
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
         for note in notes:
             log.info(note)
-        acc = self.accelerator
-        self.ckpt_dir = self.run_dir / "checkpoints"
-        # a resume is checked against the checkpoint before anything in the run dir is written
+        saved = self._check_resume()
+        data = self._prepare_data(saved)
+        counts = self._report_tokenizer(data)
+        self._build_parts(precision, counts, begun=begun_phases(cfg, saved.get("phases"), self.resume_from))
+        self.use_data(data)
+        self.baseline = majority_baseline(counts, self.eval_batches, data.tokenizer)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process)
+        self.last_eval, self.last_eval_step = {}, -1
+        self.window, self.progress = LogWindow(self.accelerator.device), None
+
+    def _check_resume(self) -> dict[str, Any]:
+        """The checkpoint's loop state ({} for a new run), its settings checked against this
+        run's before anything in the run dir is written; the phase the run continues in."""
+        cfg = self.run_cfg
         saved = resume.saved_loop_state(self.resume_from) if self.resume_from else {}
         self.changed = resume.check_settings(cfg, saved.get("settings"), self.resume_from) if saved else []
-        # the phases begun so far (a checkpoint's must match this run's list); the current one's settings
         starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
         self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
-        self.accum = setup.check_engine(acc, self.cfg, cfg.phases)  # before the data: an engine's refusal costs no tokenizing
+        # before the data: an engine's refusal costs no tokenizing
+        self.accum = self.step_accum = setup.check_engine(self.accelerator, self.cfg, cfg.phases)
+        return saved
+
+    def _prepare_data(self, saved: dict[str, Any]):
+        """The tokenizer and data of the current phase; a resume's data must be the checkpoint's."""
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
-        data = setup.prepare_data(self.cfg, acc, run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
+        data = setup.prepare_data(self.cfg, self.accelerator,
+                                  run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
         if saved:
             resume.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
         self.tokenizer = data.tokenizer
-        counts = token_counts(data.baseline_set, data.tokenizer)
+        return data
+
+    def _report_tokenizer(self, data):
+        """Log the share of [UNK] in the validation text; the training blocks' token counts."""
         unk, tokens = unk_tokens(data.val_set, data.tokenizer)
+        cfg = self.run_cfg
         trained_here = not (cfg.tokenizer.name_or_path or cfg.model.init_from)
         line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here)
         (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
         self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
-        parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
-                                        counts, run_cfg=cfg, accum=self.accum)
-        self.model, self.meter, self.plan, self.ramp = parts.model, parts.meter, parts.plan, parts.ramp
-        self.step_accum = self.accum
+        return token_counts(data.baseline_set, data.tokenizer)
+
+    def _build_parts(self, precision: str, counts, begun: list) -> None:
+        """The model and objective, the optimizer and its schedule, the budget, the collator and
+        the loop's state, prepared by the accelerator."""
+        acc = self.accelerator
+        model = setup.build_run_model(self.cfg, acc, precision, self.tokenizer, self.run_dir, self.resume_from,
+                                      counts, run_cfg=self.run_cfg)
+        self.model, self.meter = model.model, setup.build_meter(self.cfg, acc, precision, model.model)
+        schedule = setup.build_schedule(self.cfg, acc, model.objective, run_cfg=self.run_cfg, accum=self.accum)
+        self.plan, self.ramp = schedule.plan, schedule.ramp
         if self.plan is not None:
-            self.plan.starts = starts
-        self.collator = setup.build_collator(self.cfg, data.tokenizer, acc.process_index)
-        self.objective, self.optimizer, self.scheduler = acc.prepare(parts.objective, parts.optimizer,
-                                                                     parts.scheduler)
-        self.state = TrainState(parts.budget, None, self.collator, acc.process_index,
-                                acc.num_processes, cfg.data.streaming)
-        self.use_data(data)
-        self.baseline = majority_baseline(counts, self.eval_batches, data.tokenizer)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=acc.is_main_process)
-        self.last_eval, self.last_eval_step = {}, -1
+            self.plan.starts = begun
+        self.collator = setup.build_collator(self.cfg, self.tokenizer, acc.process_index)
+        self.objective, self.optimizer, self.scheduler = acc.prepare(model.objective, schedule.optimizer,
+                                                                     schedule.scheduler)
+        self.state = TrainState(schedule.budget, None, self.collator, acc.process_index,
+                                acc.num_processes, self.run_cfg.data.streaming)
 
     def use_data(self, data, collator=None) -> None:
         """Train and evaluate on ``data`` under the current phase's settings (``self.cfg``):
@@ -213,81 +239,93 @@ class Trainer:
             if self.probe is not None:  # the random init, for the curve to start from
                 self.run_probe()
 
-    def fit(self) -> dict[str, Any]:
-        """Optimizer steps until the first budget is spent; log, evaluate and checkpoint on
-        their intervals and at the end. Returns the last evaluation."""
-        tc, state, acc = self.cfg.train, self.state, self.accelerator
-        self.progress = self._progress_bar()
+    # ---- the loop's jobs (mlmkit.pretrain.fit calls them in order) ----------------------------
+
+    def start_fit(self) -> None:
+        """Start the clock, the log window and the progress display of this process's steps."""
+        state = self.state
+        self.progress = Progress(state.budget, state.step, enabled=self.accelerator.is_main_process
+                                 and self.cfg.train.progress)
         self.time_base = state.budget.elapsed(state.step)  # training time before this process (resume)
         self.t_start = time.perf_counter()
-        window, last_eval = LogWindow(acc.device), {}
+        self.window.reset()
         self.objective.train()
-        with StopSignals() as signals, finish_trackers_on_error(acc):
-            while not state.budget.done(state.step):
-                if self.plan is not None and self.plan.due(state.step):  # a finished run given a new phase
-                    self._paused(window, self.begin_phase)
-                result = self.train_step()
-                window.add(result)
-                last = state.budget.done(state.step)
-                # log: the step's figures are fetched from the device only here
-                if state.step % tc.log_every == 0 or last:
-                    self.skips.settle(state, tc.max_bad_steps, result.grad_norm)
-                    self.log(window, result)
-                # evaluate on the fixed validation batches
-                if (tc.eval_every and state.step % tc.eval_every == 0) or last:
-                    last_eval = self._paused(window, self.evaluate)
-                # a phase's end: its export, then the next phase's data (before the step's checkpoint)
-                if self.plan is not None and self.plan.due(state.step):
-                    self._paused(window, self.begin_phase)
-                # probe the frozen encoder on a labelled task (probe.every)
-                if self.probe is not None and (state.step % self.cfg.probe.every == 0 or last):
-                    self._paused(window, self.run_probe)
-                # checkpoint; a stop signal saves one and ends the run (several processes agree
-                # on a stop at log and checkpoint steps, where the host waits anyway)
-                save_due = bool(tc.save_every) and state.step % tc.save_every == 0
-                stop = signals.requested(acc, everywhere=save_due or last or state.step % tc.log_every == 0)
-                if save_due or last or stop:  # skipped steps are read from the device here and at log steps
-                    self.skips.settle(state, tc.max_bad_steps, result.grad_norm)
-                if save_due and state.bad_steps and not (last or stop):
-                    log.warning("Step %d: no checkpoint while steps are skipped as non-finite; the "
-                                "next one is saved after a good step.", state.step)
-                elif save_due or last or stop:
-                    self._paused(window, self.save)
-                if stop:
-                    self._close_progress()
-                    raise Preempted(f"Stopped by {signals.name} at step {state.step} after saving a "
-                                    "checkpoint; continue with train.resume=auto in the same "
-                                    "hydra.run.dir.", signum=signals.received)
-        self._close_progress()
-        return last_eval
 
-    def train_step(self) -> StepResult:
-        """One optimizer step, counted in the state; the schedule then moves on."""
-        cfg, state = self.cfg, self.state
-        m = cfg.masking
-        mlm_probability = (m.probability_at(state.step, cfg.train.max_steps) if state.budget.step_only
-                           else m.rate_at(state.budget.progress(state.step)))
-        self.collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
-        self.step_accum = self.ramp.accum(state.tokens_seen) if self.ramp is not None else self.accum
-        micro, waited, layouts = next_micro_batches(state.stream, self.collator, self.step_accum, m.on_device)
-        result = optimizer_step(self.accelerator, self.objective, self.optimizer,
-                                self.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm, layouts)
-        result.mlm_probability, result.data_wait = mlm_probability, waited
+    def end_fit(self) -> None:
+        self.progress.close()
+
+    def done(self) -> bool:
+        """Whether the first budget is spent."""
+        return self.state.budget.done(self.state.step)
+
+    def log_due(self, last: bool) -> bool:
+        return self.state.step % self.cfg.train.log_every == 0 or last
+
+    def eval_due(self, last: bool) -> bool:
+        every = self.cfg.train.eval_every
+        return bool(every and self.state.step % every == 0) or last
+
+    def phase_due(self) -> bool:
+        return self.plan is not None and self.plan.due(self.state.step)
+
+    def probe_due(self, last: bool) -> bool:
+        return self.probe is not None and (self.state.step % self.cfg.probe.every == 0 or last)
+
+    def stop_requested(self, signals: StopSignals, last: bool) -> bool:
+        """Whether a stop signal came (several processes agree at log and checkpoint steps,
+        where the host waits anyway)."""
+        tc, step = self.cfg.train, self.state.step
+        return signals.requested(self.accelerator, everywhere=bool(tc.save_every and step % tc.save_every == 0)
+                                 or last or step % tc.log_every == 0)
+
+    def checkpoint(self, last: bool, stop: bool) -> None:
+        """Save a checkpoint at its interval, at the end, and on a stop request; while steps are
+        skipped as non-finite only at the end or a stop (the count is read from the device here)."""
+        tc, state = self.cfg.train, self.state
+        due = bool(tc.save_every) and state.step % tc.save_every == 0
+        if not (due or last or stop):
+            return
+        self.skips.settle(state, tc.max_bad_steps, self.last_grad_norm)
+        if due and state.bad_steps and not (last or stop):
+            log.warning("Step %d: no checkpoint while steps are skipped as non-finite; the next one is "
+                        "saved after a good step.", state.step)
+            return
+        self.paused(self.save)
+
+    def stopped(self, signals: StopSignals) -> Preempted:
+        """The error that ends a run stopped by a signal, after its checkpoint."""
+        self.end_fit()
+        return Preempted(f"Stopped by {signals.name} at step {self.state.step} after saving a checkpoint; "
+                         "continue with train.resume=auto in the same hydra.run.dir.", signum=signals.received)
+
+    def paused(self, job):
+        """Run ``job`` (evaluation, a checkpoint, a phase's switch) with its time kept out of tokens/s."""
+        t0 = time.perf_counter()
+        out = job()
+        self.window.paused += time.perf_counter() - t0
+        return out
+
+    def finish_step(self, result: StepResult) -> None:
+        """Count an optimizer step (the log window, the skips, the state), move the learning rate
+        on, clear the gradients, read the budget's clock and show the progress."""
+        state, tc = self.state, self.cfg.train
+        self.window.add(result)
         self.skips.add(result.ok)  # on the device: read at log and checkpoint steps
+        self.last_grad_norm = result.grad_norm
         state.finish_step(result.tokens)
         self.scheduler.step()  # the rate of the next step, from the budget used so far
         self.optimizer.zero_grad(set_to_none=True)
         # the main process's clock: read at every step where one process trains (free), at log
         # steps where several must agree (a collective); between readings the budget extrapolates
-        if state.budget.max_time and (self.accelerator.num_processes == 1 or state.step % cfg.train.log_every == 0):
+        if state.budget.max_time and (self.accelerator.num_processes == 1 or state.step % tc.log_every == 0):
             state.budget.sync(state.step, self._shared_clock())
-        if self.progress is not None:
-            self.progress.update(1)
-        return result
+        self.progress.update(state.step)
 
-    def log(self, window: LogWindow, result: StepResult) -> None:
-        """A ``train`` event of the steps since the last one."""
-        acc, state = self.accelerator, self.state
+    def log(self, result: StepResult) -> None:
+        """A ``train`` event of the steps since the last one (their skipped steps read from the
+        device first)."""
+        acc, state, window = self.accelerator, self.state, self.window
+        self.skips.settle(state, self.cfg.train.max_bad_steps, result.grad_norm)
         elapsed = max(time.perf_counter() - window.started - window.paused, 1e-9)
         masked = float(window.masked)
         event = {
@@ -308,9 +346,8 @@ class Trainer:
             "global_batch_size": self.global_batch(self.step_accum),  # the last step's
         }
         self.record(event)
-        if self.progress is not None:  # tqdm shows the time left itself
-            self.progress.set_postfix(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
-                                      tok_s=f"{event['tokens_per_s']:.0f}", mfu=f"{event['mfu']:.0%}")
+        self.progress.show(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
+                           tok_s=f"{event['tokens_per_s']:.0f}", mfu=f"{event['mfu']:.0%}")
         if not math.isfinite(event["loss"]):
             log.warning("Step %d: loss is %s", state.step, event["loss"])
         window.reset()
@@ -376,13 +413,6 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
 
-    def _paused(self, window: LogWindow, job):
-        """Run ``job`` (evaluation, a checkpoint) with its time kept out of tokens/s."""
-        t0 = time.perf_counter()
-        out = job()
-        window.paused += time.perf_counter() - t0
-        return out
-
     def _shared_clock(self) -> float:
         """The main process's training seconds, on every rank."""
         seconds = self.time_base + time.perf_counter() - self.t_start
@@ -391,18 +421,6 @@ class Trainer:
             return seconds
         t = torch.tensor([seconds if acc.is_main_process else 0.0], dtype=torch.float64, device=acc.device)
         return float(acc.reduce(t, reduction="sum"))
-
-    def _progress_bar(self):
-        if not (self.accelerator.is_main_process and self.cfg.train.progress):
-            return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.train.max_steps, initial=self.state.step, desc="train", dynamic_ncols=True)
-
-    def _close_progress(self) -> None:
-        if self.progress is not None:
-            self.progress.close()
-            self.progress = None
 
 
 def refresh_lr(scheduler) -> None:

@@ -1,4 +1,4 @@
-"""Recipes that composition applies before a run starts: continued pretraining.
+"""Apply the recipes composition takes before a run starts: continued pretraining.
 
 A model preset's rate and warmup are tuned to train its architecture from scratch
 (bert-tiny's 3e-3 after 20 steps); applied to a pretrained model they wreck what it knows.
@@ -23,12 +23,15 @@ rate it trained at and why.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
+
+from mlmkit.errors import ConfigError
 
 REFERENCE_LR = 1e-4  # Gururangan et al. (2020), Table 13 (TAPT, RoBERTa-base)
 REFERENCE_BATCH = 256
@@ -75,17 +78,33 @@ def model_label(init_from: str) -> str:
     return f"{name} (continued)"
 
 
+def pretrained_width(init_from: str) -> int:
+    """Read the hidden size of the model at ``init_from`` from its config alone (a local dir's
+    config.json as JSON, or the Hub's); the model layer checks and loads the rest later."""
+    local = Path(init_from).expanduser()
+    try:
+        if local.exists():
+            return int(json.loads((local / "config.json").read_text())["hidden_size"])
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(init_from, trust_remote_code=False).hidden_size)
+    except Exception as exc:
+        where = "a local dir without a readable config.json" if local.exists() else \
+            "not a local model dir, and the Hugging Face Hub could not provide its config"
+        raise ConfigError(f"Could not read model.init_from={init_from!r} ({where}: "
+                          f"{type(exc).__name__}); point model.init_from at a local dir with "
+                          "config.json and model.safetensors.") from None
+
+
 def apply_continued_pretraining(cfg: DictConfig, overrides: Iterable[str]) -> list[str]:
     """With ``model.init_from`` set, put the continued-pretraining recipe into ``cfg`` for each
     setting ``overrides`` leaves unset; returns one phrase per setting taken (nothing without
     ``init_from``). Reads the loaded model's config (its width), not its weights."""
-    from mlmkit.model.bert import load_pretrained_config
-
     init_from = cfg.model.get("init_from")
     if not init_from:
         return []
     keys = given_keys(overrides)
-    width = int(load_pretrained_config(str(init_from)).hidden_size)
+    width = pretrained_width(str(init_from))
     taken = []
     with open_dict(cfg):
         if not _given("optim.lr", keys):

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from mlmkit import compose
-from mlmkit.training.recipes import continued_lr, given_keys
+from mlmkit.config.recipes import continued_lr, given_keys
 
 
 @pytest.fixture(scope="module")
