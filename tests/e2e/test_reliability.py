@@ -56,6 +56,8 @@ def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err[-3000:]
     assert f"Stopped by {signal.Signals(sig).name}" in err and "Traceback" not in err
+    # said at once, before the step ends
+    assert f"Got {signal.Signals(sig).name}: stopping after this step, with a checkpoint" in err
     ckpts = list_checkpoints(run / "checkpoints")
     assert len(ckpts) == 1
     stopped_at = int(ckpts[0].name.split("_")[1])
@@ -63,6 +65,24 @@ def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
     # continue to the end: every step logged exactly once
     run_train(run, cache_dir, *args, "train.resume=auto")
     assert train_steps(run) == list(range(1, 151))
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_in_one_sentence(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    proc = _start(run, cache_dir, "train.max_steps=500", "train.log_every=1", "train.save_every=0",
+                  "train.eval_every=0", "train.precision=no", "train.batch_size=64")
+    deadline = time.time() + 120
+    while len(train_steps(run)) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "press Ctrl-C again to stop at once" in err and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("Stopped at once by a second Ctrl-C, without a checkpoint of this "
+                                            "step; train.resume=auto continues from the last one saved.")
 
 
 @pytest.mark.slow

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
 from conftest import SHARED_DATA, shared_file
 from runs import (
+    ROOT,
+    TEST_ENV,
+    TINY,
     assert_same_losses,
     assert_same_weights,
     events,
@@ -280,3 +286,21 @@ def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr
     assert AutoTokenizer.from_pretrained(run / "final").convert_ids_to_tokens(top) == baseline
     final = events(run, "eval")[-1]
     assert final["step"] == 4 and 0 < final["eval_loss"] < 20
+
+
+@pytest.mark.slow
+def test_a_run_logged_to_a_file_reads_line_by_line_and_ends_with_its_summary(tmp_path, cache_dir):
+    """Where stderr is a file (a log, a SLURM job's output), no progress bar writes carriage
+    returns, no line runs past 1,000 characters, and the run ends with its summary."""
+    run = tmp_path / "run"
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, "train.max_steps=6", "train.progress=true",
+                               f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", "logger=none"],
+                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **TEST_ENV}, timeout=300)
+    text = (tmp_path / "log").read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "\r" not in text and max(map(len, text.splitlines())) <= 1000
+    assert "Setting accelerator to CPU" not in text  # DeepSpeed's note, silenced
+    last = text.strip().splitlines()[-2:]
+    assert last[0].split("] ", 1)[1].startswith("Done: 6 steps in this run, 6 in all")
+    assert f"The model: {run / 'final'}" in last[1]

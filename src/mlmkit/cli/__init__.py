@@ -90,13 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout = open(os.devnull, "w")
         return 0
     from mlmkit.cli.launch import record_pid
+    from mlmkit.cli.output import quiet_libraries
 
+    quiet_libraries()
     record_pid()  # a rank under mlmkit launch: where the launcher's signals go
     run = importlib.import_module(module).main
     sys.argv = [f"mlmkit {command}", *rest]  # Hydra and argparse read the command line here
-    if not takes_args:  # Hydra's mains report their own errors (exit_on_error)
-        return run() or 0
-    return report_errors(lambda: run(rest))
+    # Hydra's mains report their own errors (exit_on_error) and a Ctrl-C outside them here
+    return report_errors(run if not takes_args else lambda: run(rest))
 
 
 def fill_mask_main() -> int:

@@ -17,6 +17,7 @@ from mlmkit.errors import ConfigError, MLMKitError, Preempted
 # folder, and the launcher prints each distinct sentence once and exits with the status.
 LAUNCH_DIR_ENV = "MLMKIT_LAUNCH_DIR"
 PEER_GONE = 3  # the exit status of a rank that stopped because another process ended
+INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C
 # how torch.distributed's collectives fail when another process has ended (gloo, NCCL); not
 # "Connection refused", which a rank that cannot reach the rendezvous gets (its traceback stays)
 _PEER_GONE_TEXT = ("closed by peer", "reset by peer", "Broken pipe", "remote process exited",
@@ -41,6 +42,10 @@ def report_errors(fn: Callable[[], int | None]) -> int:
         leave_process_group()
         tell(2, f"Error: {exc}")
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C where nothing stops cleanly, or a second one
+        leave_process_group()
+        tell(INTERRUPTED, str(exc) or "Interrupted.", every_rank=False)
+        return INTERRUPTED
     except Exception as exc:
         if not peer_gone(exc):
             raise
