@@ -13,8 +13,8 @@ import torch
 
 from mlmkit.config import TaskConfig
 from mlmkit.evaluation.probe import LinearProbe
-from mlmkit.training.loading import load_model_and_tokenizer
 from mlmkit.training.runtime import describe_cpu
+from mlmkit.training.trained_model import load_model_and_tokenizer
 
 
 def main() -> None:

@@ -11,14 +11,19 @@ import sys
 import time
 
 import pytest
-from runs import ROOT, limited_file_size
+from conftest import shared_file
+from runs import (
+    ROOT,  # noqa: E402
+    limited_file_size,
+)
 
+import mlmkit.data.packing as data_mod
 import mlmkit.data.packing as packing
 from mlmkit.config import DataConfig, TokenizerConfig
 from mlmkit.data import cache
 from mlmkit.data.packing import prepare_datasets
 from mlmkit.data.tokenizer import get_tokenizer, tokenizer_fingerprint
-from mlmkit.errors import ConfigError
+from mlmkit.errors import ConfigError, DataError
 
 TEXTS = [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in range(300)]
 TOKENIZER = TokenizerConfig(vocab_size=120, min_frequency=1)
@@ -182,3 +187,31 @@ def test_the_folder_of_a_killed_preparation_is_removed_not_a_running_ones(tmp_pa
     os.utime(folder, (old, old))
     get_tokenizer(TOKENIZER, lambda: iter(TEXTS), "corpus-1", tmp_path)
     assert not os.path.exists(folder) and fresh.is_dir()
+
+
+def test_cache_is_keyed_by_packing_and_files_and_left_clean(tmp_path, tokenizer, monkeypatch):
+    path = tmp_path / "c.txt"
+    path.write_text(shared_file("corpora/tinyshakespeare/input.txt").read_text()[:200_000])
+    cfg = DataConfig(source="files", train_files=[str(path)], max_seq_length=64)
+    prepare_datasets(cfg, tokenizer, tmp_path)
+    calls = []
+    real = data_mod.pack_corpus
+    monkeypatch.setattr(data_mod, "pack_corpus", lambda *a, **k: calls.append(k or a[4:]) or real(*a, **k))
+    prepare_datasets(cfg, tokenizer, tmp_path)
+    assert calls == []  # reused
+    lbl = prepare_datasets(DataConfig(source="files", train_files=[str(path)], max_seq_length=64,
+                                      packing="line_by_line"), tokenizer, tmp_path)
+    assert len(calls) == 1 and len({len(r) for r in lbl["train"]["input_ids"][:200]}) > 1
+    os.utime(path, ns=(1, 1))  # same content, other mtime: tokenized again
+    prepare_datasets(cfg, tokenizer, tmp_path)
+    assert len(calls) == 2
+    entries = sorted(p.name for p in (tmp_path / "data").iterdir())
+    assert len(entries) == 3 and not any(e.startswith(".") for e in entries)
+    # a corpus that packs to zero blocks leaves no entry behind
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("one two.\n\nthree.")
+    with pytest.raises(DataError, match="zero blocks"):
+        prepare_datasets(DataConfig(source="files", train_files=[str(tiny)], validation_files=[str(tiny)]),
+                         tokenizer, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == entries
+

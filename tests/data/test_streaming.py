@@ -7,6 +7,11 @@ import json
 import pytest
 import torch
 from conftest import shared_file
+from runs import (
+    ROOT,  # noqa: E402
+    assert_same_losses,
+    python_run,
+)
 
 import mlmkit.data.streaming as streaming
 from mlmkit.config import DataConfig, SourceConfig
@@ -237,3 +242,50 @@ def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
     reader = streaming.ShardBlocks(cfg, tokenizer, 0, 3, seed=0)
     next(reader.blocks())
     assert not reader.stream.presharded
+
+
+def _run(*args, timeout=300):
+    return python_run(*args, timeout=timeout)
+
+
+TINY = ["model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
+        "model.intermediate_size=64", "data.max_seq_length=32", "data.max_eval_samples=32",
+        "train.batch_size=4", "train.progress=false", "train.log_every=2", "optim.warmup_steps=2",
+        "train.eval_every=6", "train.save_every=6", "train.max_steps=12", "data.streaming=true",
+        "data.shuffle_buffer=16", "data.stream_validation_docs=50", "train.num_workers=2"]
+
+
+def test_streaming_training_resumes_where_the_stream_was(tmp_path):
+    """Train 12 steps streaming (with BPE and dataloader workers); then cut the run at its
+    step-6 checkpoint and resume: steps 7-12 see the same batches (same losses)."""
+    text = shared_file("corpora/tinyshakespeare/input.txt")
+    tok = tmp_path / "tok"
+    assert _run("-m", "mlmkit", "tokenizer", "data=files", f"data.train_files=[{text}]",
+                "tokenizer.algorithm=bpe", "tokenizer.vocab_size=600", f"out={tok}").returncode == 0
+    common = [str(ROOT / "train.py"), *TINY, "data=files", f"data.train_files=[{text}]",
+              f"tokenizer.name_or_path={tok}", f"paths.cache_dir={tmp_path}/cache", "data.packing=line_by_line"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    proc = _run(*common, f"hydra.run.dir={whole}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import shutil
+
+    shutil.copytree(whole, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_0000012")
+    shutil.rmtree(cut / "final")
+    proc = _run(*common, f"hydra.run.dir={cut}", "train.resume=auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Resumed from" in proc.stderr and "step_0000006" in proc.stderr
+
+    def losses(run):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(e["step"], e["loss"]) for e in rows if e["event"] == "train"]
+
+    assert len(losses(whole)) == 6
+    assert_same_losses(losses(cut), losses(whole))
+    state = json.loads((whole / "checkpoints" / "step_0000006" / "loop_state.json").read_text())
+    assert state["stream"]["ranks"][0]["consumed"] == 6
+    # a different worker count cannot continue the stream: one sentence, exit 2
+    proc = _run(*common, f"hydra.run.dir={cut}", "train.resume=auto", "train.num_workers=0",
+                "train.max_steps=14")
+    assert proc.returncode == 2 and "train.num_workers=2" in proc.stderr.strip().splitlines()[-1]
+

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from runs import events, run_train
 
-from mlmkit.training.checkpoint import list_checkpoints
+from mlmkit.training.checkpoint_files import list_checkpoints
 
 
 def _snapshot(run: Path) -> dict[str, str]:

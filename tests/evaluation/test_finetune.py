@@ -90,7 +90,6 @@ def test_finetune_user_errors_are_one_sentence(tmp_path):
     assert proc.returncode == 2 and "not a model dir" in proc.stderr and "Traceback" not in proc.stderr
 
 
-
 def test_mean_pooling_reads_the_token_states_without_padding(tmp_path):
     import torch
     from transformers import BertConfig

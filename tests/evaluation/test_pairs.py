@@ -65,7 +65,7 @@ def reference_plls(model, tokenizer, sentences, max_length: int) -> list[float]:
 @pytest.mark.parametrize("architecture", ["bert", "modernbert", "trained"])
 def test_batched_scores_equal_one_masked_copy_at_a_time(tokenizer, trained_run, architecture):
     if architecture == "trained":
-        from mlmkit.training.loading import load_model_and_tokenizer
+        from mlmkit.training.trained_model import load_model_and_tokenizer
 
         model = load_model_and_tokenizer(trained_run)[0]
     else:
@@ -87,7 +87,7 @@ def test_batched_scores_equal_one_masked_copy_at_a_time(tokenizer, trained_run, 
 def test_bf16_autocast_scores_near_the_fp32_ones(trained_run):
     """eval-pairs' precision=bf16 (auto on bf16 hardware): the fp32 weights under autocast,
     log-softmax in fp32; each sentence's score within 2% of the fp32 one, and not the same."""
-    from mlmkit.training.loading import load_model_and_tokenizer
+    from mlmkit.training.trained_model import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(trained_run)[:2]
     model = model.float()

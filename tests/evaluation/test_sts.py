@@ -226,7 +226,7 @@ def test_eval_sts_python_api_matches_sentence_transformers_pooling(sts_run):
 
     from mlmkit.config import StsEvalConfig
     from mlmkit.evaluation.sts import embed, load_encoder
-    from mlmkit.training.loading import load_model_and_tokenizer
+    from mlmkit.training.trained_model import load_model_and_tokenizer
 
     cfg = StsEvalConfig(checkpoint=str(sts_run), task=_stsb_task())
     encoder, tokenizer, _ = load_encoder(cfg)

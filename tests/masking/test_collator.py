@@ -128,7 +128,6 @@ def test_invalid_settings_refused(tokenizer, kwargs):
         MLMCollator(tokenizer, **kwargs)
 
 
-
 def test_batches_are_the_same_with_or_without_workers(tokenizer):
     """Each batch is masked from its own seed: worker count and resume position don't matter."""
     import datasets

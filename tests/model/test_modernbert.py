@@ -133,7 +133,7 @@ def test_bad_modernbert_settings_are_one_sentence():
 def test_a_resume_checks_the_modernbert_shape(tokenizer, tmp_path):
     """The run's model/config.json of a ModernBERT is compared field by field on resume."""
     from mlmkit.errors import ConfigError
-    from mlmkit.training.resume import check_model_shape
+    from mlmkit.training.resume_checks import check_model_shape
 
     model = build_model(SMALL, tokenizer)
     model.config.save_pretrained(tmp_path)

@@ -55,7 +55,7 @@ def test_every_loader_passes_trust_remote_code_false(model_dir, monkeypatch):
     from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM
 
     from mlmkit.cli.fill_mask import fill_mask
-    from mlmkit.training.loading import load_model_and_tokenizer
+    from mlmkit.training.trained_model import load_model_and_tokenizer
 
     calls: list[tuple[str, dict]] = []
 
@@ -83,7 +83,7 @@ def test_a_dir_naming_custom_code_is_refused_before_transformers_reads_it(model_
     from mlmkit.cli.fill_mask import fill_mask
     from mlmkit.data.tokenizer import load_tokenizer
     from mlmkit.model.bert import load_pretrained
-    from mlmkit.training.loading import load_model_and_tokenizer
+    from mlmkit.training.trained_model import load_model_and_tokenizer
 
     folder = _copy(model_dir, tmp_path / "custom")
     marker = tmp_path / "code-ran"
@@ -108,7 +108,7 @@ def test_pickled_weights_are_never_loaded(model_dir, tmp_path, monkeypatch):
 
     from mlmkit.cli.fill_mask import fill_mask
     from mlmkit.model.bert import load_pretrained
-    from mlmkit.training.loading import load_model_and_tokenizer
+    from mlmkit.training.trained_model import load_model_and_tokenizer
 
     folder = _copy(model_dir, tmp_path / "pickled")
     torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
@@ -131,7 +131,7 @@ def test_pickled_weights_are_never_loaded(model_dir, tmp_path, monkeypatch):
 def test_a_refused_pickle_is_not_met_with_advice_to_load_it_unsafely(tmp_path):
     from accelerate import Accelerator
 
-    from mlmkit.training.checkpoint import load_checkpoint
+    from mlmkit.training.checkpoint_files import load_checkpoint
 
     marker = tmp_path / "code-ran"
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
+
 import pytest
 from runs import events, run_train
 
@@ -167,3 +170,33 @@ def test_nothing_accumulates_under_deepspeed():
         check_engine(_deepspeed(2), Config(train=TrainConfig(batch_size=8, global_batch_size=64)))
     with pytest.raises(ConfigError, match="the DeepSpeed config sets 8"):
         check_engine(_deepspeed(2, gradient_accumulation_steps=8), Config(train=TrainConfig(batch_size=8)))
+
+
+@contextmanager
+def warnings_of(name: str):
+    """The warning messages logged by ``name`` inside the block (whatever propagation the
+    ``mlmkit`` logger has been given by a run in this process)."""
+    records: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger(name)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def test_a_warmup_as_long_as_the_step_budget_warns_naming_both_settings():
+    from mlmkit.training.budget import Budget
+
+    with warnings_of("mlmkit.training.budget") as warnings:
+        Budget(OptimConfig(warmup_steps=4), max_steps=4)
+        Budget(OptimConfig(warmup_steps=10), max_steps=4)
+        Budget(OptimConfig(warmup_steps=3), max_steps=4)  # shorter: no warning
+    assert len(warnings) == 2
+    assert all("optim.warmup_steps" in w and "train.max_steps" in w for w in warnings)
+

@@ -22,7 +22,7 @@ def use_run_data(cfg: DictConfig, overrides: list[str]) -> str:
     """Put the data settings of the run ``cfg.checkpoint`` belongs to into ``cfg`` (the
     command line's ``data.*`` and ``masking.*`` on top); returns which data is scored."""
     from mlmkit.config.recipes import given_keys
-    from mlmkit.training.loading import resolve_model_path, run_settings
+    from mlmkit.training.trained_model import resolve_model_path, run_settings
 
     keys = given_keys(overrides)
     if cfg.files:

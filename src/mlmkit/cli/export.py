@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"The export folder {str(out)!r} already exists; choose a new one, so "
                           "that nothing already there is overwritten.")
     from mlmkit.export.final import export_final
-    from mlmkit.training.loading import load_model_and_tokenizer
+    from mlmkit.training.trained_model import load_model_and_tokenizer
 
     model, tokenizer, resolved = load_model_and_tokenizer(args.checkpoint)
     settings, summary = checkpoint_record(resolved)

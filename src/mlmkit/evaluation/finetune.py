@@ -42,10 +42,10 @@ from mlmkit.data.sources import check_not_binary
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.evaluation.metric_modules import load_metric
 from mlmkit.model.architectures import parts_of
-from mlmkit.training.loading import load_model_and_tokenizer
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.optim import build_optimizer, build_scheduler
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu
+from mlmkit.training.trained_model import load_model_and_tokenizer
 
 log = logging.getLogger("mlmkit")
 

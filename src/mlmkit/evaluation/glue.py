@@ -312,7 +312,7 @@ def bar_chart(path: Path, label: str, results: dict[str, TaskResult], names: lis
 def glue(cfg: GlueConfig, run_dir: str | Path) -> dict[str, Any]:
     """Run ``cfg``'s tasks (MNLI first when the protocol starts others from it), write
     results.json, results.md and glue.png to ``run_dir``; returns what results.json holds."""
-    from mlmkit.training.loading import resolve_model_path
+    from mlmkit.training.trained_model import resolve_model_path
 
     check_tasks(cfg.tasks)
     resolve_model_path(cfg.checkpoint)  # a wrong path is one sentence now, not one per task

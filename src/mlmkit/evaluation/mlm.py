@@ -14,8 +14,8 @@ from mlmkit.data.sources import load_files, resolve_files
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.model.bert import MaskedLM
 from mlmkit.model.documents import isolation_sep_id
-from mlmkit.training.loading import load_model_and_tokenizer
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu
+from mlmkit.training.trained_model import load_model_and_tokenizer
 from mlmkit.training.validation import evaluate, fixed_eval_batches
 
 

@@ -36,8 +36,8 @@ from mlmkit.errors import ConfigError, DataError
 from mlmkit.evaluation.sts import write_output
 from mlmkit.model.architectures import parts_of
 from mlmkit.model.bert import padded_vocab_size
-from mlmkit.training.loading import load_model_and_tokenizer
 from mlmkit.training.runtime import autocast_dtype, resolve_precision
+from mlmkit.training.trained_model import load_model_and_tokenizer
 
 log = logging.getLogger("mlmkit")
 

@@ -35,7 +35,7 @@ from mlmkit.config import RetrievalEvalConfig
 from mlmkit.data.sources import check_not_binary
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.evaluation.sts import embed, load_encoder, write_output
-from mlmkit.training.loading import run_settings
+from mlmkit.training.trained_model import run_settings
 
 log = logging.getLogger("mlmkit")
 

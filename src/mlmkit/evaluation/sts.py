@@ -26,7 +26,7 @@ from mlmkit.evaluation.correlation import pearson, spearman
 from mlmkit.evaluation.finetune import load_split
 from mlmkit.model.architectures import parts_of
 from mlmkit.model.classifier import masked_mean
-from mlmkit.training.loading import load_model_and_tokenizer
+from mlmkit.training.trained_model import load_model_and_tokenizer
 
 log = logging.getLogger("mlmkit")
 

@@ -32,12 +32,11 @@ from mlmkit.model.bert import (
 from mlmkit.model.documents import isolation_sep_id
 from mlmkit.training import lock as run_lock
 from mlmkit.training.budget import Budget
-from mlmkit.training.checkpoint import resolve_resume
-from mlmkit.training.loading import RUN_MODEL_DIR, save_run_model_spec
+from mlmkit.training.checkpoint_files import resolve_resume
 from mlmkit.training.optim import build_optimizer, build_scheduler
 from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, stored_reference_rate
 from mlmkit.training.phases import BatchRamp, PhasePlan
-from mlmkit.training.resume import check_model_shape
+from mlmkit.training.resume_checks import check_model_shape
 from mlmkit.training.runtime import (
     apply_speed_settings,
     compile_encoder,
@@ -45,6 +44,7 @@ from mlmkit.training.runtime import (
     runs_on_cpu,
 )
 from mlmkit.training.tracking import tracker_setup
+from mlmkit.training.trained_model import RUN_MODEL_DIR, save_run_model_spec
 
 log = logging.getLogger("mlmkit")
 

@@ -1,6 +1,6 @@
 """Where a run stands, beside the weights and the optimizer: the step, the tokens seen, the
 budget's clock, this rank's data position and mask RNG. ``TrainState.state_dict()`` is the
-loop state a checkpoint holds (``checkpoint.LOOP_STATE``); ``load_state_dict`` restores it."""
+loop state a checkpoint holds (``checkpoint_files.LOOP_STATE``); ``load_state_dict`` restores it."""
 
 from __future__ import annotations
 

@@ -29,9 +29,8 @@ from mlmkit.data.tokenizer import unk_report
 from mlmkit.errors import Preempted
 from mlmkit.model.architectures import set_rope_theta
 from mlmkit.model.documents import isolation_sep_id
-from mlmkit.training import resume, setup
-from mlmkit.training.checkpoint import load_checkpoint, load_latest, save_checkpoint
-from mlmkit.training.loading import RUN_MODEL_DIR
+from mlmkit.training import resume_checks, setup
+from mlmkit.training.checkpoint_files import load_checkpoint, load_latest, save_checkpoint
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.perf import peak_memory_gb
 from mlmkit.training.phases import begun_phases, phase_changes
@@ -40,6 +39,7 @@ from mlmkit.training.signals import StopSignals
 from mlmkit.training.state import TrainState
 from mlmkit.training.step import SkipCount, StepResult
 from mlmkit.training.tracking import log_event, start_trackers
+from mlmkit.training.trained_model import RUN_MODEL_DIR
 from mlmkit.training.validation import evaluate, fixed_eval_batches, majority_baseline
 
 log = logging.getLogger("mlmkit")
@@ -98,8 +98,8 @@ class Trainer:
         """The checkpoint's loop state ({} for a new run), its settings checked against this
         run's before anything in the run dir is written; the phase the run continues in."""
         cfg = self.run_cfg
-        saved = resume.saved_loop_state(self.resume_from) if self.resume_from else {}
-        self.changed = resume.check_settings(cfg, saved.get("settings"), self.resume_from) if saved else []
+        saved = resume_checks.saved_loop_state(self.resume_from) if self.resume_from else {}
+        self.changed = resume_checks.check_settings(cfg, saved.get("settings"), self.resume_from) if saved else []
         starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
         self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
         # before the data: an engine's refusal costs no tokenizing
@@ -113,7 +113,7 @@ class Trainer:
         data = setup.prepare_data(self.cfg, self.accelerator,
                                   run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
         if saved:
-            resume.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
+            resume_checks.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
         self.tokenizer = data.tokenizer
         return data
 
@@ -220,14 +220,14 @@ class Trainer:
             self.state.load_state_dict(restored)
             if tc.resume != "auto" and self.accelerator.is_main_process:
                 # an older checkpoint than the latest: the later continuation is abandoned
-                resume.retire_later(self.run_dir, self.resume_from, self.metrics.events_after(self.state.step))
+                resume_checks.retire_later(self.run_dir, self.resume_from, self.metrics.events_after(self.state.step))
             self.metrics.truncate_after(self.state.step)
             log.info("Resumed from %s at step %d", self.resume_from, self.state.step)
             if self.changed:
                 log.info("Settings changed since the checkpoint, applied: %s", "; ".join(self.changed))
             if any(change.startswith("optim.") for change in self.changed):
                 inner = getattr(self.scheduler, "scheduler", self.scheduler)
-                resume.apply_optim_settings(self.optimizer, self.scheduler, self.cfg.optim,
+                resume_checks.apply_optim_settings(self.optimizer, self.scheduler, self.cfg.optim,
                                             inner.lr_lambdas[0](inner.last_epoch))
         start_trackers(self.accelerator, self.cfg.logger, self.run_dir, asdict(self.run_cfg))
         if self.resume_from is None:

@@ -14,8 +14,8 @@ from mlmkit.data.tokenizer import load_tokenizer
 from mlmkit.errors import CheckpointError, ConfigError
 from mlmkit.model.architectures import fit_tokenizer
 from mlmkit.model.bert import load_pretrained, model_from_checkpoint
-from mlmkit.training.checkpoint import is_checkpoint, list_checkpoints
-from mlmkit.training.resume import saved_loop_state
+from mlmkit.training.checkpoint_files import is_checkpoint, list_checkpoints
+from mlmkit.training.resume_checks import saved_loop_state
 
 RUN_MODEL_DIR = "model"  # <run dir>/model: config.json and the tokenizer
 

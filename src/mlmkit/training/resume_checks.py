@@ -29,7 +29,7 @@ from typing import Any
 
 from mlmkit.config import Config
 from mlmkit.errors import CheckpointError, ConfigError
-from mlmkit.training.checkpoint import LOOP_STATE, list_checkpoints
+from mlmkit.training.checkpoint_files import LOOP_STATE, list_checkpoints
 
 log = logging.getLogger("mlmkit")
 

@@ -11,7 +11,7 @@ import torch
 
 from mlmkit.config import Config
 from mlmkit.errors import ConfigError
-from mlmkit.training.resume import apply_optim_settings, check_settings, saved_loop_state
+from mlmkit.training.resume_checks import apply_optim_settings, check_settings, saved_loop_state
 
 
 def _changed(**sections) -> Config:
