@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import shared_file
+from helpers import write_file
 
 import mlmkit.data.packing as data_mod
 from mlmkit.config import DataConfig
@@ -16,15 +17,6 @@ from mlmkit.data.packing import (
     prepare_datasets,
 )
 from mlmkit.errors import DataError
-
-
-def _write(tmp_path, name, content):
-    path = tmp_path / name
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    return path
 
 
 def test_pack_ids_blocks_are_full_and_framed():
@@ -65,7 +57,7 @@ def test_prepare_packs_and_caches(tmp_path, tokenizer, monkeypatch):
 
 
 def test_corpus_too_small_for_one_block(tmp_path, tokenizer):
-    path = _write(tmp_path, "tiny.txt", "one two three.\n\nfour five.")
+    path = write_file(tmp_path, "tiny.txt", "one two three.\n\nfour five.")
     cfg = DataConfig(source="files", train_files=[str(path)], validation_files=[str(path)],
                      max_seq_length=128, cache=False)
     with pytest.raises(DataError, match="data.max_seq_length"):

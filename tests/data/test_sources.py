@@ -9,9 +9,9 @@ import logging
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
 
 import pytest
+from helpers import warnings_of, write_file
 from runs import (
     ROOT,  # noqa: E402
     )
@@ -45,13 +45,6 @@ def test_builtin_corpus_is_large_and_deterministic():
     assert any("for" in d and "statement" in d for d in a[:100])  # language-reference prose
 
 
-def _write(tmp_path, name, content):
-    path = tmp_path / name
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    return path
 
 
 PARAS = "\n\n".join(f"Paragraph number {i} talks about cats and dogs and birds." for i in range(60))
@@ -60,9 +53,9 @@ PARAS = "\n\n".join(f"Paragraph number {i} talks about cats and dogs and birds."
 def test_local_formats_with_text_column(tmp_path):
     import pandas as pd
 
-    txt = _write(tmp_path, "a.txt", PARAS)
+    txt = write_file(tmp_path, "a.txt", PARAS)
     rows = [{"body": f"Row {i} holds some words about trains.", "id": i} for i in range(40)]
-    jsonl = _write(tmp_path, "b.jsonl", "\n".join(json.dumps(r) for r in rows))
+    jsonl = write_file(tmp_path, "b.jsonl", "\n".join(json.dumps(r) for r in rows))
     pd.DataFrame(rows).to_csv(tmp_path / "c.csv", index=False)
     pd.DataFrame(rows).to_parquet(tmp_path / "d.parquet")
     cfg = DataConfig(source="files", train_files=[str(txt)], validation_files=[str(jsonl)],
@@ -80,7 +73,7 @@ def test_local_formats_with_text_column(tmp_path):
 
 def test_crlf_and_latin1_text_is_read(tmp_path):
     raw = "First para caf\xe9 here.\r\nstill first.\r\n\r\nSecond para.\r\n".encode("latin-1")
-    path = _write(tmp_path, "x.txt", raw)
+    path = write_file(tmp_path, "x.txt", raw)
     cfg = DataConfig(source="files", train_files=[str(path)], validation_files=[str(path)])
     docs = load_corpus(cfg)["train"]["text"]
     assert docs == ["First para caf\ufffd here. still first.", "Second para."]
@@ -91,20 +84,20 @@ def test_missing_file_and_glob_name_the_setting(tmp_path):
         resolve_files([str(tmp_path / "nope.txt")], "data.train_files")
     with pytest.raises(DataError, match="no file matches"):
         resolve_files([str(tmp_path / "*.jsonl")], "data.train_files")
-    bad = _write(tmp_path, "x.docx", "hi")
+    bad = write_file(tmp_path, "x.docx", "hi")
     with pytest.raises(DataError, match="extension"):
         resolve_files([str(bad)], "data.train_files")
 
 
 def test_missing_text_column_names_the_setting(tmp_path):
-    path = _write(tmp_path, "a.jsonl", '{"body": "x y z"}\n{"body": "a b c"}\n')
+    path = write_file(tmp_path, "a.jsonl", '{"body": "x y z"}\n{"body": "a b c"}\n')
     cfg = DataConfig(source="files", train_files=[str(path)])
     with pytest.raises(DataError, match="data.text_column"):
         load_corpus(cfg)
 
 
 def test_binary_file_is_refused(tmp_path):
-    path = _write(tmp_path, "a.txt", b"\x00\x01\x02binary" * 100)
+    path = write_file(tmp_path, "a.txt", b"\x00\x01\x02binary" * 100)
     cfg = DataConfig(source="files", train_files=[str(path)])
     with pytest.raises(DataError, match="binary"):
         load_corpus(cfg)
@@ -113,22 +106,6 @@ def test_binary_file_is_refused(tmp_path):
 ENGLISH = "The quick brown fox jumps over the lazy dog near the river bank.\n"
 
 
-@contextmanager
-def warnings_of(name: str):
-    """The warning messages logged by ``name`` inside the block (whatever propagation the
-    ``mlmkit`` logger has been given by a run in this process)."""
-    records: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: records.append(record.getMessage())
-    logger = logging.getLogger(name)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
 
 
 def _jsonl(path, good: int):

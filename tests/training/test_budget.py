@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
-
 import pytest
+from helpers import warnings_of
 from runs import events, run_train
 
 from mlmkit.config import OptimConfig, TrainConfig
@@ -172,22 +170,6 @@ def test_nothing_accumulates_under_deepspeed():
         check_engine(_deepspeed(2, gradient_accumulation_steps=8), Config(train=TrainConfig(batch_size=8)))
 
 
-@contextmanager
-def warnings_of(name: str):
-    """The warning messages logged by ``name`` inside the block (whatever propagation the
-    ``mlmkit`` logger has been given by a run in this process)."""
-    records: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: records.append(record.getMessage())
-    logger = logging.getLogger(name)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
 
 
 def test_a_warmup_as_long_as_the_step_budget_warns_naming_both_settings():

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from mlmkit.errors import ConfigError, MLMKitError, Preempted
+from mlmkit.errors import ConfigError, MLMKitError, Preempted, first_line
 
 # Under ``mlmkit launch`` each rank reports how it ended (status, sentence) in a file of this
 # folder, and the launcher prints each distinct sentence once and exits with the status.
@@ -149,21 +149,18 @@ def hydra_error_sentence(exc: BaseException) -> str:
         return f"{group}={name} is not a preset; choose one of {', '.join(options)}."
     override = getattr(exc, "override", None)
     if override:  # an override that does not parse
-        return (f"Cannot parse the setting {override!r} ({_first_line(exc)}); write it as "
+        return (f"Cannot parse the setting {override!r} ({first_line(exc)}); write it as "
                 "key=value, with lists as key=[a,b] quoted for the shell.")
-    text = _first_line(exc)
+    text = first_line(exc)
     if text.startswith("Ambiguous value for argument"):  # a, b without --multirun
         return (f"{text}; write key=[a,b] for a list, quote 'a,b' for a text, or add --multirun "
                 "to sweep over the values.")
     text = text.replace("Error merging override", "Cannot apply the setting", 1)
     if exc.__cause__ is not None:
-        text = f"{text}: {_first_line(exc.__cause__)}"
+        text = f"{text}: {first_line(exc.__cause__)}"
     return text + "."
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return (lines[0] if lines else type(exc).__name__).rstrip(".")
 
 
 def _hand_back_signal(signum: int | None) -> None:

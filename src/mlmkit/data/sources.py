@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mlmkit.config import DataConfig, SourceConfig
-from mlmkit.errors import DataError, MLMKitError
+from mlmkit.errors import DataError, MLMKitError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def check_text_column(path: str, column: str, setting: str) -> None:
             schema = pq.read_schema(path)
         except Exception as exc:  # not Parquet, or cut short
             raise DataError(f"{setting}: could not read {path!r} as parquet "
-                            f"({_first_line(exc)}); list only whole Parquet files.") from None
+                            f"({first_line(exc)}); list only whole Parquet files.") from None
         if column not in schema.names:
             raise DataError(f"{setting}: {path!r} has no column {column!r} (columns: "
                             f"{', '.join(schema.names)}); set data.text_column.")
@@ -305,8 +305,6 @@ def check_text_column(path: str, column: str, setting: str) -> None:
                             f"{', '.join(keys)}); set data.text_column.")
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 def _txt_generator(files: list[tuple[str, int, int]], sample_by: str) -> Iterator[dict]:

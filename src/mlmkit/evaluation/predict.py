@@ -21,7 +21,7 @@ import torch
 from mlmkit.config import TaskConfig
 from mlmkit.data.sources import check_not_binary
 from mlmkit.data.tokenizer import load_tokenizer
-from mlmkit.errors import ConfigError, DataError
+from mlmkit.errors import ConfigError, DataError, first_line
 from mlmkit.evaluation.finetune import read_rows
 from mlmkit.model.architectures import (
     ARCHITECTURES,
@@ -29,7 +29,7 @@ from mlmkit.model.architectures import (
     fit_tokenizer,
     transformers_class,
 )
-from mlmkit.model.bert import _first_line, load_pretrained_config
+from mlmkit.model.bert import load_pretrained_config
 from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 from mlmkit.model.safety import read_json_object
 
@@ -70,7 +70,7 @@ def load_classifier(model_dir: str | Path, setting: str = "model_dir"):
         model = model_class.from_pretrained(str(path), config=config, use_safetensors=True,
                                             trust_remote_code=False, attn_implementation="sdpa")
     except Exception as exc:
-        raise ConfigError(f"{setting}: could not load the weights of {str(path)!r} ({_first_line(exc)}); "
+        raise ConfigError(f"{setting}: could not load the weights of {str(path)!r} ({first_line(exc)}); "
                           "the dir is damaged, so pass another model dir.") from None
     tokenizer = load_tokenizer(str(path), setting)
     fit_tokenizer(tokenizer, model)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mlmkit.config import ModelConfig
-from mlmkit.errors import CheckpointError, ConfigError
+from mlmkit.errors import CheckpointError, ConfigError, first_line
 from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
 from mlmkit.model.documents import document_inputs, padding_inputs, varlen_inputs
@@ -221,7 +221,7 @@ def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
         where = ("its config.json could not be read" if local.exists() else
                  "not a local model dir, and the Hugging Face Hub could not provide it")
         raise ConfigError(
-            f"Could not load {setting}={name_or_path!r} ({where}: {_first_line(exc)}); point "
+            f"Could not load {setting}={name_or_path!r} ({where}: {first_line(exc)}); point "
             f"{setting} at a local dir with config.json and model.safetensors."
         ) from None
     if config.model_type not in ARCHITECTURES:
@@ -250,7 +250,7 @@ def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", settin
     except Exception as exc:
         raise ConfigError(
             f"Could not load weights from {setting}={name_or_path!r}: "
-            f"{_first_line(exc)} (mlmkit loads model.safetensors only)."
+            f"{first_line(exc)} (mlmkit loads model.safetensors only)."
         ) from None
 
 
@@ -276,7 +276,7 @@ def model_from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str = "sd
         tensors = load_file(str(weights))
     except Exception as exc:  # a cut or garbled file fails in json or in the safetensors header
         raise CheckpointError(
-            f"{setting}: could not read the checkpoint {str(ckpt)!r} ({_first_line(exc)}); it is "
+            f"{setting}: could not read the checkpoint {str(ckpt)!r} ({first_line(exc)}); it is "
             f"damaged, so point {setting} at another checkpoint or at the run's final/ dir."
         ) from None
     arch = architecture(config.model_type)  # bert or modernbert, else one sentence
@@ -302,8 +302,6 @@ def model_from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str = "sd
     return model
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 class MaskedLM(nn.Module):

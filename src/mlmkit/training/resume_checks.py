@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.config import Config
+from mlmkit.config.schema import flat_settings
 from mlmkit.errors import CheckpointError, ConfigError
 from mlmkit.training.checkpoint_files import LOOP_STATE, list_checkpoints
 
@@ -54,16 +55,6 @@ MODEL_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_atten
                     "layer_types", "local_attention", "rope_parameters")
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values."""
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def is_fixed(name: str) -> bool:
@@ -101,7 +92,7 @@ def check_settings(cfg: Config, saved: dict[str, Any] | None, resume_from: Path)
     effect, as ``"name old -> new"`` (logged by the caller)."""
     if not isinstance(saved, dict):  # a checkpoint written before settings were recorded
         return []
-    new, old = flatten(asdict(cfg)), flatten(saved)
+    new, old = flat_settings(asdict(cfg)), flat_settings(saved)
     changed = [k for k in sorted(new.keys() | old.keys())
                if k in new and k in old and new[k] != old[k]
                and k not in _IGNORED and not k.startswith(_IGNORED_SECTIONS)]
