@@ -7,7 +7,6 @@ import json
 
 import pytest
 from runs import run_cli
-from test_glue_tasks import GLUE, _write
 
 from mlmkit.config import GlueConfig
 from mlmkit.errors import ConfigError
@@ -20,6 +19,8 @@ from mlmkit.evaluation.glue import (
     protocol_of,
     table,
 )
+
+from .test_glue_tasks import GLUE, _write
 
 
 def _glue_data(root, names):

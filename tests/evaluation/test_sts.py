@@ -73,7 +73,7 @@ def test_pearson_and_spearman_metric_modules_load_offline():
 # ---- data ------------------------------------------------------------------------------------
 
 def _stsb_task(data_dir: Path | None = None):
-    from test_finetune import _task
+    from .test_finetune import _task
 
     task = _task("stsb")
     task.data_dir = None if data_dir is None else str(data_dir)
