@@ -47,7 +47,7 @@ def test_every_setting_named_is_in_the_schema(doc):
     for code in _code(doc.read_text()):
         for setting in SETTING.findall(code):
             setting = setting.rstrip(".")
-            if setting.endswith((".py", ".yaml", ".json", ".txt", ".tsv", ".jsonl", ".log", ".safetensors")):
+            if setting.endswith((".py", ".yaml", ".json", ".txt", ".tsv", ".csv", ".jsonl", ".log", ".safetensors")):
                 continue  # a file (train.py, model.safetensors)
             parts = setting.split(".")
             schema = FinetuneConfig if parts[0] == "task" else Config
@@ -109,3 +109,21 @@ def test_the_design_layout_lists_every_module():
             modules, named = modules - commands, named - commands
         assert modules <= named | {"__main__"}, f"{sub.name}/: not in the layout: {sorted(modules - named)}"
         assert named <= modules, f"{sub.name}/: the layout names modules that are gone: {sorted(named - modules)}"
+
+
+def test_the_reference_names_every_command_group_and_preset():
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    table = reference[reference.index("## Commands"):reference.index("## Install")]
+    listed = set(re.findall(r"^\| `([a-z][\w-]*)` \|", table, flags=re.M))
+    assert listed == set(COMMANDS), sorted(set(COMMANDS) ^ listed)
+    for group in sorted(p for p in (ROOT / "conf").iterdir() if p.is_dir() and not p.name.startswith("_")):
+        assert f"**`{group.name}/`**" in reference, group.name
+        for preset in sorted(group.glob("*.yaml")):
+            assert f"`{preset.stem}`" in reference, f"{group.name}/{preset.name}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/reference.md"])
+def test_no_table_cell_runs_past_200_characters(doc):
+    rows = [line for line in (ROOT / doc).read_text().splitlines() if line.startswith("|")]
+    long = [cell.strip()[:60] for row in rows for cell in row.strip("|").split(" | ") if len(cell.strip()) > 200]
+    assert rows and not long, long
