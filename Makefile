@@ -24,7 +24,7 @@ PYTHON_312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versi
 FLOOR  ?= .venv-floor
 WHEELS ?= .whl
 
-.PHONY: venv floor-env gpu-rehearsal train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -126,6 +126,13 @@ $(FLOOR)/.installed: .ci/gpu-image.txt | venv
 
 gpu-rehearsal: floor-env gpu-wheels  ## the GPU check's CPU mode, as a bare GPU image runs it
 	$(FLOOR)/bin/python benchmarks/gpu_check.py run --cpu --wheels $(WHEELS) --out gpu-check-cpu
+
+# The library's own tests (not the end-to-end runs) at the lowest versions mlmkit declares: the
+# floor environment with the carried wheels and this checkout installed beside it, as on the GPU.
+FLOOR_TESTS ?= tests/config tests/masking tests/model tests/training tests/data/test_tokenizer.py tests/data/test_vocab.py tests/data/test_loader.py
+test-floor: floor-env gpu-wheels  ## the unit tests at the lowest declared versions (CI runs it)
+	rm -rf $(FLOOR)/site && $(FLOOR)/bin/python benchmarks/gpu_check.py install --wheels $(WHEELS) --site $(FLOOR)/site >/dev/null
+	PYTHONPATH=$(FLOOR)/site OMP_NUM_THREADS=$(TEST_THREADS) $(FLOOR)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" -p no:cacheprovider $(FLOOR_TESTS) $(ARGS)
 
 bench-scaling: venv  ## tokens/s as sequence length and model size grow (a Markdown table)
 	$(BIN)/python benchmarks/scaling.py $(ARGS)

@@ -234,7 +234,12 @@ def main() -> int:
     r.add_argument("--budget", type=float, default=None,
                    help=f"seconds for all steps (default {GPU_BUDGET}; {CPU_BUDGET} with --cpu)")
     r.add_argument("--cpu", action="store_true", help="tiny models on a CPU: checks the script")
+    i = sub.add_parser("install", help="only install the wheels and this checkout into a site (make test-floor)")
+    i.add_argument("--wheels", required=True)
+    i.add_argument("--site", required=True)
     args = p.parse_args()
+    if args.command == "install":
+        return install(Path(args.wheels), Path(args.site).resolve(), sys.stdout)
     return wheels(args) if args.command == "wheels" else run(args)
 
 
