@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mlmkit.cli.errors import exit_on_error, run_hydra_main
+from mlmkit.cli.record import write_record
 from mlmkit.config import CONFIG_MODULE, CONFIG_PATH, Config, register_configs, to_config
 from mlmkit.errors import ConfigError
 
@@ -54,19 +54,6 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     return to_config(cfg)
 
 
-def _save_config(cfg: DictConfig, output_dir: str) -> None:
-    """Rewrite the run's ``.hydra/config.yaml`` (written by Hydra before the recipes applied)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    subdir = HydraConfig.get().output_subdir
-    if subdir is None:
-        return
-    path = Path(output_dir) / subdir / "config.yaml"
-    tmp = path.with_name(f".tmp-{os.getpid()}-config.yaml")
-    OmegaConf.save(cfg, tmp)
-    os.replace(tmp, path)  # every rank writes the same file: each whole
-
-
 def main() -> None:
     exit_on_error(lambda: check_run_dir_override(sys.argv[1:]))
     register_configs()
@@ -82,9 +69,8 @@ def main() -> None:
 
         def start() -> None:
             notes = apply_recipes(cfg, list(hydra_cfg.overrides.task))
-            if notes:
-                _save_config(cfg, output_dir)
-            train(to_config(cfg), output_dir, notes)
+            # .hydra/ once the run's checks have passed (the settings as run, recipes applied)
+            train(to_config(cfg), output_dir, notes, on_open=lambda run_dir: write_record(run_dir, cfg))
 
         exit_on_error(start)
 

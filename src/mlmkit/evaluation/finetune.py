@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -501,23 +502,47 @@ def write_predictions(path: Path, task: TaskConfig, eval_set: list[dict[str, Any
                                 "prediction": name(pred)}, ensure_ascii=False) + "\n")
 
 
-def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Fine-tune and evaluate after every epoch; returns the final dev figures (and where the
-    model was saved, ``model``)."""
+def check_new_run_dir(run_dir: Path, what: str) -> None:
+    """Refuse a run dir that holds anything already (an earlier fine-tuning's results and model,
+    a pretraining run): a second command there would overwrite it. ``what``: the command's
+    kind of run, for the message."""
+    try:
+        held = sorted(p.name for p in run_dir.iterdir())
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        held = [run_dir.name]
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ConfigError(f"The run dir {str(run_dir)!r} is not empty ({shown}); a {what} writes "
+                          "only into a new or empty folder, so that nothing there is overwritten: "
+                          "choose a new hydra.run.dir.")
+
+
+def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike,
+             on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
+    """Fine-tune and evaluate after every epoch into ``run_dir`` (a new or empty folder); returns
+    the final dev figures (and where the model was saved, ``model``). ``on_open(run_dir)`` is
+    called on the main process once every check has passed, before anything is written there."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_new_run_dir(run_dir, "fine-tuning")
     use_cpu = runs_on_cpu()
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu,
                                                                               setting="precision"))
+    accelerator.wait_for_everyone()  # every rank has found the run dir empty before one writes there
     set_seed(cfg.seed)
     mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
     train_set, eval_set = load_task(cfg.task)  # before the classifier: its labels may come from the data
     model = build_classifier(cfg, mlm)
     del mlm
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if on_open is not None:
+            on_open(run_dir)
     if cfg.freeze_encoder:
         freeze_encoder(model)
     if cfg.max_train_samples:
@@ -555,12 +580,18 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
                "model": str(run_dir / "model") if cfg.save_model else None,
                **{k: v for k, v in results.items() if k.startswith("eval_")}}
     if accelerator.is_main_process:
-        (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
-        write_predictions(run_dir / "eval_predictions.jsonl", cfg.task, eval_set, preds)
-        if cfg.save_model:
-            accelerator.unwrap_model(model).save_pretrained(summary["model"])
-            tokenizer.save_pretrained(summary["model"])
-            log.info("Saved the fine-tuned model to %s (mlmkit predict %s \"some text\")",
-                     summary["model"], summary["model"])
+        save_results(run_dir, cfg.task, summary, eval_set, preds, accelerator.unwrap_model(model), tokenizer)
     accelerator.end_training()
     return summary
+
+
+def save_results(run_dir: Path, task: TaskConfig, summary: dict[str, Any], eval_set: list[dict[str, Any]],
+                 preds: list[float], model, tokenizer) -> None:
+    """results.json, eval_predictions.jsonl and, where ``summary`` names it, the model dir."""
+    (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_predictions(run_dir / "eval_predictions.jsonl", task, eval_set, preds)
+    if summary["model"]:
+        model.save_pretrained(summary["model"])
+        tokenizer.save_pretrained(summary["model"])
+        log.info("Saved the fine-tuned model to %s (mlmkit predict %s \"some text\")",
+                 summary["model"], summary["model"])

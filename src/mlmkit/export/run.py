@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,11 @@ from mlmkit.training.trainer import Trainer
 log = logging.getLogger("mlmkit")
 
 
-def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) -> dict[str, Any]:
+def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = (),
+          on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
     """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``
-    (``notes``: lines for the run's log, such as the recipe composition took).
+    (``notes``: lines for the run's log, such as the recipe composition took; ``on_open``:
+    called with the run dir once every check has passed, before the run writes there).
 
     Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
     """
@@ -33,7 +35,7 @@ def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) ->
     if probe is not None:
         notes = (*notes, probe.describe(cfg.probe.every))
     try:
-        trainer = Trainer(cfg, Path(run_dir), notes, probe, on_phase_end=export_phase)
+        trainer = Trainer(cfg, Path(run_dir), notes, probe, on_phase_end=export_phase, on_open=on_open)
         trainer.resume()
         last_eval = trainer.fit()
         export_run(trainer, last_eval)

@@ -90,9 +90,42 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     stream.setFormatter(fmt)
     log.addHandler(stream)
     if is_main:
-        fh = logging.FileHandler(run_dir / "train.log")
+        fh = RunLogFile(run_dir / "train.log")
         fh.setFormatter(fmt)
         log.addHandler(fh)
+
+
+class RunLogFile(logging.FileHandler):
+    """``train.log``, written from ``open_run_dir`` on: the lines before (set-up, a refusal's
+    reasons) wait in memory, so a command refused at set-up leaves the file as it was."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, delay=True)
+        self.waiting: list[logging.LogRecord] | None = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.waiting is not None:
+            self.waiting.append(record)
+        else:
+            super().emit(record)
+
+    def open_file(self) -> None:
+        """Write the waiting lines, and every later one as it comes."""
+        waiting, self.waiting = self.waiting or [], None
+        for record in waiting:
+            super().emit(record)
+
+
+def open_run_dir(run_dir: Path, model=None, tokenizer=None) -> None:
+    """On the main process, once every check of a command has passed: from here on the run
+    writes into ``run_dir`` (its lock kept, its log written, the model's config and tokenizer
+    saved to ``<run>/model/`` where none is). Before it, a refused command has written nothing."""
+    run_lock.commit(run_dir)
+    for handler in log.handlers:
+        if isinstance(handler, RunLogFile):
+            handler.open_file()
+    if model is not None and not (run_dir / RUN_MODEL_DIR / "config.json").is_file():
+        save_run_model_spec(run_dir, model, tokenizer)  # config and tokenizer: any checkpoint loads
 
 
 def resume_point(run_dir: Path, resume: str | None) -> Path | None:
@@ -264,8 +297,8 @@ class ModelParts:
 def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
                       run_dir: Path, resume_from: Path | None = None,
                       token_counts: Any = None, run_cfg: Config | None = None, accum: int = 1) -> ModelParts:
-    """The model (its config and tokenizer saved to ``<run>/model/`` where none is; a resumed
-    run's model must have the shape saved beside its checkpoint), the objective, the optimizer,
+    """The model (a resumed run's must have the shape saved beside its checkpoint; ``open_run_dir``
+    saves its config and tokenizer to ``<run>/model/``), the objective, the optimizer,
     the budget and the schedule against it, and the MFU meter. ``token_counts``: the training
     blocks' token counts, where a new model's output bias starts from them
     (``model.output_bias_init=unigram``). ``cfg``: the settings of the phase the run starts
@@ -292,8 +325,6 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     source = resume_from.parent.parent / RUN_MODEL_DIR if resume_from is not None else None
     if source is not None and (source / "config.json").is_file():  # the checkpoint's own run
         check_model_shape(source, model.config, resume_from)
-    if accelerator.is_main_process and not (run_dir / RUN_MODEL_DIR / "config.json").is_file():
-        save_run_model_spec(run_dir, model, tokenizer)  # config and tokenizer: any checkpoint loads
     if tc.compile:
         compile_encoder(model)
     block_tokens = tc.batch_size * cfg.data.max_seq_length  # one micro-batch's products

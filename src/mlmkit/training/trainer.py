@@ -69,14 +69,18 @@ class Trainer:
     """A run: its parts (built by ``setup``), its state, and the loop over them."""
 
     def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = (), probe=None,
-                 on_phase_end=None) -> None:
+                 on_phase_end=None, on_open=None) -> None:
         """``notes``: lines for the log from before it opened (what composition chose);
         ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
         ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``);
         ``on_phase_end(trainer, name, last_eval)``: called on every rank when a phase ends
-        (``export.run`` writes ``phases/<name>/``). ``self.cfg`` holds the current phase's
-        settings, ``self.run_cfg`` the run's."""
-        self.run_cfg, self.probe, self.on_phase_end = cfg, probe, on_phase_end
+        (``export.run`` writes ``phases/<name>/``); ``on_open(run_dir)``: called on the main
+        process once every check has passed, before the run writes into its run dir (the
+        command line's record of its settings). ``self.cfg`` holds the current phase's
+        settings, ``self.run_cfg`` the run's. Nothing is written into the run dir before
+        ``resume`` (or ``fit``) has checked the checkpoint it continues."""
+        self.run_cfg, self.probe, self.on_phase_end, self.on_open = cfg, probe, on_phase_end, on_open
+        self.opened = False
         self.skips = SkipCount()  # steps skipped as non-finite, counted on the device
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
         for note in notes:
@@ -105,6 +109,7 @@ class Trainer:
         parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
                                         counts, run_cfg=cfg, accum=self.accum)
         self.model, self.meter, self.plan, self.ramp = parts.model, parts.meter, parts.plan, parts.ramp
+        self.base_tokenizer = data.tokenizer  # the run's, saved to <run>/model/ by open_run_dir
         self.step_accum = self.accum
         if self.plan is not None:
             self.plan.starts = starts
@@ -183,6 +188,7 @@ class Trainer:
         """Restore the checkpoint chosen at setup (none: a new run, whose baseline is logged)."""
         tc = self.cfg.train
         if self.resume_from is None:
+            self.open_run_dir()
             self.metrics.truncate_after(-1)  # resume=auto without a checkpoint: the run starts over
         else:
             if tc.resume == "auto":  # a damaged latest checkpoint falls back to the one before
@@ -190,6 +196,7 @@ class Trainer:
             else:
                 restored = load_checkpoint(self.accelerator, self.resume_from)
             self.state.load_state_dict(restored)
+            self.open_run_dir()  # the checkpoint restored: every check has passed
             if tc.resume != "auto" and self.accelerator.is_main_process:
                 # an older checkpoint than the latest: the later continuation is abandoned
                 resume.retire_later(self.run_dir, self.resume_from, self.metrics.events_after(self.state.step))
@@ -211,9 +218,21 @@ class Trainer:
             if self.probe is not None:  # the random init, for the curve to start from
                 self.run_probe()
 
+    def open_run_dir(self) -> None:
+        """From here on the run writes into its run dir (``setup.open_run_dir``; once)."""
+        if self.opened:
+            return
+        self.opened = True
+        if self.accelerator.is_main_process:
+            setup.open_run_dir(self.run_dir, self.model, self.base_tokenizer)
+            if self.on_open is not None:
+                self.on_open(self.run_dir)
+        self.accelerator.wait_for_everyone()
+
     def fit(self) -> dict[str, Any]:
         """Optimizer steps until the first budget is spent; log, evaluate and checkpoint on
         their intervals and at the end. Returns the last evaluation."""
+        self.open_run_dir()
         tc, state, acc = self.cfg.train, self.state, self.accelerator
         self.progress = self._progress_bar()
         self.time_base = state.budget.elapsed(state.step)  # training time before this process (resume)
