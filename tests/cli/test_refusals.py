@@ -100,7 +100,10 @@ def fx(tmp_path_factory, cache_dir):
             return (os.system, (f"touch {tmp / 'code-ran'}",))
 
     (fx.damaged / "checkpoints" / "step_0000004" / "random_states_0.pkl").write_bytes(pickle.dumps(Exploit()))
-    fx.dirs = [fx.run, fx.finetuned, fx.glue, fx.export, fx.tok, fx.damaged]
+    fx.cut = shutil.copytree(fx.run / "final", tmp / "cut")  # a model dir whose weights are cut short
+    weights = (fx.cut / "model.safetensors").read_bytes()
+    (fx.cut / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+    fx.dirs = [fx.run, fx.finetuned, fx.glue, fx.export, fx.tok, fx.damaged, fx.cut]
     for folder in fx.dirs:
         assert any(folder.iterdir()), folder
     assert (fx.run / ".hydra" / "config.yaml").is_file() and (fx.finetuned / ".hydra" / "overrides.yaml").is_file()
@@ -205,8 +208,8 @@ CASES = [
     Case("finetune-composition", lambda fx: _finetune(fx, "task=squad"), ("task=squad",)),
     Case("finetune-missing-checkpoint", lambda fx: _finetune(fx, f"checkpoint={fx.tmp / 'none'}",
                                                              run=fx.tmp / "new-1"), ("checkpoint",)),
-    Case("finetune-damaged-checkpoint", lambda fx: _finetune(fx, f"checkpoint={fx.damaged}",
-                                                             run=fx.tmp / "new-2"), ("checkpoint",)),
+    Case("finetune-damaged-model", lambda fx: _finetune(fx, f"checkpoint={fx.cut}", run=fx.tmp / "new-2"),
+         ("checkpoint", "cut")),
     Case("finetune-missing-column", lambda fx: _finetune(fx, "task.label_column=gold", run=fx.tmp / "new-3"),
          ("'gold'",)),
     Case("finetune-longer-than-the-model", lambda fx: _finetune(fx, "max_seq_length=4096", run=fx.tmp / "new-4"),
@@ -224,7 +227,7 @@ CASES = [
     Case("export-into-an-export", lambda fx: ["export", fx.run, fx.export], ("already exists",)),
     Case("export-into-a-run", lambda fx: ["export", fx.run / "checkpoints" / "step_0000004", fx.run],
          ("already exists",)),
-    Case("export-damaged-checkpoint", lambda fx: ["export", fx.damaged, fx.tmp / "new-8"], ("damaged",)),
+    Case("export-damaged-model", lambda fx: ["export", fx.cut, fx.tmp / "new-8"], ("cut",)),
     Case("export-missing-checkpoint", lambda fx: ["export", fx.tmp / "none", fx.tmp / "new-9"], ("checkpoint",)),
     # tokenizer
     Case("tokenizer-into-a-tokenizer", lambda fx: _tokenizer(fx, f"out={fx.tok}"), ("out=", "holds files")),
