@@ -1,0 +1,73 @@
+"""``mlmkit launch``'s output: the ranks' lines once, what accelerate and torch add when a
+process fails held back, and one sentence for an ending the ranks could not explain. The
+launches themselves: tests/e2e/test_launch.py and the SLURM jobs of tests/slurm/."""
+
+from __future__ import annotations
+
+from mlmkit.cli.launch import Relay, unexplained_ending
+
+RANK = ["[10:00:01] Run dir out/run | 1 process(es) on cpu | precision no\n",
+        "[10:00:05] Saved checkpoint out/run/checkpoints/step_0000012\n"]
+ONE_PROCESS_FAILURE = [  # accelerate's one-process launcher: the rank's stderr re-printed, chained
+    "RuntimeError: " + RANK[0], RANK[1], "\n",
+    "The above exception was the direct cause of the following exception:\n", "\n",
+    "Traceback (most recent call last):\n",
+    '  File "accelerate/commands/launch.py", line 1049, in _run_subprocess\n',
+    "subprocess.CalledProcessError: Command '['python', '-m', 'mlmkit', 'train']' {}.\n"]
+TORCHRUN_FAILURE = [
+    "W1204 00:08:11.632000 22386 torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
+    "process 22392 closing signal SIGTERM\n",
+    "Traceback (most recent call last):\n", '  File "torch/distributed/launcher/api.py", line 383\n',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n", "=" * 60 + "\n",
+    "mlmkit FAILED\n", "Failures:\n", "[1]:\n", "  rank      : 1 (local_rank: 1)\n",
+    "  exitcode  : 3 (pid: 22392)\n", "Root Cause (first observed failure):\n", "[0]:\n",
+    "  host      : localhost\n", "  rank      : 0 (local_rank: 0)\n",
+    "  exitcode  : -9 (pid: 22391)  (SIGKILL)\n", "=" * 60 + "\n"]
+
+
+def relayed(lines: list[str], capsys) -> tuple[Relay, str]:
+    relay = Relay()
+    for line in lines:
+        relay.feed(line)
+    return relay, capsys.readouterr().err
+
+
+def test_a_one_process_launch_never_re_prints_the_ranks_log(capsys):
+    lines = [*RANK, *ONE_PROCESS_FAILURE]
+    lines[-1] = lines[-1].format("returned non-zero exit status 75")
+    relay, err = relayed(lines, capsys)
+    assert err == "".join(RANK)  # each line once; no RuntimeError:, no chain, no traceback
+    assert relay.ranks_lines() == [] and relay.launcher_lines() == lines[2:]
+
+
+def test_a_killed_rank_is_one_sentence_and_the_status_of_a_kill(capsys):
+    lines = [*RANK, *ONE_PROCESS_FAILURE]
+    lines[-1] = lines[-1].format("died with <Signals.SIGKILL: 9>")
+    relay, err = relayed(lines, capsys)
+    assert err == "".join(RANK)
+    sentence, status = unexplained_ending(relay.launcher_lines(), 1, "train")
+    assert status == 128 + 9 and sentence.startswith("Rank 0 was killed by SIGKILL")
+    assert sentence.endswith("train.resume=auto continues the run from its last checkpoint.")
+    relay, err = relayed([*RANK, *TORCHRUN_FAILURE], capsys)  # torchrun: its report's root cause
+    assert err == "".join(RANK) and relay.ranks_lines() == []
+    sentence, status = unexplained_ending(relay.launcher_lines(), 1, "eval")
+    assert status == 137 and sentence.startswith("Rank 0 (pid 22391) was killed by SIGKILL")
+    assert "train.resume" not in sentence
+
+
+def test_a_crash_keeps_the_ranks_own_traceback_and_drops_the_launchers(capsys):
+    crash = ["Traceback (most recent call last):\n", '  File "mlmkit/training/step.py", line 9\n',
+             "ZeroDivisionError: division by zero\n"]
+    lines = [*RANK, *crash, *ONE_PROCESS_FAILURE]
+    lines[-1] = lines[-1].format("returned non-zero exit status 1")
+    relay, err = relayed(lines, capsys)
+    assert err == "".join(RANK)  # the traceback is held until the launch ends
+    assert relay.ranks_lines() == crash and relay.launcher_lines() == lines[5:]
+    assert unexplained_ending(relay.launcher_lines(), 1, "train") == (
+        "Rank 0 crashed with exit status 1; its traceback is above.", 1)
+
+
+def test_a_line_that_only_looks_like_a_re_print_passes(capsys):
+    relay, err = relayed([*RANK, "RuntimeError: not anything printed before\n"], capsys)
+    assert err.endswith("RuntimeError: not anything printed before\n") and relay.held == []
+    assert unexplained_ending([], 1, "train")[1] == 1  # nothing to go by: the launcher's status
