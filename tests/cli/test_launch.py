@@ -71,3 +71,22 @@ def test_a_line_that_only_looks_like_a_re_print_passes(capsys):
     relay, err = relayed([*RANK, "RuntimeError: not anything printed before\n"], capsys)
     assert err.endswith("RuntimeError: not anything printed before\n") and relay.held == []
     assert unexplained_ending([], 1, "train")[1] == 1  # nothing to go by: the launcher's status
+
+
+def test_the_ending_of_each_launcher_of_a_job(capsys):
+    """What a launcher prints last and the status it returns: nothing for a finished run; the
+    main machine's launcher says a preemption, the others (one job log for all) leave it; a
+    launcher whose ranks only stopped because a process elsewhere ended leaves it to that one's."""
+    from mlmkit.cli.launch import ending, machine_rank
+
+    stopped = "Stopped by SIGUSR1 at step 12 after saving a checkpoint; continue with train.resume=auto."
+    assert ending({}, Relay(), 0, "train") == 0 and capsys.readouterr().err == ""
+    assert ending({0: {"status": 75, "line": stopped}}, Relay(), 1, "train") == 75
+    assert capsys.readouterr().err == stopped + "\n"
+    assert ending({1: {"status": 75, "line": stopped}}, Relay(), 1, "train", main_machine=False) == 75
+    assert capsys.readouterr().err == ""
+    relay, _ = relayed(TORCHRUN_FAILURE[:-5] + ["  rank      : 1 (local_rank: 0)\n", "  exitcode  : 3 (pid: 7)\n"],
+                       capsys)
+    assert ending({1: {"status": 3, "line": None}}, relay, 1, "train", main_machine=False) == 3
+    assert capsys.readouterr().err == ""
+    assert [machine_rank(o) for o in (["--machine_rank", "1"], ["--machine_rank=2"], ["--num_processes", "2"])] == [1, 2, 0]

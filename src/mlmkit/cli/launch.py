@@ -132,16 +132,40 @@ def main(args: list[str]) -> int:
             relay.feed(line)
         returncode = proc.wait()
         ended = outcomes(folder)
+    return ending(ended, relay, returncode, command[0], main_machine=machine_rank(options) == 0)
+
+
+def machine_rank(options: list[str]) -> int:
+    """The machine rank the launcher's options give (0 without one)."""
+    for i, option in enumerate(options):
+        if option.startswith("--machine_rank"):
+            value = option.split("=", 1)[1] if "=" in option else (options[i + 1:] or ["0"])[0]
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def ending(ended: dict[int, dict], relay: Relay, returncode: int, command: str, main_machine: bool = True) -> int:
+    """Print how the launch ended (after the ranks' lines) and return its exit status. On a
+    machine other than the main one (several launchers, one per node, write into one job log)
+    the sentence of a preemption, the same on every rank, is left to the main machine's
+    launcher, and ranks that only stopped because a process elsewhere ended say nothing: that
+    process's launcher tells why."""
     status = explained(ended)
+    if status is None and returncode == 0:  # every rank finished
+        sys.stderr.writelines(relay.ranks_lines())
+        return 0
     if status is None:  # a crash or a kill: the ranks' own lines, then one sentence for it
         sys.stderr.writelines(relay.ranks_lines())
         for e in ended.values():
             if e.get("line"):
                 print(e["line"], file=sys.stderr)
-        sentence, status = unexplained_ending(relay.launcher_lines(), returncode, command[0])
-        print(sentence, file=sys.stderr)
+        sentence, status = unexplained_ending(relay.launcher_lines(), returncode, command)
+        told = [e.get("status") for e in ended.values()]
+        if not (status == PEER_GONE and told and all(s == PEER_GONE for s in told)):
+            print(sentence, file=sys.stderr)
         return status
-    lines = [e["line"] for _, e in sorted(ended.items()) if e.get("line")]
+    lines = [e["line"] for _, e in sorted(ended.items())
+             if e.get("line") and (main_machine or e.get("status") != Preempted.exit_code)]
     for line in dict.fromkeys(lines):  # each distinct sentence once, the main process's first
         print(line, file=sys.stderr)
     return status
