@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv slurm train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,25 @@ $(STAMP): pyproject.toml
 	  $(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev]" ) || \
 	  $(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+# SLURM for the real-cluster tests (tests/slurm/: munged, slurmctld and two slurmd on this
+# machine): Debian's slurm-wlm and munge, installed where the machine allows it (root and
+# apt-get); elsewhere it says why and does nothing, and those tests skip (fail under CI=true).
+SLURM_PACKAGES ?= slurm-wlm munge
+
+slurm:  ## install SLURM and munge for tests/slurm/ (Debian, as root; about 20 s)
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then \
+	  echo "slurm: slurmctld, slurmd and munged are installed"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "slurm: not installed: installing $(SLURM_PACKAGES) needs root (tests/slurm/ will skip)"; \
+	elif ! command -v apt-get >/dev/null; then \
+	  echo "slurm: not installed: no apt-get here; install $(SLURM_PACKAGES) (tests/slurm/ will skip)"; \
+	else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; } || \
+	  echo "slurm: apt-get could not install $(SLURM_PACKAGES) (tests/slurm/ will skip)"; \
+	fi
 
 # The quick start: at most QUICK_START_TIME of training (its schedule decays over that budget),
 # so it ends within 6 minutes on any CPU, and a 4,096-token WordPiece vocabulary, which suits

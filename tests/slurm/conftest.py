@@ -217,11 +217,18 @@ def stop(cluster: Cluster) -> None:
     cluster.cancel_all()
     pids = [cluster.folder / f"slurmd-{n}.pid" for n in cluster.nodes]
     pids += [cluster.folder / "slurmctld.pid", cluster.folder / "munged.pid"]
+    running = []
     for path in pids:
         try:
-            os.kill(int(path.read_text().split()[0]), 15)
+            pid = int(path.read_text().split()[0])
+            os.kill(pid, 15)
+            running.append(pid)
         except (OSError, ValueError):
             continue
+    deadline = time.monotonic() + 10
+    while running and time.monotonic() < deadline:  # gone, before their folder is removed
+        running = [pid for pid in running if Path(f"/proc/{pid}").exists()]
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples" / "slurm"
+TRAIN_SBATCH, SUBMITIT = ROOT / "examples" / "slurm/train.sbatch", ROOT / "examples" / "slurm/submitit.sh"
 # a tiny model on the built-in corpus, fp32, quiet
 TINY = ["model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
         "model.intermediate_size=64", "tokenizer.vocab_size=1000", "tokenizer.max_train_chars=300000",
@@ -49,7 +49,7 @@ def job_env(**extra: str) -> dict[str, str]:
 
 def submit(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
     """``bash examples/slurm/train.sbatch <args>`` from ``cwd``: the job id it was given."""
-    proc = subprocess.run(["bash", str(EXAMPLES / "train.sbatch"), *args], cwd=cwd, env=env or job_env(),
+    proc = subprocess.run(["bash", str(TRAIN_SBATCH), *args], cwd=cwd, env=env or job_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     found = re.fullmatch(r"Submitted batch job (\d+)\n", proc.stdout)
@@ -116,13 +116,15 @@ def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_r
     the job, submitted just after a look, trains until the next one, saves a checkpoint, exits
     75 and requeues itself; the requeued job resumes. Its weights equal an uninterrupted run's."""
     base = [*TINY, f"paths.cache_dir={cache_dir}"]
-    # this machine's speed once warm, and the cache (tokenizer, packed data) filled: a run here
-    train_here(tmp_path / "warmup", [*base, "train.max_steps=200"])
-    timed = events(tmp_path / "warmup")[10:]
+    # the cache (tokenizer, packed data) filled, then this machine's speed: runs here (the
+    # first run of a process trains slower than those after it)
+    train_here(tmp_path / "warmup", [*base, "train.max_steps=20"])
+    train_here(tmp_path / "timed", [*base, "train.max_steps=150"])
+    timed = events(tmp_path / "timed")[2:]
     rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"])
-    # about 45 s of training: well past the warning, 30 s after the job starts (a job that
-    # trains faster than this process did still reaches it; a slower one is warned again)
-    steps = 10 * max(20, round(rate * 45 / 10))
+    # about 40 s of training: past the warning, some 30 s after the job starts, even for a job
+    # that trains faster than this process (one that trains slower is warned again, and resumed)
+    steps = 10 * max(20, round(rate * 40 / 10))
     overrides = [*base, f"train.max_steps={steps}"]
 
     slurm.wait_for_time_check()  # the job starts just after one: warned at the next, 30 s on
@@ -189,7 +191,7 @@ def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_di
     submits a job per value (an array), waits for them, and each trains in its run dir."""
     sweep = tmp_path / "sweep"
     fit = ["hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"]
-    proc = subprocess.run(["bash", str(EXAMPLES / "submitit.sh"), "optim.lr=1e-3,3e-3", *TINY, *fit,
+    proc = subprocess.run(["bash", str(SUBMITIT), "optim.lr=1e-3,3e-3", *TINY, *fit,
                            f"paths.cache_dir={cache_dir}", "train.max_steps=20", f"hydra.sweep.dir={sweep}"],
                           cwd=tmp_path, env=job_env(PARTITION="test"), capture_output=True, text=True,
                           timeout=400)
@@ -202,8 +204,8 @@ def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_di
     logs = sorted((sweep / ".submitit").glob("*/*_log.err"))
     assert len(logs) == 2, logs
     jobs = {p.parent.name for p in logs}  # <array job>_<task>, as SLURM numbered them
-    for job in jobs:
-        fields = slurm.job(job)
+    for job in jobs:  # the result is written before the job's own end
+        fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=60)
         assert fields["JobState"] == "COMPLETED" and fields["Partition"] == "test", fields
     for path in logs:
         assert_clean(path.read_text())
