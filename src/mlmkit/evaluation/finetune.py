@@ -85,8 +85,11 @@ def file_setting(task: TaskConfig, split: str) -> str:
 def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
               columns: list[str] | None = None) -> list[tuple[int, dict[str, str]]]:
     """``(line, {column: value})`` of each row of a TSV, CSV or JSONL file that holds all of
-    ``columns`` (default: the task's text and label columns); the other rows are skipped with
-    a warning, and a file without one of the columns is an error."""
+    ``columns`` (texts; default: the task's text and label columns); a file without one of the
+    columns is an error, and so is a JSONL text column that holds no text (numbers, objects), as
+    in pretraining. Other rows are skipped with a warning that counts them by cause: a line that
+    is no JSON object (or has too few fields), a value missing, a JSONL value that is not text
+    in a text column. A JSONL label that is a number reads as that number's text."""
     if not path.is_file():
         if setting == "task.data_dir":
             raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
@@ -110,11 +113,43 @@ def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
                f"give {setting} a file with the columns {', '.join(wanted)}")
         raise DataError(f"{str(path)!r} has no column {missing[0]!r} (columns: {', '.join(names)}); "
                         f"{fix}.")
-    kept = [(line, row) for line, row in rows
-            if row is not None and all(row.get(c) is not None for c in wanted)]
+    texts = list(columns or task.text_columns)
+    if fmt == "jsonl":
+        check_json_texts(path, rows, texts)
+    kept, skipped = [], {"bad": 0, "missing": 0, "not_text": 0}
+    for line, row in rows:
+        if row is None:
+            skipped["bad"] += 1
+        elif any(row.get(c) is None for c in wanted):
+            skipped["missing"] += 1
+        elif any(not isinstance(row[c], str) for c in texts):
+            skipped["not_text"] += 1
+        else:
+            kept.append((line, {c: v if isinstance(v, str) else json.dumps(v) for c, v in row.items()}))
     if len(kept) < len(rows):
-        log.warning("%s: skipped %d line(s) with missing columns", path, len(rows) - len(kept))
+        warn_skipped(path, fmt, skipped, texts)
     return kept
+
+
+def check_json_texts(path: Path, rows: list[tuple[int, dict | None]], texts: list[str]) -> None:
+    """Refuse a JSONL text column that holds no text, by its first row with a value there (as
+    pretraining's ``data.sources.check_text_column``): numbers or objects would become text such
+    as "3" or "{...}" for the model to read."""
+    for column in texts:
+        first = next((row[column] for _, row in rows if row is not None and row.get(column) is not None), "")
+        if not isinstance(first, str):
+            what = "numbers" if isinstance(first, (int, float)) and not isinstance(first, bool) else \
+                f"{type(first).__name__} values"
+            raise DataError(f"{str(path)!r}: the column {column!r} holds {what}, not text; set "
+                            "task.text_columns to the columns of text.")
+
+
+def warn_skipped(path: Path, fmt: str, skipped: dict[str, int], texts: list[str]) -> None:
+    """One warning counting the rows ``read_rows`` skipped, by cause."""
+    bad = "that are not JSON objects" if fmt == "jsonl" else "with too few fields"
+    causes = [(skipped["bad"], f"line(s) {bad}"), (skipped["missing"], "row(s) with a value missing"),
+              (skipped["not_text"], f"row(s) whose {' or '.join(map(repr, texts))} is not text")]
+    log.warning("%s: skipped %s", path, ", ".join(f"{n} {what}" for n, what in causes if n))
 
 
 def _delimited_rows(path: Path, task: TaskConfig, fmt: str, setting: str):
@@ -154,8 +189,8 @@ def _columns(path: Path, task: TaskConfig, lines: list, fmt: str, setting: str):
 
 def _json_rows(path: Path):
     """``(column names, rows)`` of a JSONL file: the keys of its first object, and each line's
-    values as text (a number as written in JSON, null as missing); a line that is no JSON
-    object is None; names are None for a file without a line."""
+    values as JSON gives them (null as missing); a line that is no JSON object is None; names
+    are None for a file without a line."""
     rows = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line, text in enumerate(f, 1):
@@ -165,8 +200,7 @@ def _json_rows(path: Path):
                 obj = json.loads(text)
             except ValueError:
                 obj = None
-            rows.append((line, {k: v if isinstance(v, str) or v is None else json.dumps(v)
-                                for k, v in obj.items()} if isinstance(obj, dict) else None))
+            rows.append((line, obj if isinstance(obj, dict) else None))
     if not rows:
         return None, []
     return next((list(row) for _, row in rows if row is not None), []), rows

@@ -314,8 +314,8 @@ def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tok
     model = build_model(cfg.model, tokenizer, longest, attn, base_tokenizer=base)
     if base is not None:
         log.info("Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
-                 "(tokenizer.extend_vocab), their embeddings the mean of their old pieces'",
-                 len(tokenizer) - len(base), len(base))
+                 "(tokenizer.extend_vocab), their embeddings the mean of their old pieces' (those the old "
+                 "vocabulary cannot spell, all [UNK]: the average word's)", len(tokenizer) - len(base), len(base))
     if (cfg.model.output_bias_init == "unigram" and token_counts is not None and resume_from is None
             and not cfg.model.init_from):
         init_output_bias(model, token_counts)

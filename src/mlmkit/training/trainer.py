@@ -103,7 +103,8 @@ class Trainer:
         counts = token_counts(data.baseline_set, data.tokenizer)
         unk, tokens = unk_tokens(data.val_set, data.tokenizer)
         trained_here = not (cfg.tokenizer.name_or_path or cfg.model.init_from)
-        line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here)
+        extended = cfg.tokenizer.extend_vocab if not trained_here else 0
+        line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here, extended=extended)
         (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
         self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
         parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
