@@ -19,7 +19,7 @@ endif
 
 ARGS ?=
 
-.PHONY: venv slurm train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv slurm train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -143,6 +143,9 @@ tokenizer: venv  ## train a tokenizer, e.g. make tokenizer ARGS="data=files data
 
 bench-processes: venv  ## tokens/s of 1 against 2 processes, scaling efficiency
 	$(BIN)/python benchmarks/process_scaling.py $(ARGS)
+
+bench-vocab-init: venv  ## tokenizer.extend_vocab on the Hindi novel: words the old vocabulary cannot spell started as the average word vs [UNK], early losses side by side
+	$(BIN)/python benchmarks/vocab_init.py $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
