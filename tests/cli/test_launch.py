@@ -45,8 +45,8 @@ def test_a_killed_rank_is_one_sentence_and_the_status_of_a_kill(capsys):
     lines[-1] = lines[-1].format("died with <Signals.SIGKILL: 9>")
     relay, err = relayed(lines, capsys)
     assert err == "".join(RANK)
-    sentence, status = unexplained_ending(relay.launcher_lines(), 1, "train")
-    assert status == 128 + 9 and sentence.startswith("Rank 0 was killed by SIGKILL")
+    sentence, status = unexplained_ending(relay.launcher_lines(), 1, "train", pids={0: "4321"})
+    assert status == 128 + 9 and sentence.startswith("Rank 0 (pid 4321) was killed by SIGKILL")
     assert sentence.endswith("train.resume=auto continues the run from its last checkpoint.")
     relay, err = relayed([*RANK, *TORCHRUN_FAILURE], capsys)  # torchrun: its report's root cause
     assert err == "".join(RANK) and relay.ranks_lines() == []
@@ -65,6 +65,15 @@ def test_a_crash_keeps_the_ranks_own_traceback_and_drops_the_launchers(capsys):
     assert relay.ranks_lines() == crash and relay.launcher_lines() == lines[5:]
     assert unexplained_ending(relay.launcher_lines(), 1, "train") == (
         "Rank 0 crashed with exit status 1; its traceback is above.", 1)
+
+
+def test_the_re_print_of_a_rank_that_wrote_nothing_is_held(capsys):
+    """A mistake every rank tells the launcher (not stderr): accelerate re-prints an empty stderr."""
+    lines = ["The following values were not passed to `accelerate launch`\n", *ONE_PROCESS_FAILURE[3:]]
+    lines.insert(1, "RuntimeError\n")
+    lines[-1] = lines[-1].format("returned non-zero exit status 2")
+    relay, err = relayed(lines, capsys)
+    assert err == lines[0] and relay.launcher_lines() == lines[1:]
 
 
 def test_a_line_that_only_looks_like_a_re_print_passes(capsys):

@@ -209,3 +209,26 @@ def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_di
         assert fields["JobState"] == "COMPLETED" and fields["Partition"] == "test", fields
     for path in logs:
         assert_clean(path.read_text())
+
+
+@pytest.mark.slow
+def test_a_mistake_and_a_killed_rank_each_end_a_job_log_with_one_sentence(slurm, tmp_path, cache_dir):
+    """Two jobs at once: one with a setting that does not exist (refused by every rank before
+    any work) and one whose rank is killed with SIGKILL while it trains (as the kernel's
+    out-of-memory killer does). Each log: the run's lines once, one sentence, no traceback."""
+    run_args = [*ONE_NODE, *TINY, f"paths.cache_dir={cache_dir}"]
+    mistake = submit(tmp_path, *run_args, "train.bach_size=4")
+    killed = submit(tmp_path, *run_args, "train.max_steps=100000", env=job_env())
+    run = tmp_path / "outputs" / f"slurm-{killed}"
+    wait_for_training(slurm, killed, run)
+    os.kill(int((run / ".lock").read_text().split()[0]), 9)  # the rank: it holds the run dir
+    for job, last in ((mistake, "Error: Could not override 'train.bach_size'"), (killed, "Rank 0 (pid ")):
+        fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=120)
+        log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
+        assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0", log[-5000:]
+        own = [line for line in log.splitlines() if not line.startswith(("srun:", "slurmstepd"))]
+        assert own[-1].startswith(last), log[-5000:]  # the ending sentence, last of mlmkit's lines
+        assert sum(line.startswith(("Error:", "Rank ", "Stopped by")) for line in own) == 1, log[-5000:]
+        assert not [noise for noise in NOISE if noise in log], log[-5000:]
+    assert fields["ExitCode"] == "137:0" and "was killed by SIGKILL" in own[-1], (fields, own[-1])
+    assert own.count(next(line for line in own if "Budget: " in line)) == 1  # the run's lines once

@@ -131,8 +131,19 @@ def main(args: list[str]) -> int:
         for line in proc.stderr:
             relay.feed(line)
         returncode = proc.wait()
-        ended = outcomes(folder)
-    return ending(ended, relay, returncode, command[0], main_machine=machine_rank(options) == 0)
+        ended, pids = outcomes(folder), rank_pids(folder)
+    return ending(ended, relay, returncode, command[0], main_machine=machine_rank(options) == 0, pids=pids)
+
+
+def rank_pids(folder: Path) -> dict[int, str]:
+    """Rank -> the pid it wrote (``record_pid``)."""
+    found = {}
+    for path in folder.glob("pid-*"):
+        try:
+            found[int(path.name.split("-", 1)[1])] = path.read_text().strip()
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def machine_rank(options: list[str]) -> int:
@@ -144,7 +155,8 @@ def machine_rank(options: list[str]) -> int:
     return 0
 
 
-def ending(ended: dict[int, dict], relay: Relay, returncode: int, command: str, main_machine: bool = True) -> int:
+def ending(ended: dict[int, dict], relay: Relay, returncode: int, command: str, main_machine: bool = True,
+           pids: dict[int, str] | None = None) -> int:
     """Print how the launch ended (after the ranks' lines) and return its exit status. On a
     machine other than the main one (several launchers, one per node, write into one job log)
     the sentence of a preemption, the same on every rank, is left to the main machine's
@@ -159,7 +171,7 @@ def ending(ended: dict[int, dict], relay: Relay, returncode: int, command: str, 
         for e in ended.values():
             if e.get("line"):
                 print(e["line"], file=sys.stderr)
-        sentence, status = unexplained_ending(relay.launcher_lines(), returncode, command)
+        sentence, status = unexplained_ending(relay.launcher_lines(), returncode, command, pids)
         told = [e.get("status") for e in ended.values()]
         if not (status == PEER_GONE and told and all(s == PEER_GONE for s in told)):
             print(sentence, file=sys.stderr)
@@ -199,7 +211,10 @@ class Relay:
 
     def is_reprint(self, text: str) -> bool:
         """A line that starts accelerate's re-print of a rank's stderr: ``RuntimeError: `` and the
-        start of the re-printed text (the end of what came before, cut anywhere)."""
+        start of the re-printed text (the end of what came before, cut anywhere), or a bare
+        ``RuntimeError`` outside a traceback (the re-print of a rank that wrote nothing)."""
+        if text == "RuntimeError" and not self.holding:
+            return True
         if not text.startswith("RuntimeError: "):
             return False
         head = text.removeprefix("RuntimeError: ")
@@ -225,10 +240,12 @@ class Relay:
         return len(self.held)
 
 
-def unexplained_ending(launcher_lines: list[str], returncode: int, command: str) -> tuple[str, int]:
+def unexplained_ending(launcher_lines: list[str], returncode: int, command: str,
+                       pids: dict[int, str] | None = None) -> tuple[str, int]:
     """(one sentence, the exit status) for a launch whose ranks did not say how they ended (a
     crash, a kill), from what accelerate and torch report about the failed process: torch's
-    failure report (its root cause), or accelerate's ``CalledProcessError``."""
+    failure report (its root cause), or accelerate's ``CalledProcessError``; ``pids``: the
+    ranks' pids, where the report gives none."""
     text = "".join(launcher_lines)
     rank, pid, code = None, None, None
     root = text.split("Root Cause (first observed failure):", 1)[-1]
@@ -241,6 +258,7 @@ def unexplained_ending(launcher_lines: list[str], returncode: int, command: str)
     if code is None:
         return (f"The launch ended with exit status {returncode} and none of its processes said why; "
                 "their last lines are above.", returncode or 1)
+    pid = pid or (pids or {}).get(rank)
     who = f"Rank {rank}" + (f" (pid {pid})" if pid else "")
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"

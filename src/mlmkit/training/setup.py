@@ -295,7 +295,7 @@ class ModelParts:
 
 
 def build_model_parts(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
-                      run_dir: Path, resume_from: Path | None = None,
+                      resume_from: Path | None = None,
                       token_counts: Any = None, run_cfg: Config | None = None, accum: int = 1) -> ModelParts:
     """The model (a resumed run's must have the shape saved beside its checkpoint; ``open_run_dir``
     saves its config and tokenizer to ``<run>/model/``), the objective, the optimizer,

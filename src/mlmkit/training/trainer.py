@@ -107,7 +107,7 @@ class Trainer:
         line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here, extended=extended)
         (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
         self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
-        parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.run_dir, self.resume_from,
+        parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.resume_from,
                                         counts, run_cfg=cfg, accum=self.accum)
         self.model, self.meter, self.plan, self.ramp = parts.model, parts.meter, parts.plan, parts.ramp
         self.base_tokenizer = data.tokenizer  # the run's, saved to <run>/model/ by open_run_dir
