@@ -82,4 +82,8 @@ def test_a_run_composes_once_and_a_sweep_still_sweeps(tmp_path):
     assert (tmp_path / "sweep" / "0").is_dir()
     # the mode set as a setting: Hydra looks it up as it does, and sweeps
     assert _compositions(tmp_path, "hydra.mode=MULTIRUN", "train.seed=2") == ["RunMode.MULTIRUN"] * 2
-    assert (tmp_path / "sweep" / "0" / ".hydra" / "overrides.yaml").read_text().count("train.seed=2") == 1
+    import yaml
+
+    swept = yaml.safe_load((tmp_path / "sweep" / "multirun.yaml").read_text())["hydra"]["overrides"]["task"]
+    assert swept.count("train.seed=2") == 1
+    assert not (tmp_path / "sweep" / "0" / ".hydra").exists()  # the refused job wrote no record
