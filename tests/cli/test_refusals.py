@@ -179,6 +179,8 @@ CASES = [
     Case("train-resume-other-sequence-length", lambda fx: _resume(fx, "data.max_seq_length=16"),
          ("data.max_seq_length",)),
     Case("train-resume-other-model", lambda fx: _resume(fx, "model.hidden_size=64"), ("model.hidden_size",)),
+    Case("train-resume-with-a-tracker", lambda fx: _resume(fx, "logger=tensorboard", "data.max_seq_length=16"),
+         ("data.max_seq_length",)),
     Case("train-resume-other-tokenizer", lambda fx: _resume(fx, "tokenizer.vocab_size=250"),
          ("tokenizer.vocab_size",)),
     Case("train-resume-other-data", lambda fx: _resume(fx), ("training text changed",), before=_corpus_changed),
