@@ -110,7 +110,6 @@ class Trainer:
         parts = setup.build_model_parts(self.cfg, acc, precision, data.tokenizer, self.resume_from,
                                         counts, run_cfg=cfg, accum=self.accum)
         self.model, self.meter, self.plan, self.ramp = parts.model, parts.meter, parts.plan, parts.ramp
-        self.base_tokenizer = data.tokenizer  # the run's, saved to <run>/model/ by open_run_dir
         self.step_accum = self.accum
         if self.plan is not None:
             self.plan.starts = starts
@@ -225,7 +224,7 @@ class Trainer:
             return
         self.opened = True
         if self.accelerator.is_main_process:
-            setup.open_run_dir(self.run_dir, self.model, self.base_tokenizer)
+            setup.open_run_dir(self.run_dir, self.model, self.tokenizer)
             if self.on_open is not None:
                 self.on_open(self.run_dir)
         self.accelerator.wait_for_everyone()
