@@ -1,5 +1,5 @@
-"""The SLURM examples on a real cluster (``conftest.py``: munged, slurmctld and two slurmd on this
-machine): ``bash examples/slurm/train.sbatch`` submitted as the README says, warned by SLURM's
+"""The SLURM examples on a real cluster (``slurm_cluster.py``: munged, slurmctld and two slurmd on
+this machine): ``bash examples/slurm/train.sbatch`` submitted as the README says, warned by SLURM's
 own timer (``--time=1 --signal=USR1@5``), requeued and resumed to an uninterrupted run's
 weights; ``scancel`` of a running job (SIGTERM, then KillWait) leaving a checkpoint; two nodes,
 one rank each, through the multi-node accelerate config (gloo on CPU); and a two-job sweep of
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from slurm_cluster import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SBATCH, SUBMITIT = ROOT / "examples" / "slurm/train.sbatch", ROOT / "examples" / "slurm/submitit.sh"
@@ -31,6 +32,13 @@ TINY = ["model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attentio
 # sbatch options the test nodes can meet (the script asks for 2 nodes of 8 GPUs and 64 CPUs)
 ONE_NODE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1"]
 NOISE = ("Traceback", "RuntimeError", "The above exception", "ChildFailedError", "torch/distributed/elastic")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The cluster, started once for the session (skipped with the reason where SLURM cannot
+    start; under CI=true, failed)."""
+    yield from cluster()
 
 
 def free_port() -> str:

@@ -1,4 +1,4 @@
-"""``mlmkit launch``'s output: the ranks' lines once, what accelerate and torch add when a
+"""``mlmkit launch``'s output (``cli.launch``): the ranks' lines once, what accelerate and torch add when a
 process fails held back, and one sentence for an ending the ranks could not explain. The
 launches themselves: tests/e2e/test_launch.py and the SLURM jobs of tests/slurm/."""
 

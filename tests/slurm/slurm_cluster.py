@@ -1,6 +1,7 @@
 """A real SLURM cluster for the tests of this folder: munged, slurmctld and two slurmd (two
 nodes, this machine's name and ``localhost``, on this one machine), started once per session
-from a slurm.conf and munge key in a temporary folder, and stopped at its end.
+(``cluster``, the fixture test_slurm_jobs.py makes of it) from a slurm.conf and munge key in a
+temporary folder, and stopped at its end.
 
 Debian's ``slurm-wlm`` and ``munge`` (``make slurm`` installs them where the machine allows
 it) and root are needed; without them the tests skip with the reason, except under ``CI=true``,
@@ -231,23 +232,23 @@ def stop(cluster: Cluster) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="session")
-def slurm():
-    """The session's cluster (its SLURM_CONF in this process's environment while it runs)."""
+def cluster():
+    """The session's cluster (its SLURM_CONF in this process's environment while it runs), for a
+    session-scoped fixture to yield."""
     why = unavailable()
     if why:
         not_here(why)
     folder = Path(tempfile.mkdtemp(prefix="mlmkit-slurm-", dir="/tmp"))
     folder.chmod(0o755)  # munged wants its socket's folder open to all for execution
-    cluster = Cluster(folder, node_names())
+    running = Cluster(folder, node_names())
     saved = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
+    os.environ["SLURM_CONF"] = str(running.conf)
     try:
-        start(cluster)
-        print(f"\nSLURM cluster of {len(cluster.nodes)} node(s) started in {cluster.started_in:.1f} s")
-        yield cluster
+        start(running)
+        print(f"\nSLURM cluster of {len(running.nodes)} node(s) started in {running.started_in:.1f} s")
+        yield running
     finally:
-        stop(cluster)
+        stop(running)
         if saved is None:
             os.environ.pop("SLURM_CONF", None)
         else:
