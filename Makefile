@@ -24,7 +24,7 @@ PYTHON_312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versi
 FLOOR  ?= .venv-floor
 WHEELS ?= .whl
 
-.PHONY: venv floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,25 @@ $(STAMP): pyproject.toml
 	  $(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev]" ) || \
 	  $(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+# SLURM for the real-cluster tests (tests/slurm/: munged, slurmctld and two slurmd on this
+# machine): Debian's slurm-wlm and munge, installed where the machine allows it (root and
+# apt-get); elsewhere it says why and does nothing, and those tests skip (fail under CI=true).
+SLURM_PACKAGES ?= slurm-wlm munge
+
+slurm:  ## install SLURM and munge for tests/slurm/ (Debian, as root; about 20 s)
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then \
+	  echo "slurm: slurmctld, slurmd and munged are installed"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "slurm: not installed: installing $(SLURM_PACKAGES) needs root (tests/slurm/ will skip)"; \
+	elif ! command -v apt-get >/dev/null; then \
+	  echo "slurm: not installed: no apt-get here; install $(SLURM_PACKAGES) (tests/slurm/ will skip)"; \
+	else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) >/dev/null; } || \
+	  echo "slurm: apt-get could not install $(SLURM_PACKAGES) (tests/slurm/ will skip)"; \
+	fi
 
 # The quick start: at most QUICK_START_TIME of training (its schedule decays over that budget),
 # so it ends within 6 minutes on any CPU, and a 4,096-token WordPiece vocabulary, which suits
@@ -157,6 +176,9 @@ tokenizer: venv  ## train a tokenizer, e.g. make tokenizer ARGS="data=files data
 
 bench-processes: venv  ## tokens/s of 1 against 2 processes, scaling efficiency
 	$(BIN)/python benchmarks/process_scaling.py $(ARGS)
+
+bench-vocab-init: venv  ## tokenizer.extend_vocab on the Hindi novel: words the old vocabulary cannot spell started as the average word vs [UNK], early losses side by side
+	$(BIN)/python benchmarks/vocab_init.py $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -16,8 +16,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
 TEXT=${DATA:-$ROOT/../shared/data/corpora}/hindi/sevasadan.txt
 OUT=${RUN_DIR:-outputs/hindi-bert-mini}
-"$PYTHON" -m mlmkit tokenizer data=files "data.train_files=[$TEXT]" tokenizer.vocab_size="${VOCAB:-16000}" \
-  out="$OUT-tokenizer"
+# the tokenizer once (mlmkit tokenizer never overwrites one; a run again continues with it)
+[ -f "$OUT-tokenizer/tokenizer.json" ] || "$PYTHON" -m mlmkit tokenizer data=files "data.train_files=[$TEXT]" \
+  tokenizer.vocab_size="${VOCAB:-16000}" out="$OUT-tokenizer"
 "$PYTHON" -m mlmkit train model=bert-mini data=files "data.train_files=[$TEXT]" \
   tokenizer.name_or_path="$OUT-tokenizer" data.max_seq_length=128 \
   train.max_steps=1000 train.eval_every=250 hydra.run.dir="$OUT" train.resume=auto "$@"

@@ -16,16 +16,17 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mlmkit.cli.errors import exit_on_error, run_hydra_main
+from mlmkit.cli.record import write_record
 from mlmkit.config import CONFIG_PATH, Config, register_configs
 from mlmkit.config.compose import finish
 from mlmkit.errors import ConfigError
@@ -61,11 +62,10 @@ def command(cfg: DictConfig) -> None:
 
 
 def train_composed(cfg: DictConfig, overrides: list[str], run_dir: str) -> None:
-    """Apply the recipes to the composed ``cfg``, record them in the run's saved config, and train."""
+    """Apply the recipes to the composed ``cfg`` and train it; the run's ``.hydra/`` record (the
+    settings as run, recipes applied) is written once the run's checks have passed."""
     config, notes = finish(cfg, overrides)
-    if notes:
-        save_composed(cfg, run_dir)
-    train(config, run_dir, notes)
+    train(config, run_dir, notes, on_open=lambda opened: write_record(opened, cfg))
 
 
 def check_run_dir_override(argv: list[str]) -> None:
@@ -80,24 +80,13 @@ def check_run_dir_override(argv: list[str]) -> None:
                                   "hydra.run.dir to a writable folder.") from None
 
 
-def save_composed(cfg: DictConfig, run_dir: str) -> None:
-    """Rewrite the run's ``.hydra/config.yaml`` (Hydra wrote it before the recipes applied)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    subdir = HydraConfig.get().output_subdir
-    if subdir is None:
-        return
-    path = Path(run_dir) / subdir / "config.yaml"
-    tmp = path.with_name(f".tmp-{os.getpid()}-config.yaml")
-    OmegaConf.save(cfg, tmp)
-    os.replace(tmp, path)  # every rank writes the same file: each whole
-
-
 # ---- the run -------------------------------------------------------------------------------------
 
-def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) -> dict[str, Any]:
+def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = (),
+          on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
     """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``
-    (``notes``: lines for the run's log, such as the recipe composition took).
+    (``notes``: lines for the run's log, such as the recipe composition took; ``on_open``:
+    called with the run dir once every check has passed, before the run writes there).
 
     Returns the final evaluation metrics (``eval_loss``, ``eval_accuracy``, ...).
     """
@@ -106,7 +95,7 @@ def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = ()) ->
         notes = (*notes, probe.describe(cfg.probe.every))
     started = time.monotonic()
     try:
-        trainer = Trainer(cfg, Path(run_dir), notes, probe, on_phase_end=export_phase)
+        trainer = Trainer(cfg, Path(run_dir), notes, probe, on_phase_end=export_phase, on_open=on_open)
         trainer.resume()
         first_step = trainer.state.step
         last_eval = fit(trainer)

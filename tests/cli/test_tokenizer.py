@@ -31,6 +31,7 @@ def test_tokenizer_command_writes_a_dir_training_can_use(tmp_path, algorithm):
     held_out = next(line for line in proc.stdout.splitlines() if line.startswith("[UNK] is "))
     assert held_out in (out / "README.md").read_text() and "of the held-out text" in held_out
     bad = _run("-m", "mlmkit", "tokenizer", "data=files", f"data.train_files=[{tmp_path}/nothing*.txt]",
-               f"out={out}")
+               f"out={tmp_path / 'tok2'}")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("Error: data.train_files: no file")
+    assert not (tmp_path / "tok2").exists()  # nothing written by a refused command
 

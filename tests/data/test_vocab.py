@@ -76,7 +76,8 @@ def test_new_embeddings_start_from_the_mean_of_their_old_pieces(prose_tokenizer,
     assert model.get_output_embeddings().weight.data_ptr() == weight.data_ptr()  # still tied
     assert torch.equal(weight[: len(prose_tokenizer)], old_weight) and torch.equal(bias[: len(prose_tokenizer)], old_bias)
     for word in added:
-        pieces = prose_tokenizer(word, add_special_tokens=False)["input_ids"]
+        pieces = [j for j in prose_tokenizer(word, add_special_tokens=False)["input_ids"]
+                  if j != prose_tokenizer.unk_token_id]
         i = extended.get_vocab()[word]
         torch.testing.assert_close(weight[i], old_weight[pieces].mean(0))
         torch.testing.assert_close(bias[i], old_bias[pieces].mean())
@@ -102,3 +103,72 @@ def test_added_tokens_keep_their_ids_and_unknown_words_are_added(prose_tokenizer
     assert extended.mask_token_id == base.mask_token_id
     unknown = [w for w in ("naïve", "café", "crème", "brûlée") if base(w, add_special_tokens=False)["input_ids"] == [base.unk_token_id]]
     assert unknown and set(unknown) <= set(added)
+
+
+@pytest.fixture(scope="module")
+def hindi():
+    return shared_file("corpora/hindi/sevasadan.txt").read_text(encoding="utf-8")[:300_000].split("\n\n")
+
+
+def test_an_extension_reports_the_unk_share_before_and_after(prose_tokenizer, hindi):
+    """Tokens per word hide a script the old vocabulary cannot spell (one [UNK] a word is one
+    token a word): the log gives the [UNK] share too, and the run's [UNK] warning after an
+    extension advises more of it, not to set it."""
+    import logging
+
+    from mlmkit.data.tokenizer import unk_report
+    from mlmkit.data.vocab import coverage
+
+    records, logger = [], logging.getLogger("mlmkit.data.vocab")
+    handler, level = logging.Handler(), logger.level
+    handler.emit = records.append
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        extended, added = extend_tokenizer(prose_tokenizer, hindi, 200)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    counts = word_counts(prose_tokenizer, hindi)
+    (per_word, unk_before), (_, unk_after) = coverage(prose_tokenizer, counts), coverage(extended, counts)
+    assert per_word < 1.2 and unk_before > 0.8 and unk_after < unk_before - 0.2  # [UNK] nearly every word
+    (line,) = [r.getMessage() for r in records if "Vocabulary extension" in r.getMessage()]
+    assert f"[UNK] {100 * unk_before:.2f}% -> {100 * unk_after:.2f}% of the tokens" in line, line
+    ids = [i for row in extended(hindi[-50:], add_special_tokens=False)["input_ids"] for i in row]
+    report, warn = unk_report(extended, ids.count(extended.unk_token_id), len(ids), hindi[-50:],
+                              trained_here=False, extended=200)
+    assert warn and "raise tokenizer.extend_vocab" in report and "add the corpus's words" not in report
+
+
+def test_words_the_old_vocabulary_cannot_spell_start_as_its_average_word(prose_tokenizer, hindi):
+    """Hindi words, all [UNK] to an English vocabulary: their rows start as the mean of its
+    ordinary rows (no Devanagari among them), its special tokens' left out, not as [UNK]'s row
+    (``unspelt="unk"``: the earlier start); a Latin word with one [UNK] piece keeps its others'
+    mean."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from mlmkit.model.bert import extend_embeddings
+
+    extended, added = extend_tokenizer(prose_tokenizer, hindi, 100)
+    unk = prose_tokenizer.unk_token_id
+    assert all(prose_tokenizer(w, add_special_tokens=False)["input_ids"] == [unk] for w in added[:20])
+    special = set(prose_tokenizer.all_special_ids)
+    ordinary = [i for i in range(len(prose_tokenizer)) if i not in special]
+    starts = {}
+    for unspelt in ("average", "unk"):
+        torch.manual_seed(0)
+        model = BertForMaskedLM(BertConfig(vocab_size=len(prose_tokenizer), hidden_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=64))
+        model.cls.predictions.bias.data.normal_()
+        old_weight = model.get_input_embeddings().weight.detach().clone()
+        old_bias = model.cls.predictions.bias.detach().clone()
+        extend_embeddings(model, extended, prose_tokenizer, unspelt=unspelt)
+        i = extended.get_vocab()[added[0]]
+        starts[unspelt] = model.get_input_embeddings().weight[i].detach().clone()
+        bias = model.cls.predictions.bias[i]
+        if unspelt == "unk":
+            assert torch.equal(starts["unk"], old_weight[unk]) and bias == old_bias[unk]
+        else:
+            torch.testing.assert_close(starts["average"], old_weight[ordinary].mean(0))
+            torch.testing.assert_close(bias, old_bias[ordinary].mean())
+    assert not torch.allclose(starts["average"], starts["unk"])

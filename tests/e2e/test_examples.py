@@ -1,8 +1,7 @@
 """Every script of examples/ runs, shrunk (a tiny model, a few steps: the overrides each script
 takes last), as a user starts it: ``bash examples/<script> ...``, with its settings from the
-environment, each command a process of its own. The SLURM scripts meet stand-ins for
-sbatch, srun, scontrol and sacct (tests/e2e/fake_slurm/) that run the job on this machine.
-The README links every script."""
+environment, each command a process of its own. The SLURM scripts run on a real cluster, in
+tests/slurm/test_slurm_jobs.py. The README links every script."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from conftest import SHARED_DATA, shared_file
 from runs import ROOT, TEST_ENV, TINY, free_port, train_steps
 
 EXAMPLES = ROOT / "examples"
-FAKE_SLURM = Path(__file__).resolve().parent / "fake_slurm"
+SLURM_TESTS = ROOT / "tests" / "slurm" / "test_slurm_jobs.py"  # the SLURM scripts, on a real cluster
 SCRIPTS = sorted(p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("*") if p.is_file())
 
 # a few steps of the tiny model, quiet; the scripts' own overrides come first, these last
@@ -33,22 +31,17 @@ CONTINUE = ["data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_s
 
 @pytest.fixture(scope="module")
 def bin_dir(tmp_path_factory) -> Path:
-    """``python`` (this interpreter) and the SLURM stand-ins, in one folder for the front of PATH."""
+    """``python`` (this interpreter), in a folder for the front of PATH."""
     folder = tmp_path_factory.mktemp("bin")
     python = folder / "python"
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
-    for tool in FAKE_SLURM.iterdir():
-        (folder / tool.name).symlink_to(tool)
     return folder
 
 
 @pytest.fixture
-def env(bin_dir, tmp_path) -> dict:
-    state = tmp_path / "slurm"
-    state.mkdir()
-    return {**os.environ, **TEST_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "PYTHON": str(bin_dir / "python"), "FAKE_SLURM": str(state)}
+def env(bin_dir) -> dict:
+    return {**os.environ, **TEST_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python")}
 
 
 def bash(script: str, *args: str, env: dict, cwd: Path, timeout: float = 240, check: bool = True):
@@ -70,7 +63,7 @@ def test_every_example_is_tested_here_and_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text()
     linked = set(re.findall(r"\]\((examples/[^)]+)\)", readme))
     assert {f"examples/{s}" for s in SCRIPTS} <= linked, sorted({f"examples/{s}" for s in SCRIPTS} - linked)
-    source = Path(__file__).read_text()
+    source = Path(__file__).read_text() + SLURM_TESTS.read_text()
     assert all(f'"{s}"' in source for s in SCRIPTS), [s for s in SCRIPTS if f'"{s}"' not in source]
 
 
@@ -180,70 +173,6 @@ def test_multi_process_cpu_trains_with_two_processes(env, tmp_path, cache_dir):
 
 
 # --- SLURM ---------------------------------------------------------------------------------
-
-def test_submitit_script_submits_a_job_that_trains(env, tmp_path, cache_dir):
-    proc = bash("slurm/submitit.sh", *TINY, *STEPS,
-                f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={tmp_path / 'sweep'}", env=env, cwd=tmp_path)
-    run = tmp_path / "sweep" / "0"
-    assert train_steps(run)[-1] == 10, proc.stderr[-3000:]
-    submission = (tmp_path / "slurm" / "sbatch.args").read_text().split()
-    script = Path(submission[-1]).read_text()  # what submitit asked SLURM to run
-    assert "#SBATCH --signal=USR2@120" in script and "#SBATCH --partition=gpu" in script
-
-
-def _corpus(folder: Path) -> Path:
-    """A text file in a folder whose name has a space, from the built-in corpus."""
-    from mlmkit.data.sources import builtin_documents
-
-    path = folder / "my corpus" / "text.txt"
-    path.parent.mkdir(parents=True)
-    text, size = [], 0
-    for doc in builtin_documents():
-        text.append(doc)
-        size += len(doc)
-        if size > 300_000:
-            break
-    path.write_text("\n\n".join(text))
-    return path
-
-
-def _wait(condition, timeout: float = 240, what: str = "") -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def test_train_sbatch_submits_itself_logs_and_requeues_after_the_checkpoint(env, tmp_path, cache_dir):
-    """bash train.sbatch: the logs/ folder made, the script submitted with its log there; the
-    job trains on one node; SLURM's warning (SIGUSR1 to the step's processes) ends it with a
-    checkpoint and status 75, the script requeues it, and the requeued job, in the same run
-    dir, continues to the end. An override with a space and a glob reaches mlmkit whole."""
-    corpus = _corpus(tmp_path)
-    overrides = [*TINY, "train.max_steps=300", "train.log_every=1", "train.eval_every=0",
-                 "train.save_every=0", "train.precision=no", "logger=none", "data=files",
-                 f"data.train_files=['{corpus.parent}/*.txt']", f"paths.cache_dir={cache_dir}"]
-    state = tmp_path / "slurm"
-    env = {**env, "GPUS_PER_NODE": "1", "MAIN_PORT": free_port(), "ACCELERATE_USE_CPU": "1"}
-    proc = bash("slurm/train.sbatch", *overrides, env=env, cwd=tmp_path)
-    assert proc.stdout.strip() == "Submitted batch job 1001"
-    args = (state / "sbatch.args").read_text().splitlines()
-    assert args == ["--output=logs/%x-%j.out", str(EXAMPLES / "slurm" / "train.sbatch"), *overrides]
-    assert (tmp_path / "logs").is_dir()
-    run = tmp_path / "outputs" / "slurm-1001"
-    _wait(lambda: len(train_steps(run)) >= 3, what="training steps")
-    step = int((state / "step-1001.pid").read_text())
-    os.killpg(step, signal.SIGUSR1)  # SLURM's warning goes to every process of the job's step
-    _wait(lambda: (state / "job-1001.done").exists(), timeout=300, what="the job's end")
-    log = (tmp_path / "logs" / "mlmkit-1001.out").read_text()
-    assert (state / "job-1001.status").read_text().split() == ["75", "0"], log[-4000:]
-    assert "Stopped by SIGUSR1" in log and "requeueing job 1001" in log and "Resumed from" in log
-    assert (state / "scontrol.log").read_text() == "requeue 1001\n"
-    assert train_steps(run) == list(range(1, 301))  # every step once: resumed, not restarted
-    assert (run / "final" / "config.json").is_file()
-    # the packaged multi_node config, written where every node reads it
-    assert (run / "accelerate.yaml").read_text() == (ROOT / "conf" / "accelerate" / "multi_node.yaml").read_text()
-
 
 def test_a_plain_sbatch_of_train_sbatch_writes_its_log_where_it_is_submitted():
     """SLURM opens --output before the script runs: the script's own must need no folder."""

@@ -123,3 +123,27 @@ def test_the_one_process_of_accelerates_simple_launcher_is_rank_0(monkeypatch, t
     assert launched_rank() == "0"
     tell(75, "Stopped by SIGUSR1 at step 3 after saving a checkpoint.")
     assert explained({0: {"status": 75}}) == 75 and (tmp_path / "rank-0.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_launch_with_one_sentence_and_no_traceback(tmp_path, cache_dir):
+    """A rank killed with SIGKILL (as the kernel's out-of-memory killer does): the log's lines
+    once, no traceback or re-print from the launcher, one sentence naming the rank and the
+    signal, and status 128 + 9."""
+    run = tmp_path / "run"
+    proc = _start(sys.executable, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,
+                  "train", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", "train.max_steps=5000",
+                  "train.eval_every=0", "train.save_every=0", "logger=none", "train.log_every=1")
+    deadline = time.monotonic() + 240
+    while not (run / "metrics.jsonl").is_file() or '"train"' not in (run / "metrics.jsonl").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, _finish(proc)[1][-3000:]
+        time.sleep(0.5)
+    os.kill(int((run / ".lock").read_text().split()[0]), signal.SIGKILL)  # the main process
+    out, err = _finish(proc)
+    assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("Rank 0 (pid ") and "was killed by SIGKILL" in last, err[-3000:]
+    assert "train.resume=auto" in last
+    for noise in ("Traceback", "RuntimeError:", "ChildFailedError", "The above exception", "torch/distributed"):
+        assert noise not in err, err[-3000:]
+    assert err.count("Budget:") == 1 and err.count("Baseline:") == 1  # the run's lines, once

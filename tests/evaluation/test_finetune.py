@@ -305,6 +305,38 @@ def test_own_csv_jsonl_and_tsv_files_give_the_same_examples(tmp_path):
     assert task.metrics == ["spearman", "pearson"] and [e["label"] for e in train[:3]] == [0.0, 1.5, 2.0]
 
 
+def test_jsonl_lines_that_do_not_parse_or_hold_no_text_are_skipped_with_a_count(tmp_path):
+    """As pretraining reads JSONL: a line that is no JSON object, a row without a value and a
+    row whose text column holds a number are skipped and counted by cause in one warning; a
+    text column whose first value is a number is an error; a label that is a number reads as
+    its text."""
+    import logging
+
+    rows = _pairs(8)
+    lines = [json.dumps({c: r[c] for c in ("premise", "hypothesis", "gold")}) for r in rows]
+    lines[2] = '{"premise": "cut short'  # not JSON
+    lines[4] = json.dumps({"premise": 42, "hypothesis": "A number.", "gold": "same"})
+    lines[6] = json.dumps({"premise": "No hypothesis.", "gold": "same"})
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("mlmkit").addHandler(handler)
+    try:
+        train, _ = load_task(_files_task(tmp_path, "train.jsonl", "train.jsonl"))
+    finally:
+        logging.getLogger("mlmkit").removeHandler(handler)
+    assert [e["text"][0] for e in train] == [rows[i]["premise"] for i in (0, 1, 3, 5, 7)]
+    (warning,) = {r.getMessage() for r in records if r.levelno == logging.WARNING}
+    assert warning.endswith("train.jsonl: skipped 1 line(s) that are not JSON objects, 1 row(s) with a value "
+                            "missing, 1 row(s) whose 'premise' or 'hypothesis' is not text"), warning
+    numbers = [json.dumps({"premise": i, "hypothesis": "h", "gold": "same" if i % 2 else "other"}) for i in range(6)]
+    (tmp_path / "numbers.jsonl").write_text("\n".join(numbers) + "\n")
+    with pytest.raises(DataError, match=r"numbers.jsonl': the column 'premise' holds numbers, not text; "
+                                        r"set task.text_columns"):
+        load_task(_files_task(tmp_path, "numbers.jsonl", "numbers.jsonl"))
+
+
 def test_a_label_outside_the_task_labels_is_an_error(tmp_path):
     rows = _pairs(6)
     rows[3]["gold"] = "maybe"

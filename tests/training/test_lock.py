@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -62,3 +63,55 @@ def test_a_second_process_is_refused_until_the_holder_is_killed(tmp_path):
     holder = _holder(tmp_path)  # released: free for the next run
     holder.send_signal(signal.SIGKILL)
     holder.communicate()
+
+
+def test_a_command_refused_after_locking_leaves_the_lock_file_as_it_was(tmp_path):
+    """Released before ``commit`` (a refused command): the file it made goes again, one that was
+    there gets its bytes back; a committed run's file names it."""
+    new, old, kept = tmp_path / "new", tmp_path / "old", tmp_path / "kept"
+    for folder in (new, old, kept):
+        folder.mkdir()
+    (old / lock.LOCK_FILE).write_bytes(b"1234 elsewhere\n")
+    for folder in (new, old):
+        lock.acquire(folder)
+        assert (folder / lock.LOCK_FILE).read_text().split()[0] == str(os.getpid())  # named while held
+        lock.release(folder)
+    assert not (new / lock.LOCK_FILE).exists()
+    assert (old / lock.LOCK_FILE).read_bytes() == b"1234 elsewhere\n"
+    lock.acquire(kept)
+    lock.commit(kept)
+    lock.release(kept)
+    assert (kept / lock.LOCK_FILE).read_text().split()[0] == str(os.getpid())
+    for folder in (new, old, kept):  # a removed or restored file locks as before
+        assert _locked_in_another_process(folder)
+
+
+def _locked_in_another_process(run_dir) -> bool:
+    code = "import sys; from pathlib import Path; from mlmkit.training import lock; lock.acquire(Path(sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=ROOT, timeout=60).returncode == 0
+
+
+def test_a_lock_taken_on_a_file_removed_meanwhile_is_taken_again_on_the_new_one(tmp_path, monkeypatch):
+    """A process that opened the lock file just before a refused command removed it locks the
+    file at the path, never the removed one (two runs would otherwise both hold the dir)."""
+    opened = []
+    real_open = os.open
+
+    def open_then_remove(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        opened.append(path)
+        if len(opened) == 1:  # the first open: the file goes before the lock is taken
+            os.unlink(path)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_remove)
+    lock.acquire(tmp_path)
+    monkeypatch.undo()
+    try:
+        held = lock._held[tmp_path.resolve()]
+        assert len(opened) == 2  # locked the removed file, found it gone, opened the path again
+        assert os.fstat(held).st_ino == os.stat(tmp_path / lock.LOCK_FILE).st_ino
+        assert _refused_in_another_process(tmp_path)
+    finally:
+        lock.commit(tmp_path)
+        lock.release(tmp_path)

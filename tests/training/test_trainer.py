@@ -29,6 +29,8 @@ def trainer(tmp_path, cache_dir):
 
 def test_the_parts_are_built_and_the_jobs_fall_due_on_their_intervals(trainer):
     assert trainer.state.step == 0 and not trainer.done() and trainer.plan is None
+    assert not (trainer.run_dir / "model").exists()  # nothing written before the checks pass
+    trainer.resume()  # a new run: every check passed, the run dir opens
     assert (trainer.run_dir / "model" / "config.json").is_file()  # any checkpoint loads from it
     due = {}
     for step in range(1, 13):

@@ -26,7 +26,27 @@ def checkpoint_record(resolved: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(state, dict):
         return {}, {}
     settings = state.get("settings") if isinstance(state.get("settings"), dict) else {}
-    return settings, {"step": state.get("step"), "tokens_seen": state.get("tokens_seen")}
+    summary = {"step": state.get("step"), "tokens_seen": state.get("tokens_seen")}
+    return settings, {**summary, **logged_evaluation(resolved.parent.parent, state.get("step"))}
+
+
+def logged_evaluation(run_dir: Path, step) -> dict[str, Any]:
+    """The figures the run logged for ``step`` in its metrics.jsonl: the evaluation at that step
+    and the most-frequent-token baseline, as a finished run's model card has them (empty where
+    the run evaluated nothing at that step, or logged nothing readable)."""
+    from mlmkit.errors import DataError
+    from mlmkit.training.metrics_log import read_metrics
+
+    try:
+        events = read_metrics(run_dir)
+    except (OSError, DataError):
+        return {}
+    found: dict[str, Any] = {}
+    for kind in ("eval", "baseline"):
+        logged = [e for e in events if e["event"] == kind and (kind == "baseline" or e.get("step") == step)]
+        if logged:
+            found.update({k: v for k, v in logged[-1].items() if k not in ("event", "step", "phase")})
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

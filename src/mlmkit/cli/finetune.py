@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mlmkit.cli.errors import exit_on_error, run_hydra_main
+from mlmkit.cli.record import write_record
 from mlmkit.config import CONFIG_PATH, FinetuneConfig, register_configs, to_config
 
 
@@ -27,7 +28,8 @@ def main() -> None:
 
         def job() -> None:
             ft = to_config(cfg, FinetuneConfig)
-            results.append((ft.task.metrics[0], finetune(ft, HydraConfig.get().runtime.output_dir)))
+            run_dir = HydraConfig.get().runtime.output_dir
+            results.append((ft.task.metrics[0], finetune(ft, run_dir, on_open=lambda d: write_record(d, cfg))))
 
         exit_on_error(job)
         headline, summary = results[0]

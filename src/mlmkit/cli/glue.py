@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mlmkit.cli.errors import exit_on_error, run_hydra_main
+from mlmkit.cli.record import write_record
 from mlmkit.config import CONFIG_PATH, GlueConfig, register_configs, to_config
 
 
@@ -26,7 +27,8 @@ def main() -> None:
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
         results = []
         run_dir = HydraConfig.get().runtime.output_dir
-        exit_on_error(lambda: results.append(glue(to_config(cfg, GlueConfig), run_dir)))
+        exit_on_error(lambda: results.append(glue(to_config(cfg, GlueConfig), run_dir,
+                                                   on_open=lambda d: write_record(d, cfg))))
         if PartialState().is_main_process:
             out = results[0]
             print(f"\n{out['table']}\n\nProtocol {out['protocol']}.")

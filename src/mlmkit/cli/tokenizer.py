@@ -11,6 +11,8 @@ plus ``out=<dir>`` (required).
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -54,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = train_tokenizer(cfg.tokenizer, texts())
     report, warn = held_out_report(tokenizer, held_out)
-    try:
-        tokenizer.save_pretrained(str(target))
-        (target / "README.md").write_text(tokenizer_card(cfg, tokenizer, chars, report))
-    except OSError as exc:  # a full disk
-        raise ConfigError(f"Could not write the tokenizer to out={out[-1]!r} ({exc.strerror or exc}); "
-                          "free disk space there or set out= to another folder.") from None
+
+    def write(folder: Path) -> None:
+        tokenizer.save_pretrained(str(folder))
+        (folder / "README.md").write_text(tokenizer_card(cfg, tokenizer, chars, report))
+
+    write_whole(target, write, out[-1])
     print(f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
           f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
           f"(use it with tokenizer.name_or_path={target}).")
@@ -101,16 +103,36 @@ def compose_training_config(overrides: list[str]) -> Config:
 
 
 def check_out_dir(out: str) -> Path:
-    """``out=`` as a folder that can be written, checked before any training."""
+    """``out=`` as a new (or empty) folder that can be written, checked before any training: a
+    tokenizer already there is never overwritten."""
     target = Path(out).expanduser()
     if target.exists() and not target.is_dir():
         raise ConfigError(f"out={out!r} is an existing file; set out= to a folder for the tokenizer.")
+    if target.is_dir() and any(target.iterdir()):
+        raise ConfigError(f"out={out!r} is a folder that holds files already; set out= to a new folder, "
+                          "so that nothing there is overwritten.")
     try:
-        target.mkdir(parents=True, exist_ok=True)
-        probe = target / ".write-test"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        probe = target.parent / f".{target.name}.write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"Cannot write the tokenizer to out={out!r} ({exc.strerror or exc}); set "
                           "out= to a writable folder.") from None
     return target
+
+
+def write_whole(target: Path, write, out: str) -> None:
+    """``write(folder)`` into a folder beside ``target``, renamed to ``target`` once complete: a
+    tokenizer dir is there whole or not at all."""
+    partial = target.parent / f".{target.name}.partial-{os.getpid()}"
+    try:
+        partial.mkdir()
+        write(partial)
+        if target.is_dir():
+            target.rmdir()  # empty (check_out_dir); a file written there since stops the rename
+        os.rename(partial, target)
+    except OSError as exc:  # a full disk, or out= filled meanwhile
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ConfigError(f"Could not write the tokenizer to out={out!r} ({exc.strerror or exc}); "
+                          "free disk space there or set out= to a new folder.") from None

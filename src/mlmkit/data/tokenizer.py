@@ -211,10 +211,11 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]):
 
 
 def unk_report(tokenizer, unk: int, tokens: int, texts: Iterable[str] = (),
-               trained_here: bool = True) -> tuple[str, bool]:
+               trained_here: bool = True, extended: int = 0) -> tuple[str, bool]:
     """``(sentence, whether it is a warning)`` on the [UNK] share of held-out text: above 1%
     it names the likely cause, from ``texts`` (a sample of the text) where given;
-    ``trained_here``: the tokenizer was trained on this corpus (else loaded)."""
+    ``trained_here``: the tokenizer was trained on this corpus (else loaded); ``extended``: the
+    words ``tokenizer.extend_vocab`` added to a loaded one."""
     share = unk / max(tokens, 1)
     line = f"[UNK] is {share:.2%} of the tokens of the held-out text ({unk:,} of {tokens:,})"
     if share <= 0.01:
@@ -229,6 +230,11 @@ def unk_report(tokenizer, unk: int, tokens: int, texts: Iterable[str] = (),
         cause = ("characters too rare for the vocabulary, or, in WordPiece, words of over "
                  f"{limit or 100} characters without a space (each one [UNK]); raise tokenizer.vocab_size "
                  "or train tokenizer.algorithm=unigram")
+    elif extended:
+        cause = (f"words the extended vocabulary still lacks (tokenizer.extend_vocab={extended} adds whole "
+                 "words; the others keep the old pieces, [UNK] where the old vocabulary lacks their "
+                 "characters): raise tokenizer.extend_vocab, or train a tokenizer on this corpus "
+                 "(tokenizer.name_or_path=null, without model.init_from)")
     else:
         cause = ("characters or words the vocabulary lacks (a tokenizer made for other text): train one on "
                  "this corpus (tokenizer.name_or_path=null, without model.init_from), or, continuing a "

@@ -7,7 +7,7 @@ them by the tokens they save on the corpus (count x (old pieces - 1)), and adds 
 to the old vocabulary, after its last id: every old id keeps its meaning, and WordPiece's
 longest match takes a new word whole. ``model.bert.extend_embeddings`` then grows the
 embeddings and the tied output layer, each new row starting from the mean of the old pieces
-of its word.
+of its word (a word the old vocabulary cannot spell, all [UNK]: from the average word's).
 """
 
 from __future__ import annotations
@@ -41,10 +41,18 @@ def word_counts(tokenizer, texts: Iterable[str]) -> Counter:
 
 def tokens_per_word(tokenizer, counts: Counter) -> float:
     """Sub-tokens per word over ``counts`` (words weighted by their count)."""
+    return coverage(tokenizer, counts)[0]
+
+
+def coverage(tokenizer, counts: Counter) -> tuple[float, float]:
+    """``(sub-tokens per word, the share of those that are [UNK])`` over ``counts`` (words
+    weighted by their count): a vocabulary that cannot spell a script makes each of its words
+    one [UNK], one token a word, so tokens per word alone hides it."""
     words = list(counts)
-    lengths = [len(ids) for ids in tokenizer(words, add_special_tokens=False)["input_ids"]] if words else []
-    total = sum(counts.values())
-    return sum(n * counts[w] for n, w in zip(lengths, words)) / max(total, 1)
+    pieces = tokenizer(words, add_special_tokens=False)["input_ids"] if words else []
+    tokens = sum(len(ids) * counts[w] for ids, w in zip(pieces, words))
+    unk = sum(ids.count(tokenizer.unk_token_id) * counts[w] for ids, w in zip(pieces, words))
+    return tokens / max(sum(counts.values()), 1), unk / max(tokens, 1)
 
 
 def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency: int = 2,
@@ -103,8 +111,8 @@ def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency:
             "tokenizer.extend_vocab could not add words to this tokenizer without renumbering its "
             "tokens; set tokenizer.extend_vocab=0."
         )
-    before, after = tokens_per_word(tokenizer, counts), tokens_per_word(extended, counts)
-    log.info("Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; tokens per "
-             "word on %.1fM characters of the corpus %.3f -> %.3f", len(added), len(vocab), seen / 1e6,
-             before, after)
+    (before, unk_before), (after, unk_after) = coverage(tokenizer, counts), coverage(extended, counts)
+    log.info("Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; on %.1fM "
+             "characters of the corpus, tokens per word %.3f -> %.3f, [UNK] %.2f%% -> %.2f%% of the tokens",
+             len(added), len(vocab), seen / 1e6, before, after, 100 * unk_before, 100 * unk_after)
     return extended, added

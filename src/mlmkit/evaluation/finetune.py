@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,11 @@ def file_setting(task: TaskConfig, split: str) -> str:
 def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
               columns: list[str] | None = None) -> list[tuple[int, dict[str, str]]]:
     """``(line, {column: value})`` of each row of a TSV, CSV or JSONL file that holds all of
-    ``columns`` (default: the task's text and label columns); the other rows are skipped with
-    a warning, and a file without one of the columns is an error."""
+    ``columns`` (texts; default: the task's text and label columns); a file without one of the
+    columns is an error, and so is a JSONL text column that holds no text (numbers, objects), as
+    in pretraining. Other rows are skipped with a warning that counts them by cause: a line that
+    is no JSON object (or has too few fields), a value missing, a JSONL value that is not text
+    in a text column. A JSONL label that is a number reads as that number's text."""
     if not path.is_file():
         if setting == "task.data_dir":
             raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
@@ -109,11 +113,43 @@ def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
                f"give {setting} a file with the columns {', '.join(wanted)}")
         raise DataError(f"{str(path)!r} has no column {missing[0]!r} (columns: {', '.join(names)}); "
                         f"{fix}.")
-    kept = [(line, row) for line, row in rows
-            if row is not None and all(row.get(c) is not None for c in wanted)]
+    texts = list(columns or task.text_columns)
+    if fmt == "jsonl":
+        check_json_texts(path, rows, texts)
+    kept, skipped = [], {"bad": 0, "missing": 0, "not_text": 0}
+    for line, row in rows:
+        if row is None:
+            skipped["bad"] += 1
+        elif any(row.get(c) is None for c in wanted):
+            skipped["missing"] += 1
+        elif any(not isinstance(row[c], str) for c in texts):
+            skipped["not_text"] += 1
+        else:
+            kept.append((line, {c: v if isinstance(v, str) else json.dumps(v) for c, v in row.items()}))
     if len(kept) < len(rows):
-        log.warning("%s: skipped %d line(s) with missing columns", path, len(rows) - len(kept))
+        warn_skipped(path, fmt, skipped, texts)
     return kept
+
+
+def check_json_texts(path: Path, rows: list[tuple[int, dict | None]], texts: list[str]) -> None:
+    """Refuse a JSONL text column that holds no text, by its first row with a value there (as
+    pretraining's ``data.sources.check_text_column``): numbers or objects would become text such
+    as "3" or "{...}" for the model to read."""
+    for column in texts:
+        first = next((row[column] for _, row in rows if row is not None and row.get(column) is not None), "")
+        if not isinstance(first, str):
+            what = "numbers" if isinstance(first, (int, float)) and not isinstance(first, bool) else \
+                f"{type(first).__name__} values"
+            raise DataError(f"{str(path)!r}: the column {column!r} holds {what}, not text; set "
+                            "task.text_columns to the columns of text.")
+
+
+def warn_skipped(path: Path, fmt: str, skipped: dict[str, int], texts: list[str]) -> None:
+    """One warning counting the rows ``read_rows`` skipped, by cause."""
+    bad = "that are not JSON objects" if fmt == "jsonl" else "with too few fields"
+    causes = [(skipped["bad"], f"line(s) {bad}"), (skipped["missing"], "row(s) with a value missing"),
+              (skipped["not_text"], f"row(s) whose {' or '.join(map(repr, texts))} is not text")]
+    log.warning("%s: skipped %s", path, ", ".join(f"{n} {what}" for n, what in causes if n))
 
 
 def _delimited_rows(path: Path, task: TaskConfig, fmt: str, setting: str):
@@ -153,8 +189,8 @@ def _columns(path: Path, task: TaskConfig, lines: list, fmt: str, setting: str):
 
 def _json_rows(path: Path):
     """``(column names, rows)`` of a JSONL file: the keys of its first object, and each line's
-    values as text (a number as written in JSON, null as missing); a line that is no JSON
-    object is None; names are None for a file without a line."""
+    values as JSON gives them (null as missing); a line that is no JSON object is None; names
+    are None for a file without a line."""
     rows = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line, text in enumerate(f, 1):
@@ -164,8 +200,7 @@ def _json_rows(path: Path):
                 obj = json.loads(text)
             except ValueError:
                 obj = None
-            rows.append((line, {k: v if isinstance(v, str) or v is None else json.dumps(v)
-                                for k, v in obj.items()} if isinstance(obj, dict) else None))
+            rows.append((line, obj if isinstance(obj, dict) else None))
     if not rows:
         return None, []
     return next((list(row) for _, row in rows if row is not None), []), rows
@@ -501,23 +536,47 @@ def write_predictions(path: Path, task: TaskConfig, eval_set: list[dict[str, Any
                                 "prediction": name(pred)}, ensure_ascii=False) + "\n")
 
 
-def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Fine-tune and evaluate after every epoch; returns the final dev figures (and where the
-    model was saved, ``model``)."""
+def check_new_run_dir(run_dir: Path, what: str) -> None:
+    """Refuse a run dir that holds anything already (an earlier fine-tuning's results and model,
+    a pretraining run): a second command there would overwrite it. ``what``: the command's
+    kind of run, for the message."""
+    try:
+        held = sorted(p.name for p in run_dir.iterdir())
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        held = [run_dir.name]
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ConfigError(f"The run dir {str(run_dir)!r} is not empty ({shown}); a {what} writes "
+                          "only into a new or empty folder, so that nothing there is overwritten: "
+                          "choose a new hydra.run.dir.")
+
+
+def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike,
+             on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
+    """Fine-tune and evaluate after every epoch into ``run_dir`` (a new or empty folder); returns
+    the final dev figures (and where the model was saved, ``model``). ``on_open(run_dir)`` is
+    called on the main process once every check has passed, before anything is written there."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_new_run_dir(run_dir, "fine-tuning")
     use_cpu = runs_on_cpu()
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu,
                                                                               setting="precision"))
+    accelerator.wait_for_everyone()  # every rank has found the run dir empty before one writes there
     set_seed(cfg.seed)
     mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
     train_set, eval_set = load_task(cfg.task)  # before the classifier: its labels may come from the data
     model = build_classifier(cfg, mlm)
     del mlm
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if on_open is not None:
+            on_open(run_dir)
     if cfg.freeze_encoder:
         freeze_encoder(model)
     if cfg.max_train_samples:
@@ -555,12 +614,18 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike) -> dict[str, Any]:
                "model": str(run_dir / "model") if cfg.save_model else None,
                **{k: v for k, v in results.items() if k.startswith("eval_")}}
     if accelerator.is_main_process:
-        (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
-        write_predictions(run_dir / "eval_predictions.jsonl", cfg.task, eval_set, preds)
-        if cfg.save_model:
-            accelerator.unwrap_model(model).save_pretrained(summary["model"])
-            tokenizer.save_pretrained(summary["model"])
-            log.info("Saved the fine-tuned model to %s (mlmkit predict %s \"some text\")",
-                     summary["model"], summary["model"])
+        save_results(run_dir, cfg.task, summary, eval_set, preds, accelerator.unwrap_model(model), tokenizer)
     accelerator.end_training()
     return summary
+
+
+def save_results(run_dir: Path, task: TaskConfig, summary: dict[str, Any], eval_set: list[dict[str, Any]],
+                 preds: list[float], model, tokenizer) -> None:
+    """results.json, eval_predictions.jsonl and, where ``summary`` names it, the model dir."""
+    (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_predictions(run_dir / "eval_predictions.jsonl", task, eval_set, preds)
+    if summary["model"]:
+        model.save_pretrained(summary["model"])
+        tokenizer.save_pretrained(summary["model"])
+        log.info("Saved the fine-tuned model to %s (mlmkit predict %s \"some text\")",
+                 summary["model"], summary["model"])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,18 +310,24 @@ def bar_chart(path: Path, label: str, results: dict[str, TaskResult], names: lis
     plt.close(fig)
 
 
-def glue(cfg: GlueConfig, run_dir: str | Path) -> dict[str, Any]:
+def glue(cfg: GlueConfig, run_dir: str | Path, on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
     """Run ``cfg``'s tasks (MNLI first when the protocol starts others from it), write
-    results.json, results.md and glue.png to ``run_dir``; returns what results.json holds."""
+    results.json, results.md and glue.png to ``run_dir`` (a new or empty folder); returns what
+    results.json holds. ``on_open(run_dir)`` is called once every check has passed, before
+    anything is written there."""
+    from mlmkit.evaluation.finetune import check_new_run_dir
     from mlmkit.training.trained_model import resolve_model_path
 
+    run_dir, protocol = Path(run_dir), protocol_of(cfg)
+    check_new_run_dir(run_dir, "GLUE evaluation")
     check_tasks(cfg.tasks)
     resolve_model_path(cfg.checkpoint)  # a wrong path is one sentence now, not one per task
     if cfg.data_dir is not None and not Path(cfg.data_dir).expanduser().is_dir():
         raise DataError(f"data_dir={cfg.data_dir!r} is not a folder; set it to GLUE's data folder (CoLA/, "
                         "SST-2/, MRPC/, ... as GLUE's download writes them), or to null for the Hub.")
-    run_dir, protocol = Path(run_dir), protocol_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if on_open is not None:
+        on_open(run_dir)
     names = [n for n in TASKS if n in cfg.tasks]  # GLUE's order
     order = sorted(names, key=lambda n: n != "mnli") if protocol.from_mnli else names
     log.info("GLUE %s, protocol %s", ", ".join(names), protocol.describe())

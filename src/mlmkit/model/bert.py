@@ -155,11 +155,19 @@ def init_output_bias(model, counts: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1) -> int:
+def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1, unspelt: str = "average") -> int:
     """Grow the embeddings of a model made for ``base_tokenizer`` (and its tied output layer
-    and bias) to the ids ``tokenizer`` adds after the base's last: each new row, and its
-    output bias, starts as the mean of those of the base pieces its word splits into. Rows
-    beyond the tokenizer (padding to ``multiple``) are silenced. Returns the ids added."""
+    and bias) to the ids ``tokenizer`` adds after the base's last. Each new row, and its output
+    bias, starts as the mean of those of the base pieces its word splits into, its [UNK] pieces
+    left out. A word the base cannot spell at all (every piece [UNK]: a script its vocabulary
+    lacks) starts as the average word (``unspelt="average"``): the mean of the base's rows of the
+    word's script where it has at least ``SCRIPT_ROWS`` of them, else of all its rows but the
+    special tokens'. [UNK]'s own row would make every such word the model's "unknown" at the
+    start, with [UNK]'s output bias; the average keeps the new rows' share of the predictions
+    near an ordinary word's (Hewitt, 2021, "Initializing New Word Embeddings for Pretrained
+    Language Models"). ``unspelt="unk"``: the earlier start, [UNK]'s row (a benchmark's
+    comparison). Rows beyond the tokenizer (padding to ``multiple``) are silenced. Returns the
+    ids added."""
     old = max(base_tokenizer.get_vocab().values()) + 1
     new = max(tokenizer.get_vocab().values()) + 1
     if new <= old:
@@ -176,11 +184,46 @@ def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1) -> in
     bias = parts_of(model).output_bias(model)
     word = {i: w for w, i in tokenizer.get_vocab().items() if i >= old}
     pieces = base_tokenizer([word[i] for i in range(old, new)], add_special_tokens=False)["input_ids"]
+    unk = base_tokenizer.unk_token_id
+    average = _average_rows(base_tokenizer, old)
     for i, ids in zip(range(old, new), pieces):
-        weight[i] = weight[ids].mean(dim=0)
-        bias[i] = bias[ids].mean()
+        known = [j for j in ids if j != unk] if unspelt == "average" else ids
+        if not known:
+            known = average(word[i])
+        weight[i] = weight[known].mean(dim=0)
+        bias[i] = bias[known].mean()
     silence_padded_vocab(model, new)
     return new - old
+
+
+SCRIPT_ROWS = 20  # base rows of a script, at least, for their mean to stand for its words
+
+
+def _script(text: str) -> str:
+    """The script most of ``text``'s letters are in: the first word of their Unicode names."""
+    import unicodedata
+    from collections import Counter
+
+    names = Counter(unicodedata.name(c, "?").split(" ", 1)[0] for c in text if c.isalpha())
+    return names.most_common(1)[0][0] if names else "?"
+
+
+def _average_rows(base_tokenizer, old: int):
+    """``word -> base ids`` whose mean row stands for the average word of ``word``'s script (all
+    the base's ordinary tokens where it has few of that script)."""
+    special = set(base_tokenizer.all_special_ids)
+    ordinary = {i: t.removeprefix("##") for t, i in base_tokenizer.get_vocab().items() if i < old and i not in special}
+    by_script: dict[str, list[int]] = {}
+    for i, text in ordinary.items():
+        by_script.setdefault(_script(text), []).append(i)
+    everything = sorted(ordinary)
+
+    def rows(word: str) -> list[int]:
+        script = _script(word)
+        same = by_script.get(script, []) if script != "?" else []
+        return sorted(same) if len(same) >= SCRIPT_ROWS else everything
+
+    return rows
 
 
 PADDED_VOCAB_BIAS = -1e4  # the output bias of the padding ids: exp(-1e4) is 0 in any dtype

@@ -95,7 +95,7 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     fmt = logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S")
     handlers = [logging.StreamHandler(sys.stderr)]
     if is_main:
-        handlers.append(logging.FileHandler(run_dir / "train.log"))
+        handlers.append(RunLogFile(run_dir / "train.log"))
     for handler in handlers:
         handler.setFormatter(fmt)
         log.addHandler(handler)
@@ -111,6 +111,39 @@ def stop_logging() -> None:
         handler = _RUN_HANDLERS.pop()
         log.removeHandler(handler)
         handler.close()
+
+
+class RunLogFile(logging.FileHandler):
+    """``train.log``, written from ``open_run_dir`` on: the lines before (set-up, a refusal's
+    reasons) wait in memory, so a command refused at set-up leaves the file as it was."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, delay=True)
+        self.waiting: list[logging.LogRecord] | None = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.waiting is not None:
+            self.waiting.append(record)
+        else:
+            super().emit(record)
+
+    def open_file(self) -> None:
+        """Write the waiting lines, and every later one as it comes."""
+        waiting, self.waiting = self.waiting or [], None
+        for record in waiting:
+            super().emit(record)
+
+
+def open_run_dir(run_dir: Path, model=None, tokenizer=None) -> None:
+    """On the main process, once every check of a command has passed: from here on the run
+    writes into ``run_dir`` (its lock kept, its log written, the model's config and tokenizer
+    saved to ``<run>/model/`` where none is). Before it, a refused command has written nothing."""
+    run_lock.commit(run_dir)
+    for handler in log.handlers:
+        if isinstance(handler, RunLogFile):
+            handler.open_file()
+    if model is not None and not (run_dir / RUN_MODEL_DIR / "config.json").is_file():
+        save_run_model_spec(run_dir, model, tokenizer)  # config and tokenizer: any checkpoint loads
 
 
 def resume_point(run_dir: Path, resume: str | None) -> Path | None:
@@ -287,11 +320,11 @@ class Schedule:
     ramp: BatchRamp | None = None  # the batch-size warmup
 
 
-def build_run_model(cfg: Config, accelerator: Accelerator, precision: str, tokenizer, run_dir: Path,
+def build_run_model(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
                     resume_from: Path | None = None, token_counts: Any = None,
                     run_cfg: Config | None = None) -> RunModel:
-    """Build the model (its config and tokenizer saved to ``<run>/model/`` where none is; a
-    resumed run's model must have the shape saved beside its checkpoint) and its objective.
+    """Build the model (a resumed run's must have the shape saved beside its checkpoint;
+    ``open_run_dir`` saves its config and tokenizer to ``<run>/model/``) and its objective.
     ``token_counts``: the training blocks' token counts, where a new model's output bias starts
     from them (``model.output_bias_init=unigram``); ``cfg``: the settings of the phase the run
     starts in; ``run_cfg``: the run's (its longest phase sizes the positions)."""
@@ -305,8 +338,8 @@ def build_run_model(cfg: Config, accelerator: Accelerator, precision: str, token
     model = build_model(cfg.model, tokenizer, longest, attn, base_tokenizer=base)
     if base is not None:
         log.info("Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
-                 "(tokenizer.extend_vocab), their embeddings the mean of their old pieces'",
-                 len(tokenizer) - len(base), len(base))
+                 "(tokenizer.extend_vocab), their embeddings the mean of their old pieces' (those the old "
+                 "vocabulary cannot spell, all [UNK]: the average word's)", len(tokenizer) - len(base), len(base))
     if (cfg.model.output_bias_init == "unigram" and token_counts is not None and resume_from is None
             and not cfg.model.init_from):
         init_output_bias(model, token_counts)
@@ -316,8 +349,6 @@ def build_run_model(cfg: Config, accelerator: Accelerator, precision: str, token
     source = resume_from.parent.parent / RUN_MODEL_DIR if resume_from is not None else None
     if source is not None and (source / "config.json").is_file():  # the checkpoint's own run
         check_model_shape(source, model.config, resume_from)
-    if accelerator.is_main_process and not (run_dir / RUN_MODEL_DIR / "config.json").is_file():
-        save_run_model_spec(run_dir, model, tokenizer)  # config and tokenizer: any checkpoint loads
     if cfg.train.compile:
         compile_encoder(model)
     objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction,

@@ -71,14 +71,18 @@ class Trainer:
     """A run: its parts (built by ``setup``), its state, and the loop over them."""
 
     def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = (), probe=None,
-                 on_phase_end=None) -> None:
+                 on_phase_end=None, on_open=None) -> None:
         """``notes``: lines for the log from before it opened (what composition chose);
         ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
         ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``);
         ``on_phase_end(trainer, name, last_eval)``: called on every rank when a phase ends
-        (``mlmkit.pretrain`` writes ``phases/<name>/``). ``self.cfg`` holds the current phase's
-        settings, ``self.run_cfg`` the run's."""
-        self.run_cfg, self.probe, self.on_phase_end = cfg, probe, on_phase_end
+        (``mlmkit.pretrain`` writes ``phases/<name>/``); ``on_open(run_dir)``: called on the
+        main process once every check has passed, before the run writes into its run dir (the
+        command line's record of its settings). ``self.cfg`` holds the current phase's
+        settings, ``self.run_cfg`` the run's. Nothing is written into the run dir before
+        ``resume`` (or ``start_fit``) has checked the checkpoint it continues."""
+        self.run_cfg, self.probe, self.on_phase_end, self.on_open = cfg, probe, on_phase_end, on_open
+        self.opened = False
         self.skips = SkipCount()  # steps skipped as non-finite, counted on the device
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -122,7 +126,8 @@ class Trainer:
         unk, tokens = unk_tokens(data.val_set, data.tokenizer)
         cfg = self.run_cfg
         trained_here = not (cfg.tokenizer.name_or_path or cfg.model.init_from)
-        line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here)
+        extended = cfg.tokenizer.extend_vocab if not trained_here else 0
+        line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here, extended=extended)
         (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
         self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
         return token_counts(data.baseline_set, data.tokenizer)
@@ -131,7 +136,7 @@ class Trainer:
         """The model and objective, the optimizer and its schedule, the budget, the collator and
         the loop's state, prepared by the accelerator."""
         acc = self.accelerator
-        model = setup.build_run_model(self.cfg, acc, precision, self.tokenizer, self.run_dir, self.resume_from,
+        model = setup.build_run_model(self.cfg, acc, precision, self.tokenizer, self.resume_from,
                                       counts, run_cfg=self.run_cfg)
         self.model, self.meter = model.model, setup.build_meter(self.cfg, acc, precision, model.model)
         schedule = setup.build_schedule(self.cfg, acc, model.objective, run_cfg=self.run_cfg, accum=self.accum)
@@ -211,6 +216,7 @@ class Trainer:
         """Restore the checkpoint chosen at setup (none: a new run, whose baseline is logged)."""
         tc = self.cfg.train
         if self.resume_from is None:
+            self.open_run_dir()
             self.metrics.truncate_after(-1)  # resume=auto without a checkpoint: the run starts over
         else:
             if tc.resume == "auto":  # a damaged latest checkpoint falls back to the one before
@@ -218,6 +224,7 @@ class Trainer:
             else:
                 restored = load_checkpoint(self.accelerator, self.resume_from)
             self.state.load_state_dict(restored)
+            self.open_run_dir()  # the checkpoint restored: every check has passed
             if tc.resume != "auto" and self.accelerator.is_main_process:
                 # an older checkpoint than the latest: the later continuation is abandoned
                 resume_checks.retire_later(self.run_dir, self.resume_from, self.metrics.events_after(self.state.step))
@@ -239,10 +246,22 @@ class Trainer:
             if self.probe is not None:  # the random init, for the curve to start from
                 self.run_probe()
 
+    def open_run_dir(self) -> None:
+        """From here on the run writes into its run dir (``setup.open_run_dir``; once)."""
+        if self.opened:
+            return
+        self.opened = True
+        if self.accelerator.is_main_process:
+            setup.open_run_dir(self.run_dir, self.model, self.tokenizer)
+            if self.on_open is not None:
+                self.on_open(self.run_dir)
+        self.accelerator.wait_for_everyone()
+
     # ---- the loop's jobs (mlmkit.pretrain.fit calls them in order) ----------------------------
 
     def start_fit(self) -> None:
         """Start the clock, the log window and the progress display of this process's steps."""
+        self.open_run_dir()
         state = self.state
         self.progress = Progress(state.budget, state.step, enabled=self.accelerator.is_main_process
                                  and self.cfg.train.progress)

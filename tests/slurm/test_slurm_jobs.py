@@ -1,0 +1,243 @@
+"""The SLURM examples on a real cluster (``slurm_cluster.py``: munged, slurmctld and two slurmd on
+this machine): ``bash examples/slurm/train.sbatch`` submitted as the README says, warned by SLURM's
+own timer (``--time=1 --signal=USR1@5``), requeued and resumed to an uninterrupted run's
+weights; ``scancel`` of a running job (SIGTERM, then KillWait) leaving a checkpoint; two nodes,
+one rank each, through the multi-node accelerate config (gloo on CPU); and a two-job sweep of
+Hydra's submitit_slurm launcher (``examples/slurm/submitit.sh``). Every job's log holds the
+run's lines once, one ending sentence, and no traceback or re-print from a launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .slurm_cluster import cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_SBATCH, SUBMITIT = ROOT / "examples" / "slurm/train.sbatch", ROOT / "examples" / "slurm/submitit.sh"
+# a tiny model on the built-in corpus, fp32, quiet
+TINY = ["model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
+        "model.intermediate_size=64", "tokenizer.vocab_size=1000", "tokenizer.max_train_chars=300000",
+        "data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_size=8", "train.progress=false",
+        "optim.warmup_steps=5", "train.eval_every=0", "train.save_every=0", "train.precision=no",
+        "logger=none", "train.log_every=10"]
+# sbatch options the test nodes can meet (the script asks for 2 nodes of 8 GPUs and 64 CPUs)
+ONE_NODE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1"]
+NOISE = ("Traceback", "RuntimeError", "The above exception", "ChildFailedError", "torch/distributed/elastic")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The cluster, started once for the session (skipped with the reason where SLURM cannot
+    start; under CI=true, failed)."""
+    yield from cluster()
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment a job is submitted with (SLURM passes it on): this interpreter, one
+    process per node on the CPU, no Hub."""
+    return {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "GPUS_PER_NODE": "1",
+            "ACCELERATE_CONFIG": "cpu_multi_process", "MAIN_PORT": free_port(), **extra}
+
+
+def submit(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """``bash examples/slurm/train.sbatch <args>`` from ``cwd``: the job id it was given."""
+    proc = subprocess.run(["bash", str(TRAIN_SBATCH), *args], cwd=cwd, env=env or job_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    found = re.fullmatch(r"Submitted batch job (\d+)\n", proc.stdout)
+    assert found, proc.stdout + proc.stderr
+    return found[1]
+
+
+def events(run: Path, kind: str = "train") -> list[dict]:
+    path = run / "metrics.jsonl"
+    found = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if event.get("event") == kind:
+            found.append(event)
+    return found
+
+
+def wait_for_training(slurm, job: str, run: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not events(run):
+        state = slurm.job(job).get("JobState")
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} is {state}"
+        assert time.monotonic() < deadline, f"job {job} logged no training step in {timeout} s"
+        time.sleep(0.5)
+
+
+def assert_clean(log: str, runs: int = 1) -> None:
+    """The job log of ``runs`` runs of the job (a requeue runs it again): no traceback, no
+    exception chain, no re-print; each of the run's lines once per run."""
+    assert not [noise for noise in NOISE if noise in log], log[-5000:]
+    for line in ("Batch: ", "Budget: ", "Model bert-tiny"):
+        assert log.count(line) == runs, (line, log[-5000:])
+
+
+def train_here(run: Path, overrides: list[str]) -> None:
+    """``overrides``'s run in this process (one thread, as the job's)."""
+    import torch
+    from accelerate.state import AcceleratorState
+
+    from mlmkit import compose, train
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(compose(overrides), run)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(model_dir / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_run(slurm, tmp_path, cache_dir):
+    """SLURM's own warning: a 1-minute time limit and ``--signal=USR1@5``. slurmctld sends the
+    signal at its first look at time limits 25 s or more into the job (it looks every 30 s);
+    the job, submitted just after a look, trains until the next one, saves a checkpoint, exits
+    75 and requeues itself; the requeued job resumes. Its weights equal an uninterrupted run's."""
+    base = [*TINY, f"paths.cache_dir={cache_dir}"]
+    # the cache (tokenizer, packed data) filled, then this machine's speed: runs here (the
+    # first run of a process trains slower than those after it)
+    train_here(tmp_path / "warmup", [*base, "train.max_steps=20"])
+    train_here(tmp_path / "timed", [*base, "train.max_steps=150"])
+    # the fastest 10 steps: this machine's speed with the least of other work beside it
+    rate = max(e["tokens_per_s"] for e in events(tmp_path / "timed")[2:]) / (8 * 64)
+    # about 35 s of training at that speed: past the warning, some 30 s after the job starts (a
+    # job that trains slower is warned again before it ends, and resumed again)
+    steps = 10 * max(20, round(rate * 35 / 10))
+    overrides = [*base, f"train.max_steps={steps}"]
+    train_here(tmp_path / "reference", overrides)  # the uninterrupted run, alone (as the job)
+
+    slurm.wait_for_time_check()  # the job starts just after one: warned at the next, 30 s on
+    job = submit(tmp_path, *ONE_NODE, "--time=1", "--signal=USR1@5", *overrides)
+    fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), timeout=400)
+    log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
+    assert fields["JobState"] == "COMPLETED", log[-5000:]
+    stops = log.count("Stopped by SIGUSR1 at step ")
+    assert stops >= 1 and int(fields["Restarts"]) == stops, log[-5000:]
+    assert f"warning signal 10 to JobId={job}" in slurm.log("slurmctld")  # SLURM's timer sent it
+    assert log.count(f"requeueing job {job}") == stops and log.count("Resumed from ") == stops
+    assert_clean(log, runs=stops + 1)
+    run = tmp_path / "outputs" / f"slurm-{job}"
+    logged = [e["step"] for e in events(run)]
+    assert logged == [e["step"] for e in events(tmp_path / "reference")]  # each step once
+    resumed = weights(run / "final")
+    for name, tensor in weights(tmp_path / "reference" / "final").items():
+        assert resumed[name].allclose(tensor, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.slow
+def test_scancel_of_a_running_job_leaves_a_checkpoint(slurm, tmp_path, cache_dir):
+    """``scancel``: SIGTERM to every process of the job, SIGKILL KillWait later; the run saves a
+    checkpoint first and says so once."""
+    job = submit(tmp_path, *ONE_NODE, *TINY, f"paths.cache_dir={cache_dir}", "train.max_steps=100000")
+    run = tmp_path / "outputs" / f"slurm-{job}"
+    wait_for_training(slurm, job, run)
+    slurm.run("scancel", job)
+    fields = slurm.wait_for(job, ("CANCELLED", "COMPLETED", "FAILED"), timeout=60)
+    log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
+    assert fields["JobState"] == "CANCELLED" and fields["Restarts"] == "0", log[-5000:]
+    (checkpoint,) = (run / "checkpoints").glob("step_*")
+    stopped = [line for line in log.splitlines() if line.startswith("Stopped by")]
+    assert stopped == [f"Stopped by SIGTERM at step {int(checkpoint.name[5:])} after saving a checkpoint; "
+                       "continue with train.resume=auto in the same hydra.run.dir."], log[-5000:]
+    assert "requeueing" not in log
+    assert_clean(log)
+
+
+@pytest.mark.slow
+def test_train_sbatch_trains_on_two_nodes_through_the_multi_node_config(slurm, tmp_path, cache_dir):
+    """The script's own layout: ``--nodes=2``, one launcher per node (srun), the packaged
+    multi_node accelerate config, one rank per node, the first node's name as the rendezvous."""
+    if len(slurm.nodes) < 2:
+        slurm.not_here("this machine's name does not resolve to an address of its own, so the cluster has one node")
+    env = job_env(ACCELERATE_CONFIG="multi_node")
+    job = submit(tmp_path, "--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", *TINY,
+                 f"paths.cache_dir={cache_dir}", "train.max_steps=30", env=env)
+    fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), timeout=300)
+    log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["NumNodes"] == "2", log[-5000:]
+    run = tmp_path / "outputs" / f"slurm-{job}"
+    assert "| 2 process(es) on cpu |" in (run / "train.log").read_text()
+    assert [e["step"] for e in events(run)] == [10, 20, 30]
+    assert (run / "final" / "model.safetensors").is_file()
+    assert (run / "accelerate.yaml").read_text() == (ROOT / "conf" / "accelerate" / "multi_node.yaml").read_text()
+    assert_clean(log)
+
+
+@pytest.mark.slow
+def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_dir):
+    """``bash examples/slurm/submitit.sh optim.lr=1e-3,3e-3``: Hydra's submitit_slurm launcher
+    submits a job per value (an array), waits for them, and each trains in its run dir."""
+    sweep = tmp_path / "sweep"
+    fit = ["hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"]
+    proc = subprocess.run(["bash", str(SUBMITIT), "optim.lr=1e-3,3e-3", *TINY, *fit,
+                           f"paths.cache_dir={cache_dir}", "train.max_steps=20", f"hydra.sweep.dir={sweep}"],
+                          cwd=tmp_path, env=job_env(PARTITION="test"), capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    for num, lr in enumerate(("0.001", "0.003")):  # as the sweeper writes them
+        run = sweep / str(num)
+        assert f"optim.lr={lr}" in (run / ".hydra" / "overrides.yaml").read_text()
+        assert [e["step"] for e in events(run)] == [10, 20]
+        assert (run / "final" / "model.safetensors").is_file()
+    logs = sorted((sweep / ".submitit").glob("*/*_log.err"))
+    assert len(logs) == 2, logs
+    jobs = {p.parent.name for p in logs}  # <array job>_<task>, as SLURM numbered them
+    for job in jobs:  # the result is written before the job's own end
+        fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=60)
+        assert fields["JobState"] == "COMPLETED" and fields["Partition"] == "test", fields
+    for path in logs:
+        assert_clean(path.read_text())
+
+
+@pytest.mark.slow
+def test_a_mistake_and_a_killed_rank_each_end_a_job_log_with_one_sentence(slurm, tmp_path, cache_dir):
+    """Two jobs at once: one with a setting that does not exist (refused by every rank before
+    any work) and one whose rank is killed with SIGKILL while it trains (as the kernel's
+    out-of-memory killer does). Each log: the run's lines once, one sentence, no traceback."""
+    run_args = [*ONE_NODE, *TINY, f"paths.cache_dir={cache_dir}"]
+    mistake = submit(tmp_path, *run_args, "train.bach_size=4")
+    killed = submit(tmp_path, *run_args, "train.max_steps=100000", env=job_env())
+    run = tmp_path / "outputs" / f"slurm-{killed}"
+    wait_for_training(slurm, killed, run)
+    os.kill(int((run / ".lock").read_text().split()[0]), 9)  # the rank: it holds the run dir
+    for job, last in ((mistake, "Error: Could not override 'train.bach_size'"), (killed, "Rank 0 (pid ")):
+        fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=120)
+        log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
+        assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0", log[-5000:]
+        own = [line for line in log.splitlines() if not line.startswith(("srun:", "slurmstepd"))]
+        assert own[-1].startswith(last), log[-5000:]  # the ending sentence, last of mlmkit's lines
+        assert sum(line.startswith(("Error:", "Rank ", "Stopped by")) for line in own) == 1, log[-5000:]
+        assert not [noise for noise in NOISE if noise in log], log[-5000:]
+    assert fields["ExitCode"] == "137:0" and "was killed by SIGKILL" in own[-1], (fields, own[-1])
+    assert own.count(next(line for line in own if "Budget: " in line)) == 1  # the run's lines once
