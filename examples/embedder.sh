@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# From raw text to a sentence embedder, scored on held-out retrieval and STS: bert-mini
+# From raw text to a sentence embedder, scored on held-out retrieval and STS: bert-tiny
 # pretrained (MLM) on news text (AG News's texts, labels dropped), then mlmkit embed with pairs
 # (STS-B train pairs scored >= 4) and without (unsupervised SimCSE on the same news text), each
 # model scored by mlmkit eval-sts (STS-B dev) and mlmkit eval-retrieval (a BEIR-format set built
 # from STS-B dev: the second sentence of each pair scored >= 4 is the one relevant document of
-# the first, among all other dev sentences), as is a random init of the same model. Ends with
+# the first, among all other dev sentences), as is a random init of the same model; without
+# pairs, neighbouring sentences of one news item as pairs are tried too. Ends with
 # the table of docs/embeddings.md. With HINDI_RUN (a run of examples/new_language.sh) the stage
 # without pairs also runs on its Hindi novel, scored on passages of the novel it held out.
 #   bash examples/embedder.sh [more hydra overrides for the pretraining]
 # Environment: DATA (../shared/data beside the checkout), WORK (outputs/embedder), PYTHON
-# (default: the checkout's .venv, else python3), PRETRAIN_TIME (10m), PAIR_STEPS (150),
-# TEXT_STEPS (600), BATCH (64), LR (1e-4), EMBED_ARGS (more settings for every mlmkit embed),
-# HINDI_RUN (unset: no Hindi part).
+# (default: the checkout's .venv, else python3), MODEL (bert-tiny), PRETRAIN_STEPS (600),
+# PAIR_STEPS (150), TEXT_STEPS (400), BATCH (64), LR (1e-4), EMBED_ARGS (more settings for every
+# mlmkit embed), HINDI_RUN (unset: no Hindi part).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
@@ -29,7 +30,7 @@ NEWS=(data=files "data.train_files=[$WORK/news.txt]" data.txt_sample_by=line)
 # 2. MLM pretraining (kept when done: delete $WORK/mlm to train again)
 start=$SECONDS
 if [ ! -f "$WORK/mlm/final/config.json" ]; then
-  "$PYTHON" -m mlmkit train model=bert-mini "${NEWS[@]}" train.max_time="${PRETRAIN_TIME:-10m}" \
+  "$PYTHON" -m mlmkit train model="${MODEL:-bert-tiny}" "${NEWS[@]}" train.max_steps="${PRETRAIN_STEPS:-600}" \
     train.eval_every=0 train.save_every=0 logger=none hydra.run.dir="$WORK/mlm" "$@"
 fi
 echo $((SECONDS - start)) > "$WORK/scores/mlm.seconds"
@@ -60,10 +61,13 @@ embed pairs "pairs.files=[$WORK/stsb/train-pairs.jsonl]" max_steps="${PAIR_STEPS
   sts_dir="$DATA/glue/STS-B" retrieval_dir="$WORK/stsb/retrieval"
 score pairs "$WORK/pairs"
 
-# 5. the stage without pairs: unsupervised SimCSE on the pretraining text
-embed simcse objective=simcse "${NEWS[@]}" max_steps="${TEXT_STEPS:-600}" \
-  sts_dir="$DATA/glue/STS-B" retrieval_dir="$WORK/stsb/retrieval"
-score simcse "$WORK/simcse"
+# 5. the stage without pairs, on the pretraining text alone: unsupervised SimCSE (each sentence
+#    its own positive, dropout the noise), then neighbouring sentences of one news item as pairs
+for objective in simcse same_document; do
+  embed $objective objective=$objective "${NEWS[@]}" max_steps="${TEXT_STEPS:-400}" \
+    sts_dir="$DATA/glue/STS-B" retrieval_dir="$WORK/stsb/retrieval"
+  score $objective "$WORK/$objective"
+done
 
 # 6. Hindi (optional): the stage without pairs on the novel the run was pretrained on
 HINDI_ROWS=""
@@ -73,7 +77,7 @@ if [ -n "${HINDI_RUN:-}" ]; then
   for objective in simcse same_document; do
     start=$SECONDS
     "$PYTHON" -m mlmkit embed checkpoint="$HINDI_RUN" objective=$objective data=files \
-      "data.train_files=[$NOVEL]" max_steps="${TEXT_STEPS:-600}" hydra.run.dir="$WORK/hindi-$objective" \
+      "data.train_files=[$NOVEL]" max_steps="${TEXT_STEPS:-400}" hydra.run.dir="$WORK/hindi-$objective" \
       retrieval_dir="$WORK/hindi-retrieval" "${STAGE[@]}"
     echo $((SECONDS - start)) > "$WORK/scores/hindi-$objective.seconds"
   done
@@ -88,7 +92,8 @@ from pathlib import Path
 work = Path(sys.argv[1])
 scores = work / "scores"
 names = {"random": "random init", "mlm": "MLM pretraining only", "pairs": "MLM + embed, pairs",
-         "simcse": "MLM + embed, no pairs (SimCSE)"}
+         "simcse": "MLM + embed, no pairs: SimCSE",
+         "same_document": "MLM + embed, no pairs: same-document pairs"}
 print("\n| model | STS-B dev Spearman | nDCG@10 | recall@100 | MRR@10 | training wall time (s) |")
 print("| --- | --- | --- | --- | --- | --- |")
 for key, name in names.items():

@@ -26,10 +26,11 @@ def main() -> None:
                                                    HydraConfig.get().runtime.output_dir)))
         r = results[0]
         if PartialState().is_main_process:
-            print(f"{r['objective']} on {r['data']['rows']} rows, {r['steps']} steps, {r['seconds']} s: "
-                  f"{r['final']}")
-            for key in r["after"]:
+            print(f"{r['objective']} on {r['data']['rows']} rows, {r['steps']} steps, "
+                  f"{r['seconds']} s: {r['final']}")
+            for key, after in r["after"].items():
                 before = r["before"].get(key)
-                print(f"  {key:<22} {'-' if before is None else f'{before:.4f}'} -> {r['after'][key]:.4f}")
+                shown = "-" if before is None else f"{before:.4f}"
+                print(f"  {key:<22} {shown} -> {after:.4f}")
 
     run_hydra_main(run)

@@ -1043,7 +1043,7 @@ class EmbedConfig:
     # text with it are dropped (overlap=drop) or refused (overlap=error)
     sts_dir: str | None = None  # an STS-B folder (task's layout), scored on its sts_split
     sts_split: str = "dev"
-    task: TaskConfig = field(default_factory=TaskConfig)  # the STS file layout (conf/task/stsb.yaml)
+    task: TaskConfig = field(default_factory=TaskConfig)  # the STS files' layout (task=stsb)
     retrieval_dir: str | None = None  # a BEIR-format folder, scored on qrels/<retrieval_split>.tsv
     retrieval_split: str = "test"
     eval_every: int = 0  # optimizer steps between evaluations (0: before and after only)
@@ -1062,11 +1062,13 @@ class EmbedConfig:
         _check(self.objective in EMBED_OBJECTIVES,
                f"objective must be one of {', '.join(EMBED_OBJECTIVES)}, got {self.objective!r}.")
         _check(self.objective != "pairs" or bool(self.pairs.files) or bool(self.pairs.hub_name),
-               "objective=pairs needs training pairs: pairs.files=[pairs.jsonl] or pairs.hub_name=<dataset>; "
-               "without pairs, objective=simcse or same_document trains on the raw corpus of data=.")
-        _check(self.loss in EMBED_LOSSES, f"loss must be one of {', '.join(EMBED_LOSSES)}, got {self.loss!r}.")
-        _check(self.batch_size >= 2, f"batch_size={self.batch_size}: in-batch negatives need at least 2 "
-               "rows per batch (each row's negatives are the others); raise batch_size.")
+               "objective=pairs needs training pairs: pairs.files=[pairs.jsonl] or "
+               "pairs.hub_name=<dataset>; without pairs, objective=simcse or same_document trains "
+               "on the raw corpus of data=.")
+        _check(self.loss in EMBED_LOSSES,
+               f"loss must be one of {', '.join(EMBED_LOSSES)}, got {self.loss!r}.")
+        _check(self.batch_size >= 2, f"batch_size={self.batch_size}: in-batch negatives need at "
+               "least 2 rows per batch (each row's negatives are the others); raise batch_size.")
         _check(self.mini_batch_size >= 1, "mini_batch_size must be at least 1.")
         _check(self.scale > 0, f"scale must be positive, got {self.scale}.")
         _check(all(d >= 1 for d in self.matryoshka_dims),
@@ -1076,17 +1078,26 @@ class EmbedConfig:
         _check(self.max_seq_length is None or self.max_seq_length >= 8,
                f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.")
         _check(self.lr > 0 and self.epochs > 0, "lr and epochs must be positive.")
-        _check(self.weight_decay >= 0, f"weight_decay must not be negative, got {self.weight_decay}.")
+        _check(self.weight_decay >= 0,
+               f"weight_decay must not be negative, got {self.weight_decay}.")
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
-        _check(self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1 (or null).")
+        _check(self.max_steps is None or self.max_steps >= 1,
+               "max_steps must be at least 1 (or null).")
         parse_duration(self.max_time, "max_time")
-        _check(self.max_texts is None or self.max_texts >= 2, "max_texts must be at least 2 (or null).")
-        _check(self.overlap in ("drop", "error"), f"overlap must be drop or error, got {self.overlap!r}.")
-        _check(self.eval_every >= 0 and self.save_every >= 0, "eval_every and save_every must not be negative.")
-        _check(self.log_every >= 1 and self.keep_last >= 1, "log_every and keep_last must be at least 1.")
-        _check(self.sts_split in ("dev", "train"), f"sts_split must be dev or train, got {self.sts_split!r}.")
-        _check(self.sts_dir is None or (self.task.kind == "regression" and len(self.task.text_columns) == 2),
+        _check(self.max_texts is None or self.max_texts >= 2,
+               "max_texts must be at least 2 (or null).")
+        _check(self.overlap in ("drop", "error"),
+               f"overlap must be drop or error, got {self.overlap!r}.")
+        _check(self.eval_every >= 0 and self.save_every >= 0,
+               "eval_every and save_every must not be negative.")
+        _check(self.log_every >= 1 and self.keep_last >= 1,
+               "log_every and keep_last must be at least 1.")
+        _check(self.sts_split in ("dev", "train"),
+               f"sts_split must be dev or train, got {self.sts_split!r}.")
+        _check(self.sts_dir is None or (self.task.kind == "regression"
+                                        and len(self.task.text_columns) == 2),
                "sts_dir needs a task of scored sentence pairs (task=stsb).")
         _check(re.fullmatch(r"[\w.-]+", self.retrieval_split or "") is not None,
-               f"retrieval_split must name a file of qrels/ without its .tsv, got {self.retrieval_split!r}.")
+               "retrieval_split must name a file of qrels/ without its .tsv, got "
+               f"{self.retrieval_split!r}.")
         check_precision(self.precision, "precision")

@@ -1,9 +1,9 @@
 """The contrastive stage: an encoder fine-tuned as a sentence embedder on sentence-transformers.
 
     mlmkit embed checkpoint=outputs/<run> pairs.files=[pairs.jsonl] sts_dir=<STS-B>
-    mlmkit embed checkpoint=outputs/<run> objective=simcse data=files 'data.train_files=[corpus/*.txt]'
-    mlmkit embed ... loss=cached_mnrl batch_size=1024 mini_batch_size=32   # big batches, small memory
-    mlmkit embed ... 'matryoshka_dims=[128,64]'                              # truncatable embeddings
+    mlmkit embed checkpoint=outputs/<run> objective=simcse data=files 'data.train_files=[a/*.txt]'
+    mlmkit embed ... loss=cached_mnrl batch_size=1024 mini_batch_size=32  # big batch, little memory
+    mlmkit embed ... 'matryoshka_dims=[128,64]'                             # truncatable embeddings
 
 Everything that trains is sentence-transformers' own: the model is its ``Transformer`` module
 (the checkpoint's encoder, without the MLM head) and mean pooling, the pooling the exported
@@ -147,7 +147,8 @@ def build_model(base: Path, length: int, dropout: float | None, config):
     finally:
         hf_logging.set_verbosity(verbosity)
     pooling = Pooling(transformer.get_embedding_dimension(), "mean")
-    return st.SentenceTransformer(modules=[transformer, pooling], device="cpu" if runs_on_cpu() else None)
+    device = "cpu" if runs_on_cpu() else None
+    return st.SentenceTransformer(modules=[transformer, pooling], device=device)
 
 
 # ---- loss and evaluators ------------------------------------------------------------------------
@@ -159,7 +160,8 @@ def build_loss(cfg: EmbedConfig, model):
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1  # one process: nothing to gather
     common = {"scale": cfg.scale, "gather_across_devices": cfg.gather_across_devices and several}
     if cfg.loss == "cached_mnrl":
-        loss = losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size, **common)
+        loss = losses.CachedMultipleNegativesRankingLoss(
+            model, mini_batch_size=cfg.mini_batch_size, **common)
     else:
         loss = losses.MultipleNegativesRankingLoss(model, **common)
     if not cfg.matryoshka_dims:
@@ -227,7 +229,8 @@ class EventLog(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs and "loss" in logs:
             event = {"event": "train", "step": state.global_step, "loss": float(logs["loss"]),
-                     "lr": float(logs.get("learning_rate", 0.0)), "epoch": float(logs.get("epoch", 0.0))}
+                     "lr": float(logs.get("learning_rate", 0.0)),
+                     "epoch": float(logs.get("epoch", 0.0))}
             if "grad_norm" in logs:
                 event["grad_norm"] = float(logs["grad_norm"])
             self.metrics.write(event)
@@ -267,7 +270,8 @@ class StopRequests(TrainerCallback):
             import torch
 
             flags = torch.tensor([float(time_up), float(signalled)], device=self.accelerator.device)
-            time_up, signalled = (bool(x > 0) for x in self.accelerator.reduce(flags, reduction="sum"))
+            summed = self.accelerator.reduce(flags, reduction="sum")
+            time_up, signalled = (bool(x > 0) for x in summed)
         if time_up or signalled:
             self.reason = "signal" if signalled else "time"
             control.should_training_stop = control.should_save = True
@@ -318,13 +322,14 @@ def resume_checkpoint(cfg: EmbedConfig, run_dir: Path) -> Path | None:
     if cfg.resume:
         path = Path(cfg.resume).expanduser()
         if not (path / "trainer_state.json").is_file():
-            raise CheckpointError(f"resume={cfg.resume!r} is not a checkpoint of mlmkit embed (it has no "
-                                  f"trainer_state.json); use resume=auto or a {CHECKPOINTS}/checkpoint-* folder.")
+            raise CheckpointError(f"resume={cfg.resume!r} is not a checkpoint of mlmkit embed (it "
+                                  "has no trainer_state.json); use resume=auto or a "
+                                  f"{CHECKPOINTS}/checkpoint-* folder.")
         return path
     previous = [p for p in (run_dir / "metrics.jsonl", folder, run_dir / "final") if p.exists()]
     if previous:
-        raise ConfigError(f"The run dir {str(run_dir)!r} already holds a run ({previous[0].name}); set "
-                          "resume=auto to continue it, or choose a new hydra.run.dir.")
+        raise ConfigError(f"The run dir {str(run_dir)!r} already holds a run ({previous[0].name}); "
+                          "set resume=auto to continue it, or choose a new hydra.run.dir.")
     return None
 
 
@@ -342,7 +347,8 @@ def checkpoint_state(checkpoint: Path | None) -> tuple[int, float]:
 
 # ---- the trainer --------------------------------------------------------------------------------
 
-def training_arguments(cfg: EmbedConfig, run_dir: Path, rows: int, report_to: list[str], evaluates: bool):
+def training_arguments(cfg: EmbedConfig, run_dir: Path, rows: int, report_to: list[str],
+                       evaluates: bool):
     """``SentenceTransformerTrainingArguments`` of ``cfg``."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
@@ -354,7 +360,8 @@ def training_arguments(cfg: EmbedConfig, run_dir: Path, rows: int, report_to: li
         learning_rate=cfg.lr, weight_decay=cfg.weight_decay, lr_scheduler_type="linear",
         warmup_steps=cfg.warmup_ratio, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
         logging_strategy="steps", logging_steps=cfg.log_every,
-        eval_strategy="steps" if cfg.eval_every and evaluates else "no", eval_steps=cfg.eval_every or None,
+        eval_strategy="steps" if cfg.eval_every and evaluates else "no",
+        eval_steps=cfg.eval_every or None,
         save_strategy="steps" if cfg.save_every else "no", save_steps=cfg.save_every or 500,
         save_total_limit=cfg.keep_last, seed=cfg.seed, data_seed=cfg.seed, use_cpu=use_cpu,
         bf16=precision == "bf16", fp16=precision == "fp16", batch_sampler="no_duplicates",
@@ -386,7 +393,8 @@ def quiet_libraries(progress: bool):
         hf_logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():  # torch's notice on the all-gather the loss calls
-            warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=".*all_gather is deprecated",
+                                    category=FutureWarning)
             yield
     finally:
         library_log.setLevel(level)
@@ -418,7 +426,8 @@ def build_trainer(cfg: EmbedConfig, run_dir: Path, model, rows: list[dict[str, s
     args = training_arguments(cfg, run_dir, len(rows), report_to, bool(evaluators))
     trainer = trainer_class()(
         model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
-        loss=build_loss(cfg, model), evaluator=evaluators or None, callbacks=[*callbacks, *trackers])
+        loss=build_loss(cfg, model), evaluator=evaluators or None,
+        callbacks=[*callbacks, *trackers])
     trainer.remove_callback(PrinterCallback)  # its printed dicts: the events' log lines instead
     return trainer
 
@@ -427,7 +436,8 @@ def eval_events(metrics: MetricsLog, this_run: list[dict[str, Any]]) -> list[dic
     """The run's ``eval`` events: those in ``metrics.jsonl`` (a resumed run's earlier ones too),
     else those of this process."""
     if metrics.enabled and metrics.path.is_file():
-        events = [json.loads(line) for line in metrics.path.read_text().splitlines() if line.strip()]
+        lines = metrics.path.read_text().splitlines()
+        events = [json.loads(line) for line in lines if line.strip()]
         return [e for e in events if e.get("event") == "eval"]
     return this_run
 
@@ -462,7 +472,8 @@ def train_embedder(cfg: EmbedConfig, run_dir: str | os.PathLike) -> tuple[Any, d
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=is_main)
     metrics.truncate_after(resume_step if checkpoint else -1)
     signals = StopSignals()
-    events, stops = EventLog(metrics), StopRequests(parse_duration(cfg.max_time, "max_time"), spent, signals)
+    events = EventLog(metrics)
+    stops = StopRequests(parse_duration(cfg.max_time, "max_time"), spent, signals)
     with quiet_libraries(cfg.progress):
         model = build_model(base, length, dropout, config)
         evaluators = build_evaluators(cfg, eval_data, model)
@@ -470,8 +481,9 @@ def train_embedder(cfg: EmbedConfig, run_dir: str | os.PathLike) -> tuple[Any, d
         stops.accelerator = trainer.accelerator
         log.info("Embedder from %s: objective=%s, %d training rows from %s (%d left out as held "
                  "out), %s, batch %d x %d process(es), %d steps, dropout %s, %d tokens per text",
-                 resolved, cfg.objective, about["rows"], about["source"], about["dropped"], cfg.loss,
-                 cfg.batch_size, trainer.accelerator.num_processes, steps_planned(cfg, len(rows)),
+                 resolved, cfg.objective, about["rows"], about["source"], about["dropped"],
+                 cfg.loss, cfg.batch_size, trainer.accelerator.num_processes,
+                 steps_planned(cfg, len(rows)),
                  "the model's own" if dropout is None else dropout, length)
         with signals:
             run_training(trainer, checkpoint, evaluators, events, stops, run_dir)
@@ -513,6 +525,7 @@ def summarise(cfg: EmbedConfig, resolved: Path, trainer, about: dict[str, Any], 
         "data": about, "steps": trainer.state.global_step,
         "stopped_by": "max_time" if stops.reason == "time" else "steps",
         "seconds": round(stops.seconds(), 1), "processes": trainer.accelerator.num_processes,
-        "batch_size": cfg.batch_size, "lr": cfg.lr, "dimension": trainer.model.get_embedding_dimension(),
+        "batch_size": cfg.batch_size, "lr": cfg.lr,
+        "dimension": trainer.model.get_embedding_dimension(),
         "before": figures_of(evals[0] if evals and evals[0]["step"] == 0 else None),
         "after": figures_of(evals[-1] if evals else None)}

@@ -69,7 +69,8 @@ class EvalData:
         """Every held-out text, normalised."""
         texts = {normalise(t) for a, b, _ in self.sts for t in (a, b)}
         if self.beir is not None:
-            texts |= {normalise(t) for t in (*self.beir.queries.values(), *self.beir.corpus.values())}
+            beir = (*self.beir.queries.values(), *self.beir.corpus.values())
+            texts |= {normalise(t) for t in beir}
         return texts
 
 
@@ -97,9 +98,9 @@ def drop_held_out(rows: list[dict[str, str]], held_out: set[str], overlap: str,
     dropped = len(rows) - len(kept)
     if dropped and overlap == "error":
         first = next(r for r in rows if any(normalise(t) in held_out for t in r.values()))
-        raise DataError(f"{dropped} of the {len(rows)} {what} share a text with the evaluation data "
-                        f"(the first: {first['anchor'][:60]!r}); remove them, or set overlap=drop to "
-                        "leave them out.")
+        raise DataError(f"{dropped} of the {len(rows)} {what} share a text with the evaluation "
+                        f"data (the first: {first['anchor'][:60]!r}); remove them, or set "
+                        "overlap=drop to leave them out.")
     if dropped:
         log.warning("Left out %d of the %d %s that share a text with the evaluation data, so that "
                     "its figures stay held out (overlap=drop)", dropped, len(rows), what)
@@ -116,11 +117,13 @@ def pair_files(patterns: list[str]) -> list[Path]:
         matches = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
-            raise DataError(f"pairs.files: no file matches {pattern!r}; list .jsonl, .csv or .tsv files.")
+            raise DataError(f"pairs.files: no file matches {pattern!r}; list .jsonl, .csv or .tsv "
+                            "files.")
         for m in matches:
             if Path(m).suffix.lower() not in PAIR_SUFFIXES:
-                raise DataError(f"pairs.files: {m!r} is not a .jsonl, .json, .csv or .tsv file; list "
-                                "files of those kinds (a header line naming the columns in CSV and TSV).")
+                raise DataError(f"pairs.files: {m!r} is not a .jsonl, .json, .csv or .tsv file; "
+                                "list files of those kinds (a header line naming the columns in "
+                                "CSV and TSV).")
         files += [Path(m) for m in matches]
     return files
 
@@ -161,12 +164,13 @@ def read_pair_file(path: Path, pairs: EmbedPairsConfig) -> list[dict[str, str]]:
     for setting, column in wanted:
         if column not in names:
             raise DataError(f"pairs.files: {str(path)!r} has no column {column!r} (columns: "
-                            f"{', '.join(names) or 'none'}); set pairs.{setting} to one of its columns.")
+                            f"{', '.join(names) or 'none'}); set pairs.{setting} to one of its "
+                            "columns.")
     rows = [_row(record, wanted) for _, record in records]
     kept = [r for r in rows if r is not None]
     if len(kept) < len(rows):
-        log.warning("%s: left out %d row(s) with an empty or missing %s", path, len(rows) - len(kept),
-                    " or ".join(c for _, c in wanted))
+        log.warning("%s: left out %d row(s) with an empty or missing %s", path,
+                    len(rows) - len(kept), " or ".join(c for _, c in wanted))
     return kept
 
 
@@ -197,14 +201,16 @@ def read_hub_pairs(pairs: EmbedPairsConfig) -> list[dict[str, str]]:
             ds = datasets.load_dataset(pairs.hub_name, pairs.hub_config, split=pairs.hub_split)
     except Exception as exc:  # offline, missing dataset, config or split
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160].rstrip(".")
-        raise DataError(f"pairs.hub_name: could not load the dataset {pairs.hub_name!r} ({reason}); "
-                        "save it where the Hub is reachable (save_to_disk) and set pairs.hub_name "
-                        "to that folder, or set pairs.files=[...] to files of pairs.") from None
+        raise DataError(f"pairs.hub_name: could not load the dataset {pairs.hub_name!r} "
+                        f"({reason}); save it where the Hub is reachable (save_to_disk) and set "
+                        "pairs.hub_name to that folder, or set pairs.files=[...] to files of "
+                        "pairs.") from None
     wanted = _wanted(pairs)
     for setting, column in wanted:
         if column not in ds.column_names:
-            raise DataError(f"pairs.hub_name: the dataset {pairs.hub_name!r} has no column {column!r} "
-                            f"(columns: {', '.join(ds.column_names)}); set pairs.{setting}.")
+            raise DataError(f"pairs.hub_name: the dataset {pairs.hub_name!r} has no column "
+                            f"{column!r} (columns: {', '.join(ds.column_names)}); set "
+                            f"pairs.{setting}.")
     rows = [_row(r, wanted) for r in ds.select_columns([c for _, c in wanted])]
     return [r for r in rows if r is not None]
 
@@ -233,7 +239,10 @@ def sentences(document: str) -> list[str]:
     return [s for s in _SENTENCE_END.split(text) if len(s) >= MIN_SENTENCE_CHARS]
 
 
-def corpus_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+Rows = list[dict[str, str]]
+
+
+def corpus_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[Rows, dict[str, Any]]:
     """``(rows, what they are)`` of ``objective=simcse`` (each sentence once, as anchor and
     positive) or ``same_document`` (sentences 1 and 2, 3 and 4, ... of each document)."""
     documents = load_corpus(cfg.data)["train"]["text"]
@@ -248,10 +257,11 @@ def corpus_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[list[dict[str, st
         else:
             rows += [{"anchor": a, "positive": b} for a, b in zip(found[::2], found[1::2])]
     if len(rows) < 2:
-        raise DataError(f"The corpus of data={cfg.data.source} gives {len(rows)} training "
-                        f"{'sentence' if cfg.objective == 'simcse' else 'pair of sentences'}; "
-                        "point data at more text (sentences of at least "
-                        f"{MIN_SENTENCE_CHARS} characters{'' if cfg.objective == 'simcse' else ', two or more to a document'}).")
+        what, more = (("sentence", "") if cfg.objective == "simcse" else
+                      ("pair of sentences", ", two or more to a document"))
+        raise DataError(f"The corpus of data={cfg.data.source} gives {len(rows)} training {what}; "
+                        f"point data at more text (sentences of at least {MIN_SENTENCE_CHARS} "
+                        f"characters{more}).")
     rows, dropped = drop_held_out(rows, held_out, cfg.overlap, "training rows")
     random.Random(cfg.seed).shuffle(rows)
     rows = rows[:cfg.max_texts] if cfg.max_texts else rows
@@ -270,10 +280,12 @@ def corpus_name(cfg: EmbedConfig) -> str:
     return "the built-in corpus (Python's documentation; its training split)"
 
 
-def training_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[list[dict[str, str]], dict[str, Any]]:
+def training_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[Rows, dict[str, Any]]:
     """``(rows, what they are)`` for ``cfg.objective``; at least two rows."""
-    rows, about = pair_rows(cfg, held_out) if cfg.objective == "pairs" else corpus_rows(cfg, held_out)
+    read = pair_rows if cfg.objective == "pairs" else corpus_rows
+    rows, about = read(cfg, held_out)
     if len(rows) < 2:
         raise DataError(f"{len(rows)} training row(s) are left after leaving out the evaluation "
-                        "data's texts; in-batch negatives need two or more: give more pairs or text.")
+                        "data's texts; in-batch negatives need two or more: give more pairs or "
+                        "text.")
     return rows, {**about, "rows": len(rows)}

@@ -1,24 +1,26 @@
 """Held-out retrieval sets and training pairs built from data at hand, for ``mlmkit embed`` and
 ``mlmkit eval-retrieval`` where no BEIR set is available.
 
-    python -m mlmkit.evaluation.embed_sets stsb <STS-B dir> <out dir>   # retrieval/, train-pairs.jsonl
+    python -m mlmkit.evaluation.embed_sets stsb <STS-B dir> <out dir>     # two sets, below
     python -m mlmkit.evaluation.embed_sets documents <out dir> <file.txt> ...
 
-- ``stsb``, ``retrieval/`` (``sts_retrieval``; STS-B's dev split): each pair scored ``min_score`` (4) or more
-  gives a query, its first sentence, whose relevant document is its second sentence; the
-  corpus is every other sentence of the split, as distractors. A query's own text is left out
-  of the corpus (it would find itself), and so is a query left without a relevant document.
-- ``stsb``, ``train-pairs.jsonl`` (``sts_training_pairs``; STS-B's train split): the pairs scored ``min_score`` or more, as
-  JSONL rows ``{"anchor", "positive"}``: a training set of paraphrases whose sentences come
-  from another split than the retrieval set's (the few texts the splits share are left out by
-  ``mlmkit embed``, which drops training rows that share a text with its evaluation data).
-- ``documents`` (``document_retrieval``): from the documents pretraining holds out of text files (``data=files``
-  with its defaults: paragraphs, 5% held out with mlmkit's fixed split), cut into passages of
-  four sentences: each passage gives a query, its first sentence, whose relevant document is
-  the passage's other sentences; the other passages, of the same document and of the others,
-  are the distractors. A set for a language without one (the Hindi walk-through), which
-  neither pretraining nor ``mlmkit embed`` on the same files ever trains on (both read only
-  the training split).
+- ``stsb`` writes ``retrieval/`` (``sts_retrieval``), from STS-B's dev split: each pair scored
+  ``min_score`` (4) or more gives a query, its first sentence, whose relevant document is its
+  second sentence; the corpus is every other sentence of the split, as distractors. A query's
+  own text is left out of the corpus (it would find itself), and so is a query left without a
+  relevant document.
+- ``stsb`` also writes ``train-pairs.jsonl`` (``sts_training_pairs``), from STS-B's train split:
+  the pairs scored ``min_score`` or more, as JSONL rows ``{"anchor", "positive"}``, a training
+  set of paraphrases whose sentences come from another split than the retrieval set's (the few
+  texts the splits share are left out by ``mlmkit embed``, which drops training rows that share
+  a text with its evaluation data).
+- ``documents`` (``document_retrieval``): from the documents pretraining holds out of text
+  files (``data=files`` with its defaults: paragraphs, 5% held out with mlmkit's fixed split),
+  cut into passages of four sentences: each passage gives a query, its first sentence, whose
+  relevant document is the passage's other sentences; the other passages, of the same document
+  and of the others, are the distractors. A set for a language without one (the Hindi
+  walk-through), which neither pretraining nor ``mlmkit embed`` on the same files ever trains
+  on (both read only the training split).
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def write_beir(out: Path, queries: dict[str, str], corpus: dict[str, str],
         f.writelines(json.dumps({"_id": i, "title": "", "text": t}, ensure_ascii=False) + "\n"
                      for i, t in corpus.items())
     with open(out / "queries.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"_id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in queries.items())
+        f.writelines(json.dumps({"_id": i, "text": t}, ensure_ascii=False) + "\n"
+                     for i, t in queries.items())
     with open(out / "qrels" / "test.tsv", "w", encoding="utf-8") as f:
         f.write("query-id\tcorpus-id\tscore\n")
         f.writelines(f"{q}\t{d}\t1\n" for q, docs in relevant.items() for d in docs)
@@ -104,7 +107,8 @@ def document_retrieval(files: list[str], out: str | Path) -> dict[str, int]:
     """Write the retrieval set of the held-out documents of ``files`` to ``out``."""
     from mlmkit.data.sources import load_corpus
 
-    held_out = load_corpus(DataConfig(source="files", train_files=list(files)))["validation"]["text"]
+    corpus = load_corpus(DataConfig(source="files", train_files=list(files)))
+    held_out = corpus["validation"]["text"]
     queries, corpus, relevant = {}, {}, {}
     for n, doc in enumerate(held_out):
         found = sentences(doc)
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlmkit.evaluation.embed_sets",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="kind", required=True)
-    p = sub.add_parser("stsb", help="a retrieval set of STS-B dev and training pairs of STS-B train")
+    p = sub.add_parser("stsb", help="a retrieval set of STS-B dev, training pairs of STS-B train")
     p.add_argument("sts_dir")
     p.add_argument("out", help="folder: retrieval/ (BEIR format) and train-pairs.jsonl")
     p.add_argument("--min-score", type=float, default=4.0)

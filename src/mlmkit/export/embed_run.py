@@ -64,8 +64,10 @@ def _figure_rows(summary: dict[str, Any]) -> str:
     names = list(dict.fromkeys([*after, *before]))
     if not names:
         return "No held-out data was given (sts_dir, retrieval_dir), so none was scored."
-    cell = {True: lambda d, k: f"{d[k]:.4f}", False: lambda d, k: "-"}
-    rows = [f"| {k} | {cell[k in before](before, k)} | {cell[k in after](after, k)} |" for k in names]
+    def cell(figures: dict[str, float], key: str) -> str:
+        return f"{figures[key]:.4f}" if key in figures else "-"
+
+    rows = [f"| {k} | {cell(before, k)} | {cell(after, k)} |" for k in names]
     return "| figure | before | after |\n| --- | --- | --- |\n" + "\n".join(rows)
 
 
@@ -74,10 +76,12 @@ def embedder_card(summary: dict[str, Any]) -> str:
     data = summary["data"]
     negatives = ", and the hard negative of its row" if data.get("hard_negatives") else ""
     objective = OBJECTIVES[summary["objective"]].format(negatives=negatives)
-    loss = ("CachedMultipleNegativesRankingLoss (gradient caching)" if summary["loss"] == "cached_mnrl"
+    cached = summary["loss"] == "cached_mnrl"
+    loss = ("CachedMultipleNegativesRankingLoss (gradient caching)" if cached
             else "MultipleNegativesRankingLoss")
     dims = summary.get("matryoshka_dims") or []
-    matryoshka = f"; MatryoshkaLoss over the first {', '.join(map(str, dims))} dimensions" if dims else ""
+    matryoshka = (f"; MatryoshkaLoss over the first {', '.join(map(str, dims))} dimensions"
+                  if dims else "")
     held_out = "; ".join(summary["held_out"]) or "none given"
     base_run = f" (pretraining run {summary['base_run']})" if summary.get("base_run") else ""
     ended = "ended by max_time" if summary["stopped_by"] == "max_time" else "all it planned"
