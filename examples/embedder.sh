@@ -11,15 +11,15 @@
 #   bash examples/embedder.sh [more hydra overrides for the pretraining]
 # Environment: DATA (../shared/data beside the checkout), WORK (outputs/embedder), PYTHON
 # (default: the checkout's .venv, else python3), MODEL (bert-tiny), PRETRAIN_STEPS (600),
-# PAIR_STEPS (150), TEXT_STEPS (400), BATCH (64), LR (1e-4), EMBED_ARGS (more settings for every
-# mlmkit embed), HINDI_RUN (unset: no Hindi part).
+# PAIR_STEPS (150), TEXT_STEPS (400), BATCH (64), LR (5e-4), EMBED_ARGS (more settings for every
+# mlmkit embed), HINDI_RUN (unset: no Hindi part), HINDI_STEPS (200).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
 DATA=${DATA:-$ROOT/../shared/data}
 WORK=${WORK:-outputs/embedder}
 read -r -a EXTRA <<< "${EMBED_ARGS:-}"
-STAGE=(batch_size="${BATCH:-64}" lr="${LR:-1e-4}" logger=none resume=auto "${EXTRA[@]}")
+STAGE=(batch_size="${BATCH:-64}" lr="${LR:-5e-4}" logger=none resume=auto "${EXTRA[@]}")
 mkdir -p "$WORK/scores"
 
 # 1. held-out data and training pairs from STS-B; the raw corpus: AG News's texts, one a line
@@ -77,7 +77,7 @@ if [ -n "${HINDI_RUN:-}" ]; then
   for objective in simcse same_document; do
     start=$SECONDS
     "$PYTHON" -m mlmkit embed checkpoint="$HINDI_RUN" objective=$objective data=files \
-      "data.train_files=[$NOVEL]" max_steps="${TEXT_STEPS:-400}" hydra.run.dir="$WORK/hindi-$objective" \
+      "data.train_files=[$NOVEL]" max_steps="${HINDI_STEPS:-200}" hydra.run.dir="$WORK/hindi-$objective" \
       retrieval_dir="$WORK/hindi-retrieval" "${STAGE[@]}"
     echo $((SECONDS - start)) > "$WORK/scores/hindi-$objective.seconds"
   done

@@ -166,7 +166,7 @@ def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_rand
     shared_file("agnews/dev.tsv")
     shared_file("corpora/hindi/sevasadan.txt")
     work = tmp_path / "embedder"
-    stage = {"PAIR_STEPS": "2", "TEXT_STEPS": "2", "BATCH": "8", "HINDI_RUN": str(work / "mlm"),
+    stage = {"PAIR_STEPS": "2", "TEXT_STEPS": "2", "HINDI_STEPS": "2", "BATCH": "8", "HINDI_RUN": str(work / "mlm"),
              "EMBED_ARGS": "max_texts=64 max_seq_length=32 precision=no"}
     proc = bash("embedder.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}",
                 env={**env, "DATA": str(SHARED_DATA), "WORK": str(work), **stage}, cwd=tmp_path)
