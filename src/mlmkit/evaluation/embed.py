@@ -188,7 +188,7 @@ def build_evaluators(cfg: EmbedConfig, data: EvalData, model) -> list:
     evaluators = []
     if data.sts:
         a, b, scores = (list(x) for x in zip(*data.sts))
-        dims = [d for d in matryoshka_dims(cfg, model)[1:]] if cfg.matryoshka_dims else []
+        dims = matryoshka_dims(cfg, model)[1:] if cfg.matryoshka_dims else []
         for dim in [None, *dims]:
             evaluators.append(evaluation.EmbeddingSimilarityEvaluator(
                 a, b, scores, batch_size=cfg.batch_size, similarity_fn_names=["cosine"],
