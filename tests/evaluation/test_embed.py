@@ -176,11 +176,13 @@ def test_the_command_prints_the_figures_before_and_after(tiny, capsys):
     from mlmkit.cli import main
 
     run = tiny.root / "cli-run"
-    assert main(["embed", *base_args(tiny, "max_steps=2", f"sts_dir={tiny.sts}", "loss=cached_mnrl",
-                                     "mini_batch_size=4"), f"hydra.run.dir={run}"]) == 0
+    args = [a for a in base_args(tiny, "max_steps=2", f"sts_dir={tiny.sts}", "loss=cached_mnrl",
+                                 "mini_batch_size=4") if a != "logger=none"]
+    assert main(["embed", *args, "logger=tensorboard", f"hydra.run.dir={run}"]) == 0
     out = capsys.readouterr().out
     assert "pairs on 200 rows, 2 steps" in out and "sts_spearman" in out and " -> " in out
     assert json.loads((run / "results.json").read_text())["loss"] == "cached_mnrl"
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))  # the tracker's own file
 
 
 def test_simcse_turns_dropout_on_and_reads_only_the_training_split(tiny):
