@@ -52,8 +52,8 @@ class EngineOnCPU(accelerate.Accelerator):
 
 
 accelerate.Accelerator = EngineOnCPU
-# mlmkit's setup took accelerate's name when it was imported: before this file in a process
-# forked from the tests' fork server (tests/fork_client.py), which has imported mlmkit
+# mlmkit's setup took accelerate's name when it was imported (where this process imported
+# mlmkit before this file ran)
 setup.Accelerator = EngineOnCPU
 root = Path(__file__).resolve().parents[1]
 sys.argv = [str(root / "train.py"), *sys.argv[1:]]

@@ -12,7 +12,7 @@ from mlmkit.errors import ConfigError
 
 CONF = ROOT / "conf"
 OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
-OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue", "eval_retrieval", "eval_pairs")  # conf/<name>.yaml besides config.yaml, each tested below
+OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue", "eval_retrieval", "eval_pairs", "embed")  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
@@ -297,3 +297,23 @@ def test_dataloader_workers_default_to_two_on_a_gpu_and_none_on_a_cpu():
     assert Config(masking=schedule).workers("cuda") == 0
     assert Config(masking=MaskingConfig(mlm_probability=0.3, mlm_probability_end=0.15, on_device=True)).workers("cuda") == 2
     assert Config(train=TrainConfig(num_workers=3)).workers("cpu") == 3
+
+
+def test_embed_config_composes_and_validates():
+    from mlmkit.config import EmbedConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="embed", overrides=["checkpoint=x", "pairs.files=[p.jsonl]",
+                                                      "sts_dir=STS-B"])
+        simcse = compose(config_name="embed", overrides=["checkpoint=x", "objective=simcse", "data=files",
+                                                         "data.train_files=[a.txt]"])
+        bad = compose(config_name="embed", overrides=["checkpoint=x", "objective=simcse", "loss=triplet"])
+    embed = to_config(cfg, EmbedConfig)
+    # the defaults of conf/embed.yaml: in-batch negatives, the model's own dropout, STS-B's layout
+    assert (embed.objective, embed.loss, embed.dropout, embed.overlap) == ("pairs", "mnrl", None, "drop")
+    assert embed.task.name == "stsb" and embed.task.data_dir == "STS-B"
+    assert to_config(simcse, EmbedConfig).data.train_files == ["a.txt"]
+    with pytest.raises(ConfigError, match="loss must be one of mnrl, cached_mnrl"):
+        to_config(bad, EmbedConfig)

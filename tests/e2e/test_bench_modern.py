@@ -21,7 +21,7 @@ def test_modern_benchmark_trains_each_variant_for_the_budget(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "modern.py"), "--budget", "2", "--corpus", "builtin",
            "--variant", "bert-mini, documents", "modernbert-mini", "--eval-min-masked", "0", "--out", str(out)]
-    env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
+    env = {**os.environ, **TEST_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [m for m in map(ROW.match, proc.stdout.splitlines()) if m]

@@ -18,7 +18,7 @@ def test_phases_benchmark_scores_each_run_at_both_lengths(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "phases.py"), "--tokens", "40960", "--corpus", "builtin",
            "--only", "bert", "--eval-min-masked", "500", "--size", "tiny", "--out", str(out)]
-    env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
+    env = {**os.environ, **TEST_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((out / "summary.json").read_text())["tables"]["bert"]

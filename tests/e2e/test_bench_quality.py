@@ -24,7 +24,7 @@ def test_quality_benchmark_runs_both_sides_and_reports_the_time_to_reach(tmp_pat
     out = tmp_path / "bench"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--budget", "3", "--preset", "bert-tiny",
            "--builtin", "--eval-every", "10", "--calibration-steps", "2", "--out", str(out)]
-    env = {**os.environ, **TEST_ENV}  # its runs start through the fork server too (runs.fork_python)
+    env = {**os.environ, **TEST_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()

@@ -34,12 +34,10 @@ def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.C
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False,
-               forked: bool = False) -> subprocess.CompletedProcess:
+def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False) -> subprocess.CompletedProcess:
     """Two CPU processes: ``accelerate launch train.py ...``, or with ``as_module``
-    ``accelerate launch -m mlmkit train ...`` (the installed package's way); with ``forked``,
-    the launcher and its ranks are children of the fork server (``forked_accelerate``)."""
-    launcher = forked_accelerate() if forked else [str(Path(sys.executable).with_name("accelerate")), "launch"]
+    ``accelerate launch -m mlmkit train ...`` (the installed package's way)."""
+    launcher = [str(Path(sys.executable).with_name("accelerate")), "launch"]
     script = ["-m", "mlmkit", "train"] if as_module else [str(ROOT / "train.py")]
     cmd = [*launcher, "--main_process_port", free_port(), "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", *script, *TINY,
@@ -47,13 +45,7 @@ def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool 
     return run_launch(cmd, timeout=900)
 
 
-# ``accelerate launch`` and its ranks as children of the fork server (runs.fork_python), which
-# has imported torch, transformers and DeepSpeed: about 10 s less a launch than fresh
-# interpreters. The DDP reference run stays a launch of true processes by the installed
-# ``accelerate`` (as does the signal test of tests/e2e/test_launch.py).
-def forked_accelerate() -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch"]
-
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]  # accelerate launch, this interpreter's
 
 # Five evaluation batches over two ranks: the rank with fewer must still take part in every
 # forward, which under FSDP and ZeRO-3 gathers the weights from all ranks.
@@ -98,7 +90,7 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
     # The 2-process run resumes from its step-5 checkpoint to the same end (train.py this time).
     resumed = tmp_path / "resumed"
     resume_from_step_5(two, resumed)
-    launch_two(resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto", forked=True)
+    launch_two(resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
     assert "Resumed from" in (resumed / "train.log").read_text()
     c = events(resumed, "train")
     assert [e["step"] for e in c] == list(range(1, 11))
@@ -109,7 +101,7 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
 
 def launch_engine(config: str, run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as conf/accelerate/<config>.yaml sets it."""
-    cmd = [*forked_accelerate(), "--main_process_port", free_port(), "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
+    cmd = [*ACCELERATE, "--main_process_port", free_port(), "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
            "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
     return run_launch(cmd, timeout=300)
@@ -220,7 +212,7 @@ num_machines: 1
 num_processes: 1
 use_cpu: false
 """)
-    cmd = [*forked_accelerate(), "--main_process_port", free_port(), "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
+    cmd = [*ACCELERATE, "--main_process_port", free_port(), "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
            *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'run'}", *COMMON,
            "train.batch_size=8"]
     proc = run_launch(cmd, timeout=300, check=False)

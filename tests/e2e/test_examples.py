@@ -151,6 +151,29 @@ def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(
     assert len(answers) == 5 and all(re.search(r"\d\.\d", line) for line in answers), proc.stdout[-2000:]
 
 
+def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_random_init(env, tmp_path, cache_dir):
+    """examples/embedder.sh, shrunk: the tiny model pretrained on AG News's texts, the stage with
+    STS-B train pairs and without pairs (SimCSE, same-document pairs), every model scored on STS-B
+    dev and its retrieval set, and the Hindi part on the same tiny run as a stand-in."""
+    shared_file("glue/STS-B/dev.tsv")
+    shared_file("agnews/dev.tsv")
+    shared_file("corpora/hindi/sevasadan.txt")
+    work = tmp_path / "embedder"
+    stage = {"PAIR_STEPS": "2", "TEXT_STEPS": "2", "HINDI_STEPS": "2", "BATCH": "8", "HINDI_RUN": str(work / "mlm"),
+             "EMBED_ARGS": "max_texts=64 max_seq_length=32 precision=no"}
+    proc = bash("embedder.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}",
+                env={**env, "DATA": str(SHARED_DATA), "WORK": str(work), **stage}, cwd=tmp_path)
+    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r[0] for r in rows[1:6]] == ["| random init", "| MLM pretraining only", "| MLM + embed, pairs",
+                                         "| MLM + embed, no pairs: SimCSE",
+                                         "| MLM + embed, no pairs: same-document pairs"], proc.stdout[-3000:]
+    assert all(0 < float(r[2]) <= 1 for r in rows[1:6])  # nDCG@10 of each model
+    assert [r[0] for r in rows[6:]] == ["| Hindi, simcse: before -> after", "| Hindi, same_document: before -> after"]
+    pairs = json.loads((work / "pairs" / "results.json").read_text())
+    assert pairs["data"]["dropped"] > 0 and pairs["steps"] == 2  # STS-B dev's texts left out of the pairs
+    assert (work / "simcse" / "final" / "modules.json").is_file()
+
+
 # --- the built-in corpus -------------------------------------------------------------------
 
 def test_sweep_lr_tables_and_plots_the_sweep(env, tmp_path, cache_dir):

@@ -66,8 +66,6 @@ def locked_run_dir(tmp_path):
 
 @pytest.mark.slow
 def test_a_refused_run_is_one_sentence_from_many_processes(locked_run_dir, cache_dir):
-    # the launcher and its ranks as children of the tests' fork server (runs.fork_python): the
-    # signal test below and tests/e2e/test_distributed.py start true processes
     python = sys.executable
     args = [*TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={locked_run_dir}", "train.max_steps=2"]
     launched = _start(python, "-m", "mlmkit", "launch", "--main_process_port", free_port(), *OPTIONS,

@@ -63,8 +63,6 @@ def test_evaluate_any_files_on_one_and_two_processes(trained_run, cache_dir, tmp
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     run_eval(f"checkpoint={trained_run}", f"files=[{text}]", f"paths.cache_dir={cache_dir}",
              f"output={one}", "precision=no")
-    # the launcher and its ranks as children of the fork server (the launch of true processes
-    # is tests/e2e/test_distributed.py's DDP reference)
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", free_port(),
                 "--multi_gpu", "--num_processes", "2"]
     proc = subprocess.run(

@@ -7,6 +7,7 @@
     mlmkit eval-pairs checkpoint=outputs/<run> files=[<pairs.jsonl>]  minimal pairs (BLiMP)
     mlmkit finetune  checkpoint=outputs/<run> task=sst2        GLUE fine-tuning
     mlmkit glue      checkpoint=outputs/<run> data_dir=<glue_data>  the GLUE table and average
+    mlmkit embed     checkpoint=outputs/<run> pairs.files=[pairs.jsonl]  a sentence embedder
     mlmkit export    outputs/<run>/checkpoints/step_0001000 out/  a checkpoint as a model dir
     mlmkit tokenizer data=files data.train_files=[a.txt] out=tok/
     mlmkit fill-mask outputs/<run>/final "The [MASK] is here."
@@ -43,6 +44,8 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
                    "minimal-pair acceptability (BLiMP) by the model's pseudo-log-likelihoods"),
     "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task or your own labelled files"),
     "glue": ("mlmkit.cli.glue", False, "GLUE's tasks under one protocol: the table and its average"),
+    "embed": ("mlmkit.cli.embed", False,
+              "fine-tune a model as a sentence embedder (search, RAG): pairs or raw text"),
     "export": ("mlmkit.cli.export", True, "a checkpoint as a plain model dir (as final/)"),
     "tokenizer": ("mlmkit.cli.tokenizer", True, "train a tokenizer on a corpus"),
     "fill-mask": ("mlmkit.cli.fill_mask", True, "fill the [MASK] of a sentence"),

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mlmkit.config.schema import (
     Config,
+    EmbedConfig,
     EvalConfig,
     FinetuneConfig,
     GlueConfig,
@@ -49,7 +50,8 @@ CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 
 SCHEMAS = {"mlmkit_schema": Config, "mlmkit_eval_schema": EvalConfig, "mlmkit_finetune_schema": FinetuneConfig,
            "mlmkit_eval_sts_schema": StsEvalConfig, "mlmkit_glue_schema": GlueConfig,
-           "mlmkit_eval_retrieval_schema": RetrievalEvalConfig, "mlmkit_eval_pairs_schema": PairsEvalConfig}
+           "mlmkit_eval_retrieval_schema": RetrievalEvalConfig, "mlmkit_eval_pairs_schema": PairsEvalConfig,
+           "mlmkit_embed_schema": EmbedConfig}
 
 
 def register_configs() -> None:

@@ -981,3 +981,123 @@ class PairsEvalConfig:
         _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
         check_precision(self.precision, "precision")
+
+
+EMBED_OBJECTIVES = ("pairs", "simcse", "same_document")  # mlmkit embed's objective
+EMBED_LOSSES = ("mnrl", "cached_mnrl")  # in-batch negatives, plain or cached (GradCache)
+
+
+@dataclass
+class EmbedPairsConfig:
+    """The training pairs of ``mlmkit embed objective=pairs``: local JSONL, CSV or TSV files
+    (a header line names the columns), or a Hugging Face dataset."""
+
+    files: list[str] = field(default_factory=list)  # .jsonl/.json, .csv or .tsv files (globs allowed)
+    hub_name: str | None = None  # a Hub dataset (or a local dataset dir) instead of files
+    hub_config: str | None = None
+    hub_split: str = "train"
+    anchor_column: str = "anchor"  # the query (or first sentence) of each pair
+    positive_column: str = "positive"  # the text that belongs with the anchor
+    negative_column: str | None = None  # a hard negative for the anchor (optional)
+    max_pairs: int | None = None  # the first N pairs (after the held-out texts are dropped)
+
+    def __post_init__(self) -> None:
+        columns = [self.anchor_column, self.positive_column, self.negative_column]
+        named = [c for c in columns if c]
+        _check(bool(self.anchor_column) and bool(self.positive_column),
+               "pairs.anchor_column and pairs.positive_column must name the columns of each pair.")
+        _check(len(set(named)) == len(named), "pairs.anchor_column, pairs.positive_column and "
+               f"pairs.negative_column must name different columns, got {', '.join(named)}.")
+        _check(self.max_pairs is None or self.max_pairs >= 2,
+               f"pairs.max_pairs must be at least 2 (or null: all), got {self.max_pairs}.")
+
+
+@dataclass
+class EmbedConfig:
+    """``mlmkit embed``: a model fine-tuned as a sentence embedder with in-batch negatives on
+    sentence-transformers' trainer (conf/embed.yaml; mlmkit.evaluation.embed)."""
+
+    checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
+    # pairs: the pairs of ``pairs``; simcse: each sentence of ``data``'s corpus paired with
+    # itself, dropout the only noise (Gao et al., 2021); same_document: two neighbouring
+    # sentences of one document of ``data``'s corpus
+    objective: str = "pairs"
+    pairs: EmbedPairsConfig = field(default_factory=EmbedPairsConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the raw corpus of simcse, same_document
+    max_texts: int | None = None  # simcse, same_document: at most this many training rows
+    loss: str = "mnrl"  # mnrl: MultipleNegativesRankingLoss | cached_mnrl: its GradCache form
+    mini_batch_size: int = 32  # cached_mnrl: rows embedded at once (memory), not the batch
+    scale: float = 20.0  # the similarity scale of the loss (1 / temperature; 20 = 0.05)
+    matryoshka_dims: list[int] = field(default_factory=list)  # e.g. [256, 128, 64]; empty: off
+    gather_across_devices: bool = True  # several processes: every rank's rows are negatives
+    dropout: float | None = None  # null: 0.1 for simcse, else the model's own
+    max_seq_length: int | None = None  # tokens kept of a text; null: the model dir's, else 128
+    batch_size: int = 64  # rows per device per step: each row's negatives are the others
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1  # share of the steps with linear warmup, then linear decay
+    epochs: float = 1.0  # passes over the training rows, when max_steps is null
+    max_steps: int | None = None  # optimizer steps (over epochs)
+    max_time: str | None = None  # training wall-clock time, e.g. 90m (the schedule keeps its steps)
+    # held-out evaluation before, during and after training; the training rows that share a
+    # text with it are dropped (overlap=drop) or refused (overlap=error)
+    sts_dir: str | None = None  # an STS-B folder (task's layout), scored on its sts_split
+    sts_split: str = "dev"
+    task: TaskConfig = field(default_factory=TaskConfig)  # the STS files' layout (task=stsb)
+    retrieval_dir: str | None = None  # a BEIR-format folder, scored on qrels/<retrieval_split>.tsv
+    retrieval_split: str = "test"
+    eval_every: int = 0  # optimizer steps between evaluations (0: before and after only)
+    overlap: str = "drop"  # drop | error: training rows that share a text with the evaluation data
+    log_every: int = 10
+    save_every: int = 500  # optimizer steps between checkpoints (0: on a stop only)
+    keep_last: int = 2
+    resume: str | None = None  # null | auto (the latest checkpoint of this run dir) | a checkpoint
+    precision: str = "auto"  # auto | no | fp16 | bf16
+    seed: int = 0
+    progress: bool = False  # the trainer's progress bar
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def __post_init__(self) -> None:
+        check_model_source(self.checkpoint, "pretrained", "turn into an embedder")
+        _check(self.objective in EMBED_OBJECTIVES,
+               f"objective must be one of {', '.join(EMBED_OBJECTIVES)}, got {self.objective!r}.")
+        _check(self.objective != "pairs" or bool(self.pairs.files) or bool(self.pairs.hub_name),
+               "objective=pairs needs training pairs: pairs.files=[pairs.jsonl] or "
+               "pairs.hub_name=<dataset>; without pairs, objective=simcse or same_document trains "
+               "on the raw corpus of data=.")
+        _check(self.loss in EMBED_LOSSES,
+               f"loss must be one of {', '.join(EMBED_LOSSES)}, got {self.loss!r}.")
+        _check(self.batch_size >= 2, f"batch_size={self.batch_size}: in-batch negatives need at "
+               "least 2 rows per batch (each row's negatives are the others); raise batch_size.")
+        _check(self.mini_batch_size >= 1, "mini_batch_size must be at least 1.")
+        _check(self.scale > 0, f"scale must be positive, got {self.scale}.")
+        _check(all(d >= 1 for d in self.matryoshka_dims),
+               f"matryoshka_dims must be positive sizes, got {self.matryoshka_dims}.")
+        _check(self.dropout is None or 0.0 <= self.dropout < 1.0,
+               f"dropout must be in [0, 1) (or null), got {self.dropout}.")
+        _check(self.max_seq_length is None or self.max_seq_length >= 8,
+               f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.")
+        _check(self.lr > 0 and self.epochs > 0, "lr and epochs must be positive.")
+        _check(self.weight_decay >= 0,
+               f"weight_decay must not be negative, got {self.weight_decay}.")
+        _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
+        _check(self.max_steps is None or self.max_steps >= 1,
+               "max_steps must be at least 1 (or null).")
+        parse_duration(self.max_time, "max_time")
+        _check(self.max_texts is None or self.max_texts >= 2,
+               "max_texts must be at least 2 (or null).")
+        _check(self.overlap in ("drop", "error"),
+               f"overlap must be drop or error, got {self.overlap!r}.")
+        _check(self.eval_every >= 0 and self.save_every >= 0,
+               "eval_every and save_every must not be negative.")
+        _check(self.log_every >= 1 and self.keep_last >= 1,
+               "log_every and keep_last must be at least 1.")
+        _check(self.sts_split in ("dev", "train"),
+               f"sts_split must be dev or train, got {self.sts_split!r}.")
+        _check(self.sts_dir is None or (self.task.kind == "regression"
+                                        and len(self.task.text_columns) == 2),
+               "sts_dir needs a task of scored sentence pairs (task=stsb).")
+        _check(re.fullmatch(r"[\w.-]+", self.retrieval_split or "") is not None,
+               "retrieval_split must name a file of qrels/ without its .tsv, got "
+               f"{self.retrieval_split!r}.")
+        check_precision(self.precision, "precision")

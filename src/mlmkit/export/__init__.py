@@ -1,2 +1,3 @@
-"""Export: ``final/`` as a plain Hugging Face model dir with its model card (``final``), and
-the pretraining run that ends in it (``run``)."""
+"""Export: ``final/`` as a plain Hugging Face model dir with its model card (``final``), the
+pretraining run that ends in it (``run``), and ``mlmkit embed``'s run, whose ``final/`` is a
+sentence-transformers folder (``embed_run``)."""
