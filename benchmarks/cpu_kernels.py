@@ -25,7 +25,7 @@ from mlmkit.model.kernels import IGNORE_INDEX, cpu_sdpa_attention_forward, cross
 def best_ms(fns: dict, rounds: int, iters: int) -> dict[str, float]:
     best = {name: float("inf") for name in fns}
     for r in range(rounds):
-        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
             fns[name]()  # warm-up
             start = time.perf_counter()
             for _ in range(iters):
@@ -38,7 +38,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--rows", type=int, default=640, help="chosen positions (15%% of 4,096, bucketed)")
+    p.add_argument(
+        "--rows", type=int, default=640, help="chosen positions (15%% of 4,096, bucketed)"
+    )
     p.add_argument("--vocab", type=int, default=30528)
     args = p.parse_args()
     torch.manual_seed(0)
@@ -49,7 +51,9 @@ def main() -> None:
     targets[-20:] = IGNORE_INDEX
 
     def torch_ce():
-        F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum").backward()
+        F.cross_entropy(
+            logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        ).backward()
         logits.grad = None
 
     def ours_ce():
@@ -57,9 +61,11 @@ def main() -> None:
         logits.grad = None
 
     ce = best_ms({"torch": torch_ce, "mlmkit": ours_ce}, args.rounds, args.iters)
-    print(f"loss over {args.rows} x {args.vocab} bf16 logits, forward + backward: "
-          f"F.cross_entropy {ce['torch']:.1f} ms, cross_entropy_sum {ce['mlmkit']:.1f} ms, "
-          f"{ce['torch'] / ce['mlmkit']:.2f}x")
+    print(
+        f"loss over {args.rows} x {args.vocab} bf16 logits, forward + backward: "
+        f"F.cross_entropy {ce['torch']:.1f} ms, cross_entropy_sum {ce['mlmkit']:.1f} ms, "
+        f"{ce['torch'] / ce['mlmkit']:.2f}x"
+    )
 
     q, k, v = (torch.randn(32, 4, 128, 64).to(torch.bfloat16).requires_grad_() for _ in range(3))
     grad = torch.randn(32, 128, 4, 64).to(torch.bfloat16)
@@ -73,8 +79,10 @@ def main() -> None:
         cpu_sdpa_attention_forward(module, q, k, v, None)[0].backward(grad)
 
     attn = best_ms({"torch": torch_attn, "mlmkit": ours_attn}, args.rounds, args.iters)
-    print(f"attention 32 x 4 heads x 128 x 64, bf16, forward + backward: SDPA {attn['torch']:.1f} ms, "
-          f"mlmkit_cpu_sdpa {attn['mlmkit']:.1f} ms, {attn['torch'] / attn['mlmkit']:.2f}x")
+    print(
+        f"attention 32 x 4 heads x 128 x 64, bf16, forward + backward: SDPA {attn['torch']:.1f} ms, "
+        f"mlmkit_cpu_sdpa {attn['mlmkit']:.1f} ms, {attn['torch'] / attn['mlmkit']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

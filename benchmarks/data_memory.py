@@ -100,9 +100,12 @@ def tree_rss(pid: int) -> int:
 
 def measure(mode: str, folder: Path, tmp: Path, num_proc: int, workers: int) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode, str(folder), str(tmp), str(num_proc),
-                             str(workers)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, mode, str(folder), str(tmp), str(num_proc), str(workers)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
     peak = 0
     while proc.poll() is None:
         peak = max(peak, tree_rss(proc.pid))
@@ -133,9 +136,12 @@ def main() -> None:
             files = build_corpus(folder, args.mb)
             mb = sum(f.stat().st_size for f in files) / 1e6
             r = measure("map", folder, tmp, args.num_proc, 0)
-            print(f"map mode, {mb:.0f} MB corpus, num_proc {args.num_proc}: peak RSS {r['peak_tree_mb']:.0f} MB "
-                  f"(all processes together; largest single process {r['peak_single_mb']:.0f} MB), "
-                  f"{r['blocks']} blocks in {r['seconds']:.0f} s", flush=True)
+            print(
+                f"map mode, {mb:.0f} MB corpus, num_proc {args.num_proc}: peak RSS {r['peak_tree_mb']:.0f} MB "
+                f"(all processes together; largest single process {r['peak_single_mb']:.0f} MB), "
+                f"{r['blocks']} blocks in {r['seconds']:.0f} s",
+                flush=True,
+            )
             for f in files:
                 f.unlink()
         for size in args.stream_mb:
@@ -144,8 +150,11 @@ def main() -> None:
             files = build_corpus(folder, size)
             mb = sum(f.stat().st_size for f in files) / 1e6
             r = measure("stream", folder, tmp, 1, args.workers)
-            print(f"streaming, {mb:.0f} MB corpus, {args.workers} workers: peak RSS {r['peak_tree_mb']:.0f} MB "
-                  f"(all processes together), {r['blocks']} blocks in {r['seconds']:.0f} s", flush=True)
+            print(
+                f"streaming, {mb:.0f} MB corpus, {args.workers} workers: peak RSS {r['peak_tree_mb']:.0f} MB "
+                f"(all processes together), {r['blocks']} blocks in {r['seconds']:.0f} s",
+                flush=True,
+            )
             for f in files:
                 f.unlink()
 

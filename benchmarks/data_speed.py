@@ -64,14 +64,21 @@ def run_mlm_way(raw, tokenizer, max_seq_length: int, num_proc: int | None):
     def tokenize_function(examples):
         return tokenizer(examples["text"], return_special_tokens_mask=True)
 
-    tokenized = raw.map(tokenize_function, batched=True, num_proc=num_proc, remove_columns=["text"],
-                        load_from_cache_file=False)
+    tokenized = raw.map(
+        tokenize_function,
+        batched=True,
+        num_proc=num_proc,
+        remove_columns=["text"],
+        load_from_cache_file=False,
+    )
 
     def group_texts(examples):
         joined = {k: list(chain(*examples[k])) for k in examples.keys()}
         total = len(joined[next(iter(examples.keys()))]) // max_seq_length * max_seq_length
-        return {k: [t[i:i + max_seq_length] for i in range(0, total, max_seq_length)]
-                for k, t in joined.items()}
+        return {
+            k: [t[i : i + max_seq_length] for i in range(0, total, max_seq_length)]
+            for k, t in joined.items()
+        }
 
     return tokenized.map(group_texts, batched=True, num_proc=num_proc, load_from_cache_file=False)
 
@@ -97,14 +104,18 @@ def main() -> None:
         datasets.disable_progress_bars()
         files = build_corpus(Path(tmp), args.mb)
         mb = sum(f.stat().st_size for f in files) / 1e6
-        tokenizer = train_tokenizer(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000),
-                                    builtin_documents())
-        cfg = DataConfig(source="files", train_files=[str(f) for f in files],
-                         validation_files=[str(files[0])])
+        tokenizer = train_tokenizer(
+            TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), builtin_documents()
+        )
+        cfg = DataConfig(
+            source="files", train_files=[str(f) for f in files], validation_files=[str(files[0])]
+        )
         raw = load_corpus(cfg)["train"]  # the same documents for both
         procs = args.num_proc if args.num_proc > 1 else None
-        print(f"corpus: {mb:.1f} MB, {len(raw)} documents; max_seq_length {args.max_seq_length}; "
-              f"num_proc {args.num_proc}")
+        print(
+            f"corpus: {mb:.1f} MB, {len(raw)} documents; max_seq_length {args.max_seq_length}; "
+            f"num_proc {args.num_proc}"
+        )
         times: dict[str, list[float]] = {"run_mlm": [], "mlmkit": []}
         blocks = {}
         for _ in range(args.rounds):
@@ -113,27 +124,40 @@ def main() -> None:
             times["run_mlm"].append(time.perf_counter() - t0)
             blocks["run_mlm"] = len(out)
             t0 = time.perf_counter()
-            out = pack_corpus(datasets.DatasetDict({"train": raw}), tokenizer, args.max_seq_length,
-                              args.num_proc, cache_files=False)["train"]
+            out = pack_corpus(
+                datasets.DatasetDict({"train": raw}),
+                tokenizer,
+                args.max_seq_length,
+                args.num_proc,
+                cache_files=False,
+            )["train"]
             times["mlmkit"].append(time.perf_counter() - t0)
             blocks["mlmkit"] = len(out)
         speed = {k: mb / statistics.median(v) for k, v in times.items()}
         for k in ("run_mlm", "mlmkit"):
-            print(f"{k:8s} {speed[k]:6.2f} MB/s  ({statistics.median(times[k]):.1f} s, "
-                  f"{blocks[k]} blocks)")
+            print(
+                f"{k:8s} {speed[k]:6.2f} MB/s  ({statistics.median(times[k]):.1f} s, "
+                f"{blocks[k]} blocks)"
+            )
         print(f"ratio mlmkit / run_mlm: {speed['mlmkit'] / speed['run_mlm']:.2f}x")
 
         # The whole map-mode preparation twice: read the files, tokenize, pack, save the
         # cache; then the same settings again, which only loads the cache.
         from mlmkit.data.packing import prepare_datasets
 
-        cfg = DataConfig(source="files", train_files=[str(f) for f in files], num_proc=args.num_proc,
-                         max_seq_length=args.max_seq_length)
+        cfg = DataConfig(
+            source="files",
+            train_files=[str(f) for f in files],
+            num_proc=args.num_proc,
+            max_seq_length=args.max_seq_length,
+        )
         for run in ("first run (tokenize, pack, cache)", "second run (from the cache)"):
             t0 = time.perf_counter()
             packed = prepare_datasets(cfg, tokenizer, Path(tmp) / "cache")
-            print(f"prepare_datasets, {run}: {time.perf_counter() - t0:.2f} s "
-                  f"({len(packed['train'])} train blocks)")
+            print(
+                f"prepare_datasets, {run}: {time.perf_counter() - t0:.2f} s "
+                f"({len(packed['train'])} train blocks)"
+            )
 
 
 if __name__ == "__main__":

@@ -60,9 +60,17 @@ def model_flops(cfg, vocab: int, predicted_share: float) -> float:
     if m.architecture != "modernbert":
         return flops_per_token(cfg, vocab, predicted_share)
     local = sum(1 for i in range(m.num_hidden_layers) if i % m.global_attn_every_n_layers)
-    return train_flops_per_token(m.num_hidden_layers, m.hidden_size, m.intermediate_size, vocab,
-                                 cfg.data.max_seq_length, predicted_share, ffn_matrices=3,
-                                 local_layers=local, local_window=m.local_attention)
+    return train_flops_per_token(
+        m.num_hidden_layers,
+        m.hidden_size,
+        m.intermediate_size,
+        vocab,
+        cfg.data.max_seq_length,
+        predicted_share,
+        ffn_matrices=3,
+        local_layers=local,
+        local_window=m.local_attention,
+    )
 
 
 def modernbert_runs(cfg, warmup: int, cuda: bool):
@@ -77,8 +85,11 @@ def modernbert_runs(cfg, warmup: int, cuda: bool):
     runs = [(label, lambda: run_mlmkit(label, cfg, warmup))]
     documents = copy.deepcopy(cfg)
     documents.data.packing = "documents"
-    doc_label = ("mlmkit, documents, flash-attn varlen" if flash
-                 else "mlmkit, documents, SDPA block-diagonal mask")
+    doc_label = (
+        "mlmkit, documents, flash-attn varlen"
+        if flash
+        else "mlmkit, documents, SDPA block-diagonal mask"
+    )
     runs.append((doc_label, lambda: run_mlmkit(doc_label, documents, warmup)))
     if cuda and flash:  # without flash-attn, auto is SDPA: the first run
         sdpa = copy.deepcopy(cfg)
@@ -89,19 +100,33 @@ def modernbert_runs(cfg, warmup: int, cuda: bool):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tiny", action="store_true", help="bert-tiny, 6 steps, batch 16: runs on a CPU")
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS) + list(MODERNBERT),
-                   help="default bert-base; a modernbert-* preset runs mlmkit only")
+    p.add_argument(
+        "--tiny", action="store_true", help="bert-tiny, 6 steps, batch 16: runs on a CPU"
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS) + list(MODERNBERT),
+        help="default bert-base; a modernbert-* preset runs mlmkit only",
+    )
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 1000; --tiny 6)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 50; --tiny 2)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first (default 50; --tiny 2)"
+    )
     p.add_argument("--batch", type=int, default=None, help="per device (default 128; --tiny 16)")
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--workers", type=int, default=None, help="dataloader workers, both (default 4; --tiny 0)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="dataloader workers, both (default 4; --tiny 0)"
+    )
     p.add_argument("--compile", action="store_true", help="also run mlmkit with train.compile=true")
     p.add_argument("--out", default=None, help="also write the figures to this JSON file")
-    p.add_argument("--corpus", choices=("shared", "builtin"), default="shared",
-                   help="shared: ../shared/data's books where present (a 30,522-token vocabulary); builtin: "
-                        "the built-in corpus (quicker to tokenize)")
+    p.add_argument(
+        "--corpus",
+        choices=("shared", "builtin"),
+        default="shared",
+        help="shared: ../shared/data's books where present (a 30,522-token vocabulary); builtin: "
+        "the built-in corpus (quicker to tokenize)",
+    )
     args = p.parse_args()
     tiny = args.tiny
     preset = args.preset or ("bert-tiny" if tiny else "bert-base")
@@ -119,9 +144,12 @@ def main() -> None:
         sys.exit(2)
 
     precision = "bf16"
-    bert_sizes = preset if preset in PRESETS else "bert-base"  # a ModernBERT preset replaces the model
-    cfg = mlmkit_config(bert_sizes, args.seq, batch, steps, warmup, 30522, log_every=log_every,
-                        precision=precision)
+    bert_sizes = (
+        preset if preset in PRESETS else "bert-base"
+    )  # a ModernBERT preset replaces the model
+    cfg = mlmkit_config(
+        bert_sizes, args.seq, batch, steps, warmup, 30522, log_every=log_every, precision=precision
+    )
     cfg.train.num_workers = workers
     if args.corpus == "builtin":
         cfg.data = DataConfig(max_seq_length=args.seq, max_eval_samples=32)
@@ -131,34 +159,81 @@ def main() -> None:
     vocab = len(tokenizer)
     known = chip_bf16_peak() if cuda else None
     if known:
-        peak, against = known[0], f"{known[1]} dense bf16 peak {known[0] / 1e12:.0f} TFLOP/s (datasheet)"
+        peak, against = (
+            known[0],
+            f"{known[1]} dense bf16 peak {known[0] / 1e12:.0f} TFLOP/s (datasheet)",
+        )
     else:
         # --tiny on a CPU checks the script: a small product is enough, and an emulated bf16
         # one of 2,048 squared (a CPU without bf16 hardware) takes most of a minute
-        peak = measure_matmul_rate(torch.bfloat16, "cuda" if cuda else "cpu", n=512 if tiny and not cuda else None)
+        peak = measure_matmul_rate(
+            torch.bfloat16, "cuda" if cuda else "cpu", n=512 if tiny and not cuda else None
+        )
         against = f"bf16 matmul rate measured here, {peak / 1e12:.2f} TFLOP/s"
-    print(f"machine: {machine()}; flash-attn {'installed' if flash_attn_available() else 'not installed'}")
-    print(f"model: {preset}, vocab {vocab:,}, batch {batch} x seq {args.seq}, bf16, {workers} workers, "
-          f"{steps} timed steps after {warmup}")
+    print(
+        f"machine: {machine()}; flash-attn {'installed' if flash_attn_available() else 'not installed'}"
+    )
+    print(
+        f"model: {preset}, vocab {vocab:,}, batch {batch} x seq {args.seq}, bf16, {workers} workers, "
+        f"{steps} timed steps after {warmup}"
+    )
 
-    runs = [("Trainer, bf16=True", lambda: run_trainer("Trainer, bf16=True", cfg, tokenizer, packed["train"],
-                                                       warmup, bf16=True, workers=workers)),
-            ("mlmkit", lambda: run_mlmkit("mlmkit", cfg, warmup))]
+    runs = [
+        (
+            "Trainer, bf16=True",
+            lambda: run_trainer(
+                "Trainer, bf16=True",
+                cfg,
+                tokenizer,
+                packed["train"],
+                warmup,
+                bf16=True,
+                workers=workers,
+            ),
+        ),
+        ("mlmkit", lambda: run_mlmkit("mlmkit", cfg, warmup)),
+    ]
     if preset in MODERNBERT:
         runs = modernbert_runs(cfg, warmup, cuda)
     if args.compile:
-        cfg_c = mlmkit_config(bert_sizes, args.seq, batch, steps, warmup, 30522, log_every=log_every,
-                              precision=precision, compile=True, strategy="fixed")
+        cfg_c = mlmkit_config(
+            bert_sizes,
+            args.seq,
+            batch,
+            steps,
+            warmup,
+            30522,
+            log_every=log_every,
+            precision=precision,
+            compile=True,
+            strategy="fixed",
+        )
         cfg_c.train.num_workers = workers
         cfg_c.model, cfg_c.data = cfg.model, cfg.data
-        runs.append(("mlmkit, compile, fixed masking", lambda: run_mlmkit("mlmkit, compile", cfg_c, warmup)))
-    figures = {"machine": machine(), "preset": preset, "batch": batch, "seq": args.seq, "steps": steps,
-               "peak": against, "runs": {}}
+        runs.append(
+            ("mlmkit, compile, fixed masking", lambda: run_mlmkit("mlmkit, compile", cfg_c, warmup))
+        )
+    figures = {
+        "machine": machine(),
+        "preset": preset,
+        "batch": batch,
+        "seq": args.seq,
+        "steps": steps,
+        "peak": against,
+        "runs": {},
+    }
     results = {}
-    for name, fn in runs:  # the figures file is rewritten as each run ends: a timeout keeps the rest
+    for (
+        name,
+        fn,
+    ) in runs:  # the figures file is rewritten as each run ends: a timeout keeps the rest
         results[name] = r = fn()
         flops = model_flops(cfg, vocab, r.predicted_share) * r.tokens_per_s
-        figures["runs"][name] = {"tokens_per_s": r.tokens_per_s, "mfu": flops / peak, "seconds": r.seconds}
+        figures["runs"][name] = {
+            "tokens_per_s": r.tokens_per_s,
+            "mfu": flops / peak,
+            "seconds": r.seconds,
+        }
         add_ratios(figures, results)
         if args.out:
             write_json(args.out, figures)
@@ -167,8 +242,10 @@ def main() -> None:
     print(f"{'':<46}{'tokens/s':>12}{'model TFLOP/s':>15}{'MFU':>8}{'seconds':>9}")
     for name, r in results.items():
         run = figures["runs"][name]
-        print(f"{name:<46}{r.tokens_per_s:>12,.0f}{run['mfu'] * peak / 1e12:>15.2f}{run['mfu']:>8.1%}"
-              f"{r.seconds:>9.1f}")
+        print(
+            f"{name:<46}{r.tokens_per_s:>12,.0f}{run['mfu'] * peak / 1e12:>15.2f}{run['mfu']:>8.1%}"
+            f"{r.seconds:>9.1f}"
+        )
     for name, run in figures["runs"].items():
         if "ratio_to_trainer" in run:
             print(f"ratio {name} / Trainer bf16: {run['ratio_to_trainer']:.2f}x")
@@ -192,6 +269,7 @@ def write_json(path: str, figures: dict) -> None:
     with open(partial, "w", encoding="utf-8") as f:
         json.dump(figures, f, indent=1)
     os.replace(partial, path)
+
 
 if __name__ == "__main__":
     main()

@@ -63,9 +63,28 @@ def wheel_commands(dest: Path, pins: list[str] | None = None) -> list[list[str]]
     pip = [sys.executable, "-m", "pip"]
     binary = [p for p in pins if p.split("==")[0] not in BUILT]
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
-    download = [*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-                "--implementation", "cp", *platforms, "-d", str(dest), *binary]
-    built = [*pip, "wheel", "--no-deps", "-w", str(dest), *[p for p in pins if p.split("==")[0] in BUILT]]
+    download = [
+        *pip,
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        *platforms,
+        "-d",
+        str(dest),
+        *binary,
+    ]
+    built = [
+        *pip,
+        "wheel",
+        "--no-deps",
+        "-w",
+        str(dest),
+        *[p for p in pins if p.split("==")[0] in BUILT],
+    ]
     return [download, built]
 
 
@@ -83,9 +102,16 @@ def wheels(args) -> int:
 
 # ---- the check ---------------------------------------------------------------------------------
 
-TINY = ["model.num_hidden_layers=2", "model.hidden_size=64", "model.num_attention_heads=2",
-        "model.intermediate_size=128", "tokenizer.vocab_size=2000", "data.max_seq_length=64",
-        "data.max_eval_samples=32", "train.batch_size=8"]
+TINY = [
+    "model.num_hidden_layers=2",
+    "model.hidden_size=64",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=128",
+    "tokenizer.vocab_size=2000",
+    "data.max_seq_length=64",
+    "data.max_eval_samples=32",
+    "train.batch_size=8",
+]
 
 
 def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, Path | None]]:
@@ -94,34 +120,101 @@ def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, P
     py = sys.executable
     doctor = [py, "-m", "mlmkit", "doctor", "data=builtin", f"paths.cache_dir={cache}"]
     gpu = [py, str(ROOT / "benchmarks" / "gpu.py")]
-    tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs", str(ROOT / "tests")]
+    tests = [
+        py,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "gpu",
+        "-rs",
+        str(ROOT / "tests"),
+    ]
 
     def step(name, command, limit):
         figures = out / f"{name}.json"
         return name, [*command, "--out", str(figures)], limit, figures
 
     if cpu:  # limits with room for a slow CPU (these steps check the script, not the speed)
-        return [("gpu-tests", tests, 240, None),
-                step("doctor-bert", [*doctor, "model=bert-tiny", *TINY, "--steps", "4"], 240),
-                step("gpu-bert", [*gpu, "--tiny", "--corpus", "builtin", "--steps", "2", "--warmup", "1"], 360),
-                step("doctor-modernbert", [*doctor, "model=modernbert-tiny", *TINY, "model.local_attention=32",
-                                           "--steps", "4"], 240)]
-    return [("gpu-tests", tests, 90, None),
-            step("doctor-bert-base", [*doctor, "model=bert-base", "train.batch_size=128",
-                                      "data.max_seq_length=128"], 75),
-            step("gpu-bert-base", [*gpu, "--corpus", "builtin", "--steps", "200", "--warmup", "50",
-                                   "--compile"], 150),
-            step("gpu-modernbert-base", [*gpu, "--corpus", "builtin", "--preset", "modernbert-base",
-                                         "--seq", "1024", "--batch", "32", "--steps", "100", "--warmup", "50"], 90),
-            step("doctor-modernbert-base", [*doctor, "model=modernbert-base", "train.batch_size=32",
-                                            "data.max_seq_length=1024"], 75)]
+        return [
+            ("gpu-tests", tests, 240, None),
+            step("doctor-bert", [*doctor, "model=bert-tiny", *TINY, "--steps", "4"], 240),
+            step(
+                "gpu-bert",
+                [*gpu, "--tiny", "--corpus", "builtin", "--steps", "2", "--warmup", "1"],
+                360,
+            ),
+            step(
+                "doctor-modernbert",
+                [
+                    *doctor,
+                    "model=modernbert-tiny",
+                    *TINY,
+                    "model.local_attention=32",
+                    "--steps",
+                    "4",
+                ],
+                240,
+            ),
+        ]
+    return [
+        ("gpu-tests", tests, 90, None),
+        step(
+            "doctor-bert-base",
+            [*doctor, "model=bert-base", "train.batch_size=128", "data.max_seq_length=128"],
+            75,
+        ),
+        step(
+            "gpu-bert-base",
+            [*gpu, "--corpus", "builtin", "--steps", "200", "--warmup", "50", "--compile"],
+            150,
+        ),
+        step(
+            "gpu-modernbert-base",
+            [
+                *gpu,
+                "--corpus",
+                "builtin",
+                "--preset",
+                "modernbert-base",
+                "--seq",
+                "1024",
+                "--batch",
+                "32",
+                "--steps",
+                "100",
+                "--warmup",
+                "50",
+            ],
+            90,
+        ),
+        step(
+            "doctor-modernbert-base",
+            [*doctor, "model=modernbert-base", "train.batch_size=32", "data.max_seq_length=1024"],
+            75,
+        ),
+    ]
 
 
 def install(wheel_dir: Path, site: Path, log) -> int:
     """Install the carried wheels and this checkout's mlmkit (built from a copy of its sources,
     with the Python's own setuptools: no index, no build isolation) into ``site``."""
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--no-cache-dir", "--upgrade", "--target", str(site)]
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--upgrade",
+        "--target",
+        str(site),
+    ]
     found = sorted(str(p) for p in wheel_dir.glob("*.whl"))
     if not found:
         log.write(f"no wheels in {wheel_dir}: make gpu-wheels fills it\n")
@@ -129,7 +222,9 @@ def install(wheel_dir: Path, site: Path, log) -> int:
     source = site.parent / "mlmkit-source"
     shutil.rmtree(source, ignore_errors=True)
     for part in ("src", "conf"):
-        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        shutil.copytree(
+            ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        )
     for part in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / part, source / part)
     for command in ([*pip, *found], [*pip, "--no-build-isolation", str(source)]):
@@ -144,17 +239,21 @@ def install(wheel_dir: Path, site: Path, log) -> int:
 def software(env: dict) -> dict[str, str | None]:
     """The versions the figures depend on (None: not installed) and the GPU, as the steps see
     them (with ``env``'s PYTHONPATH)."""
-    code = ("import importlib.metadata as m, json, torch\n"
-            "def v(n):\n"
-            "    try: return m.version(n)\n"
-            "    except m.PackageNotFoundError: return None\n"
-            "names = ('torch', 'transformers', 'accelerate', 'datasets', 'pyarrow', 'hydra-core', "
-            "'flash-attn', 'mlmkit')\n"
-            "found = {n: v(n) for n in names}\n"
-            "found['python'] = '.'.join(map(str, __import__('sys').version_info[:3]))\n"
-            "found['gpu'] = torch.cuda.get_device_name() if torch.cuda.is_available() else None\n"
-            "print(json.dumps(found))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    code = (
+        "import importlib.metadata as m, json, torch\n"
+        "def v(n):\n"
+        "    try: return m.version(n)\n"
+        "    except m.PackageNotFoundError: return None\n"
+        "names = ('torch', 'transformers', 'accelerate', 'datasets', 'pyarrow', 'hydra-core', "
+        "'flash-attn', 'mlmkit')\n"
+        "found = {n: v(n) for n in names}\n"
+        "found['python'] = '.'.join(map(str, __import__('sys').version_info[:3]))\n"
+        "found['gpu'] = torch.cuda.get_device_name() if torch.cuda.is_available() else None\n"
+        "print(json.dumps(found))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
+    )
     return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr[-500:]}
 
 
@@ -181,8 +280,9 @@ class Summary:
 def run_step(command: list[str], limit: float, env: dict, log) -> str:
     """Run one step with its output in ``log``; its status."""
     try:
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                              timeout=limit).returncode
+        code = subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=limit
+        ).returncode
     except subprocess.TimeoutExpired:
         return f"timeout after {limit:.0f} s"
     return "ok" if code == 0 else f"failed ({code})"
@@ -192,14 +292,24 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="mlmkit-gpu-check-"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    summary, budget = Summary(out, args.cpu), args.budget or (CPU_BUDGET if args.cpu else GPU_BUDGET)
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    summary, budget = (
+        Summary(out, args.cpu),
+        args.budget or (CPU_BUDGET if args.cpu else GPU_BUDGET),
+    )
     deadline = time.monotonic() + budget
     with open(out / "log.txt", "w", encoding="utf-8") as log:
         if args.wheels:
             site, started = work / "site", time.monotonic()
             code = install(Path(args.wheels), site, log)
-            summary.record("install", "ok" if code == 0 else f"failed ({code})", time.monotonic() - started)
+            summary.record(
+                "install", "ok" if code == 0 else f"failed ({code})", time.monotonic() - started
+            )
             if code:
                 return 1
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
@@ -223,18 +333,31 @@ def run(args) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("wheels", help="download and build the wheels the GPU image lacks (needs PyPI)")
+    w = sub.add_parser(
+        "wheels", help="download and build the wheels the GPU image lacks (needs PyPI)"
+    )
     w.add_argument("--dest", default=str(ROOT / ".whl"))
     w.add_argument("--dry-run", action="store_true", help="print the pip commands only")
     r = sub.add_parser("run", help="run the check and write its figures")
     r.add_argument("--out", required=True, help="the figures' folder (at most eight files)")
-    r.add_argument("--wheels", default=None,
-                   help="install these wheels and this checkout into --work first (a bare GPU image)")
-    r.add_argument("--work", default=None, help="caches and the installed site (default: a temporary folder)")
-    r.add_argument("--budget", type=float, default=None,
-                   help=f"seconds for all steps (default {GPU_BUDGET}; {CPU_BUDGET} with --cpu)")
+    r.add_argument(
+        "--wheels",
+        default=None,
+        help="install these wheels and this checkout into --work first (a bare GPU image)",
+    )
+    r.add_argument(
+        "--work", default=None, help="caches and the installed site (default: a temporary folder)"
+    )
+    r.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help=f"seconds for all steps (default {GPU_BUDGET}; {CPU_BUDGET} with --cpu)",
+    )
     r.add_argument("--cpu", action="store_true", help="tiny models on a CPU: checks the script")
-    i = sub.add_parser("install", help="only install the wheels and this checkout into a site (make test-floor)")
+    i = sub.add_parser(
+        "install", help="only install the wheels and this checkout into a site (make test-floor)"
+    )
     i.add_argument("--wheels", required=True)
     i.add_argument("--site", required=True)
     args = p.parse_args()

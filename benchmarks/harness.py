@@ -40,7 +40,10 @@ PRESETS = {
 
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "corpora")
-REAL_TEXT = [os.path.join(SHARED, "gutenberg", "*.txt"), os.path.join(SHARED, "wikitext-2", "valid.txt")]
+REAL_TEXT = [
+    os.path.join(SHARED, "gutenberg", "*.txt"),
+    os.path.join(SHARED, "wikitext-2", "valid.txt"),
+]
 
 
 def quiet_logging() -> None:
@@ -54,8 +57,12 @@ def data_config(seq: int) -> DataConfig:
     """13 Gutenberg books and WikiText-2 (7 MB; a full 30,522-token WordPiece vocabulary) from
     ../shared/data where present, else the built-in corpus (1.7 MB; ~9,800 tokens)."""
     if os.path.isdir(SHARED):
-        return DataConfig(source="files", train_files=[os.path.abspath(f) for f in REAL_TEXT],
-                          max_seq_length=seq, max_eval_samples=32)
+        return DataConfig(
+            source="files",
+            train_files=[os.path.abspath(f) for f in REAL_TEXT],
+            max_seq_length=seq,
+            max_eval_samples=32,
+        )
     print(f"{SHARED} is absent: using the built-in corpus (smaller vocabulary)")
     return DataConfig(max_seq_length=seq, max_eval_samples=32)
 
@@ -69,22 +76,46 @@ class Result:
     seconds: float
 
 
-def mlmkit_config(preset: str, seq: int, batch: int, steps: int, warmup: int, vocab: int,
-                  dropout: float = 0.0, log_every: int = 1, precision: str = "auto",
-                  compile: bool = False, strategy: str = "bernoulli") -> Config:
+def mlmkit_config(
+    preset: str,
+    seq: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    vocab: int,
+    dropout: float = 0.0,
+    log_every: int = 1,
+    precision: str = "auto",
+    compile: bool = False,
+    strategy: str = "bernoulli",
+) -> Config:
     layers, hidden, heads = PRESETS[preset]
     return Config(
-        model=ModelConfig(name=preset, num_hidden_layers=layers, hidden_size=hidden,
-                          num_attention_heads=heads, intermediate_size=4 * hidden,
-                          max_position_embeddings=max(512, seq), hidden_dropout_prob=dropout,
-                          attention_probs_dropout_prob=dropout),
+        model=ModelConfig(
+            name=preset,
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+            max_position_embeddings=max(512, seq),
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+        ),
         tokenizer=TokenizerConfig(vocab_size=vocab),
         data=data_config(seq),
         masking=MaskingConfig(strategy=strategy),
         optim=OptimConfig(lr=5e-4, warmup_steps=10),
-        train=TrainConfig(batch_size=batch, max_steps=warmup + steps, log_every=log_every,
-                          eval_every=0, save_every=0, progress=False, export=False,
-                          precision=precision, compile=compile),
+        train=TrainConfig(
+            batch_size=batch,
+            max_steps=warmup + steps,
+            log_every=log_every,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            export=False,
+            precision=precision,
+            compile=compile,
+        ),
         paths=PathsConfig(cache_dir=".cache/mlmkit"),
         logger=LoggerConfig(name="none"),  # the Trainer runs with report_to="none" too
     )
@@ -130,7 +161,9 @@ def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
     from mlmkit.training.metrics_log import read_metrics
 
     with tempfile.TemporaryDirectory() as run_dir:
-        child = multiprocessing.get_context("spawn").Process(target=_train_child, args=(cfg, run_dir))
+        child = multiprocessing.get_context("spawn").Process(
+            target=_train_child, args=(cfg, run_dir)
+        )
         child.start()
         child.join()
         if child.exitcode != 0:
@@ -143,8 +176,16 @@ def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
     return Result(name, tokens / seconds, masked / tokens, cfg.train.max_steps - warmup, seconds)
 
 
-def run_trainer(name: str, cfg: Config, tokenizer, train_set, warmup: int, bf16: bool,
-                dropout: float = 0.1, workers: int = 0) -> Result:
+def run_trainer(
+    name: str,
+    cfg: Config,
+    tokenizer,
+    train_set,
+    warmup: int,
+    bf16: bool,
+    dropout: float = 0.1,
+    workers: int = 0,
+) -> Result:
     """transformers' Trainer + DataCollatorForLanguageModeling with their defaults on a fresh
     ``BertForMaskedLM`` of the same sizes (BertConfig defaults otherwise: dropout 0.1)."""
     from transformers import (
@@ -157,12 +198,17 @@ def run_trainer(name: str, cfg: Config, tokenizer, train_set, warmup: int, bf16:
     )
 
     m = cfg.model
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=m.hidden_size,
-                        num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
-                        intermediate_size=m.intermediate_size,
-                        max_position_embeddings=m.max_position_embeddings,
-                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-                        pad_token_id=tokenizer.pad_token_id)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model = BertForMaskedLM(config)
     steps = cfg.train.max_steps
@@ -177,14 +223,27 @@ def run_trainer(name: str, cfg: Config, tokenizer, train_set, warmup: int, bf16:
 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=cfg.train.batch_size, max_steps=steps,
-            learning_rate=5e-4, warmup_steps=10, bf16=bf16, use_cpu=not torch.cuda.is_available(),
-            logging_steps=10_000, save_strategy="no", report_to="none", disable_tqdm=True,
-            seed=0, dataloader_num_workers=workers,
+            output_dir=out,
+            per_device_train_batch_size=cfg.train.batch_size,
+            max_steps=steps,
+            learning_rate=5e-4,
+            warmup_steps=10,
+            bf16=bf16,
+            use_cpu=not torch.cuda.is_available(),
+            logging_steps=10_000,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=0,
+            dataloader_num_workers=workers,
         )
-        trainer = Trainer(model=model, args=args, train_dataset=train_set,
-                          data_collator=DataCollatorForLanguageModeling(tokenizer),
-                          callbacks=[Clock()])
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=train_set,
+            data_collator=DataCollatorForLanguageModeling(tokenizer),
+            callbacks=[Clock()],
+        )
         trainer.train()
     seconds = stamps[steps] - stamps[warmup]
     tokens = (steps - warmup) * cfg.train.batch_size * cfg.data.max_seq_length
@@ -209,14 +268,22 @@ def matmul_rates(device: str) -> dict[str, float]:
 
 def flops_per_token(cfg: Config, vocab: int, predicted_share: float) -> float:
     m = cfg.model
-    return train_flops_per_token(m.num_hidden_layers, m.hidden_size, m.intermediate_size, vocab,
-                                 cfg.data.max_seq_length, predicted_share)
+    return train_flops_per_token(
+        m.num_hidden_layers,
+        m.hidden_size,
+        m.intermediate_size,
+        vocab,
+        cfg.data.max_seq_length,
+        predicted_share,
+    )
 
 
 def machine() -> str:
     from mlmkit.training.runtime import cpu_has_bf16, cpu_name
 
     if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), torch {torch.__version__}"
+        return (
+            f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), torch {torch.__version__}"
+        )
     kind = "bf16 hardware" if cpu_has_bf16() else "no bf16 hardware (bf16 emulated)"
     return f"{cpu_name()} ({kind}), {torch.get_num_threads()} threads, torch {torch.__version__}"

@@ -39,21 +39,34 @@ def main() -> None:
     tokenizer = train_tokenizer(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), docs)
     # padded to 128 at tokenization: transformers' whole-word masking needs offsets of
     # equal length, and every collator then gets the very same input_ids
-    enc = tokenizer(docs[:2000], truncation=True, max_length=128, padding="max_length",
-                    return_offsets_mapping=True)
-    examples = [{"input_ids": i, "offset_mapping": o} for i, o in zip(enc["input_ids"], enc["offset_mapping"])]
+    enc = tokenizer(
+        docs[:2000],
+        truncation=True,
+        max_length=128,
+        padding="max_length",
+        return_offsets_mapping=True,
+    )
+    examples = [
+        {"input_ids": i, "offset_mapping": o}
+        for i, o in zip(enc["input_ids"], enc["offset_mapping"])
+    ]
     plain_examples = [{"input_ids": e["input_ids"]} for e in examples]
     bs = args.batch_size
-    batches = [examples[i:i + bs] for i in range(0, args.batches * bs, bs)]
-    plain_batches = [plain_examples[i:i + bs] for i in range(0, args.batches * bs, bs)]
+    batches = [examples[i : i + bs] for i in range(0, args.batches * bs, bs)]
+    plain_batches = [plain_examples[i : i + bs] for i in range(0, args.batches * bs, bs)]
 
     collators = {
         "transformers plain": (DataCollatorForLanguageModeling(tokenizer, seed=0), plain_batches),
-        "transformers whole_word_mask": (DataCollatorForLanguageModeling(tokenizer, whole_word_mask=True, seed=0),
-                                         batches),
+        "transformers whole_word_mask": (
+            DataCollatorForLanguageModeling(tokenizer, whole_word_mask=True, seed=0),
+            batches,
+        ),
     }
     for strategy in ("bernoulli", "whole_word", "span", "fixed"):
-        collators[f"mlmkit {strategy}"] = (MLMCollator(tokenizer, seed=0, strategy=strategy), plain_batches)
+        collators[f"mlmkit {strategy}"] = (
+            MLMCollator(tokenizer, seed=0, strategy=strategy),
+            plain_batches,
+        )
 
     def rate(collator, data) -> float:
         start = time.perf_counter()
@@ -69,10 +82,16 @@ def main() -> None:
             rates[name].append(rate(collator, data))
     med = {name: statistics.median(r) for name, r in rates.items()}
 
-    print(f"batch {bs} x 128 (documents truncated or padded), vocab {len(tokenizer)}, "
-          f"{torch.get_num_threads()} threads, median of {args.rounds} rounds")
-    reference = {"bernoulli": "transformers plain", "whole_word": "transformers whole_word_mask",
-                 "span": "transformers plain", "fixed": "transformers plain"}
+    print(
+        f"batch {bs} x 128 (documents truncated or padded), vocab {len(tokenizer)}, "
+        f"{torch.get_num_threads()} threads, median of {args.rounds} rounds"
+    )
+    reference = {
+        "bernoulli": "transformers plain",
+        "whole_word": "transformers whole_word_mask",
+        "span": "transformers plain",
+        "fixed": "transformers plain",
+    }
     for name, r in med.items():
         line = f"  {name:<30} {r:>9,.1f} batches/s"
         if name.startswith("mlmkit"):
@@ -81,11 +100,21 @@ def main() -> None:
         print(line)
 
     # Share of a training step: bert-mini, packed 32 x 128, sparse head, AdamW.
-    packed = pack_ids(tokenizer(docs[:3000], add_special_tokens=False)["input_ids"],
-                      tokenizer.cls_token_id, tokenizer.sep_token_id, 128)
+    packed = pack_ids(
+        tokenizer(docs[:3000], add_special_tokens=False)["input_ids"],
+        tokenizer.cls_token_id,
+        tokenizer.sep_token_id,
+        128,
+    )
     rows = [{"input_ids": r} for r in packed[:bs]]
-    model = MaskedLM(build_model(ModelConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
-                                             intermediate_size=1024), tokenizer))
+    model = MaskedLM(
+        build_model(
+            ModelConfig(
+                num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024
+            ),
+            tokenizer,
+        )
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     use_bf16 = cpu_has_bf16()
     batch = MLMCollator(tokenizer, seed=0)(rows)
@@ -105,14 +134,18 @@ def main() -> None:
     for _ in range(n):
         step()
     step_s = (time.perf_counter() - start) / n
-    print(f"bert-mini training step (packed {bs} x 128, {'bf16' if use_bf16 else 'fp32'}): {step_s * 1000:.0f} ms")
+    print(
+        f"bert-mini training step (packed {bs} x 128, {'bf16' if use_bf16 else 'fp32'}): {step_s * 1000:.0f} ms"
+    )
     for strategy in ("bernoulli", "whole_word", "span", "fixed"):
         c = MLMCollator(tokenizer, seed=0, strategy=strategy)
         start = time.perf_counter()
         for _ in range(20):
             c(rows)
         mask_s = (time.perf_counter() - start) / 20
-        print(f"  masking with {strategy:<10} {mask_s * 1000:6.2f} ms = {100 * mask_s / step_s:4.1f}% of a step")
+        print(
+            f"  masking with {strategy:<10} {mask_s * 1000:6.2f} ms = {100 * mask_s / step_s:4.1f}% of a step"
+        )
 
 
 if __name__ == "__main__":

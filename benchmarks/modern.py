@@ -40,19 +40,44 @@ VARIANTS = {
 }
 
 
-def run_variant(overrides: list[str], data_overrides: list[str], budget: float, run_dir: Path,
-                cache: Path, name: str, eval_min_masked: int = 10_000) -> dict:
-    events = train_mlmkit([*overrides, *data_overrides, "logger=none", "train.progress=false",
-                           f"paths.cache_dir={cache}", f"train.max_time={budget:g}s",
-                           f"masking.eval_min_masked_tokens={eval_min_masked}",
-                           "train.max_steps=1000000000", "train.eval_every=1000000000",
-                           "train.save_every=0", "train.export=false"], run_dir, f"the {name} run")
+def run_variant(
+    overrides: list[str],
+    data_overrides: list[str],
+    budget: float,
+    run_dir: Path,
+    cache: Path,
+    name: str,
+    eval_min_masked: int = 10_000,
+) -> dict:
+    events = train_mlmkit(
+        [
+            *overrides,
+            *data_overrides,
+            "logger=none",
+            "train.progress=false",
+            f"paths.cache_dir={cache}",
+            f"train.max_time={budget:g}s",
+            f"masking.eval_min_masked_tokens={eval_min_masked}",
+            "train.max_steps=1000000000",
+            "train.eval_every=1000000000",
+            "train.save_every=0",
+            "train.export=false",
+        ],
+        run_dir,
+        f"the {name} run",
+    )
     last = [e for e in events if e["event"] == "train"][-1]
     final = [e for e in events if e["event"] == "eval"][-1]
-    return {"variant": name, "steps": last["step"], "tokens": last["tokens_seen"],
-            "train_s": last["elapsed_s"], "eval_loss": final["eval_loss"],
-            "eval_accuracy": final["eval_accuracy"], "eval_accuracy_stderr": final.get("eval_accuracy_stderr"),
-            "eval_tokens": final["eval_tokens"]}
+    return {
+        "variant": name,
+        "steps": last["step"],
+        "tokens": last["tokens_seen"],
+        "train_s": last["elapsed_s"],
+        "eval_loss": final["eval_loss"],
+        "eval_accuracy": final["eval_accuracy"],
+        "eval_accuracy_stderr": final.get("eval_accuracy_stderr"),
+        "eval_tokens": final["eval_tokens"],
+    }
 
 
 def print_table(corpus: str, training: str, held_out: str, budget: float, rows: list[dict]) -> None:
@@ -62,19 +87,33 @@ def print_table(corpus: str, training: str, held_out: str, budget: float, rows: 
     for r in rows:
         se = r["eval_accuracy_stderr"]
         acc = f"{r['eval_accuracy']:.1%}" + (f" ± {se:.1%}" if se is not None else "")
-        print(f"| {r['variant']} | {r['steps']:,} | {r['tokens'] / 1e6:.2f} M | {r['eval_loss']:.3f} | {acc} |")
+        print(
+            f"| {r['variant']} | {r['steps']:,} | {r['tokens'] / 1e6:.2f} M | {r['eval_loss']:.3f} | {acc} |"
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=60.0, help="training seconds per run (default 60)")
-    p.add_argument("--corpus", nargs="+", default=["builtin", "shared"], choices=["builtin", "shared"])
+    p.add_argument(
+        "--budget", type=float, default=60.0, help="training seconds per run (default 60)"
+    )
+    p.add_argument(
+        "--corpus", nargs="+", default=["builtin", "shared"], choices=["builtin", "shared"]
+    )
     p.add_argument("--variant", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default outputs/bench-modern/<date>_<time>)")
-    p.add_argument("--eval-min-masked", type=int, default=10_000,
-                   help="masked tokens the held-out figures are taken over at least "
-                        "(masking.eval_min_masked_tokens; default 10,000; 0: one mask draw, a quick look)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default outputs/bench-modern/<date>_<time>)",
+    )
+    p.add_argument(
+        "--eval-min-masked",
+        type=int,
+        default=10_000,
+        help="masked tokens the held-out figures are taken over at least "
+        "(masking.eval_min_masked_tokens; default 10,000; 0: one mask draw, a quick look)",
+    )
     args = p.parse_args()
     if args.budget <= 0:
         p.error("--budget must be positive")
@@ -85,7 +124,9 @@ def main() -> None:
 
     from mlmkit.training.runtime import describe_cpu
 
-    out = (args.out or ROOT / "outputs" / "bench-modern" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    out = (
+        args.out or ROOT / "outputs" / "bench-modern" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    ).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}")
     print(f"cpu: {describe_cpu()}")
@@ -101,12 +142,31 @@ def main() -> None:
         for name in args.variant:
             print(f"== {corpus}: {name}", flush=True)
             slug = name.replace(", ", "-")
-            rows.append(run_variant(VARIANTS[name], data.overrides, args.budget, out / corpus / slug,
-                                    out / "cache", name, args.eval_min_masked))
+            rows.append(
+                run_variant(
+                    VARIANTS[name],
+                    data.overrides,
+                    args.budget,
+                    out / corpus / slug,
+                    out / "cache",
+                    name,
+                    args.eval_min_masked,
+                )
+            )
         tables[corpus] = {"training": data.training, "held_out": data.held_out, "rows": rows}
         print_table(corpus, data.training, data.held_out, args.budget, rows)
-    (out / "summary.json").write_text(json.dumps({"machine": machine(), "cpu": describe_cpu(),
-                                                  "budget_s": args.budget, "tables": tables}, indent=2) + "\n")
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "cpu": describe_cpu(),
+                "budget_s": args.budget,
+                "tables": tables,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\ntotal wall time {time.perf_counter() - t0:.0f} s; figures in {out}/summary.json")
 
 

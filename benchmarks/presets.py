@@ -67,9 +67,17 @@ def curve(events: list[dict]) -> list[dict]:
     run's clock without the evaluations, which a run that evaluates rarely does not spend) and
     of the run (``wall_s``), tokens seen, held-out loss and accuracy."""
     clock = Curve.read(events)
-    return [{"step": step, "training_s": clock.at(step, clock.training), "wall_s": clock.at(step, clock.wall),
-             "tokens": clock.at(step, clock.tokens), "loss": loss, "accuracy": e["eval_accuracy"]}
-            for (step, loss), e in zip(clock.evals, (e for e in events if e["event"] == "eval"))]
+    return [
+        {
+            "step": step,
+            "training_s": clock.at(step, clock.training),
+            "wall_s": clock.at(step, clock.wall),
+            "tokens": clock.at(step, clock.tokens),
+            "loss": loss,
+            "accuracy": e["eval_accuracy"],
+        }
+        for (step, loss), e in zip(clock.evals, (e for e in events if e["event"] == "eval"))
+    ]
 
 
 def loss_at_tokens(points: list[dict], tokens: float) -> float:
@@ -84,7 +92,13 @@ def loss_at_tokens(points: list[dict], tokens: float) -> float:
 def run_preset(preset: str, args, out: Path, cache: Path) -> dict:
     from harness import tokenizer_and_data
 
-    base = [f"model={preset}", "data=builtin", "logger=none", "train.progress=false", f"paths.cache_dir={cache}"]
+    base = [
+        f"model={preset}",
+        "data=builtin",
+        "logger=none",
+        "train.progress=false",
+        f"paths.cache_dir={cache}",
+    ]
     cfg = compose(base)
     tokenizer, packed = tokenizer_and_data(cfg)
     unigram = unigram_loss(packed, tokenizer)
@@ -98,25 +112,58 @@ def run_preset(preset: str, args, out: Path, cache: Path) -> dict:
         calibration = calibrate_mlmkit(base, out / preset / "calibrate", 10)
         steps = args.budget / calibration.seconds_per_step
         eval_every = max(10, round(steps / args.evals / 10) * 10)
-        print(f"== {preset}: {calibration.seconds_per_step:.3f} s/step, train.eval_every={eval_every}", flush=True)
-        events = train_mlmkit([*base, f"train.max_time={args.budget:g}s", "train.max_steps=1000000000",
-                               f"train.eval_every={eval_every}", "train.save_every=0", "train.export=false"],
-                              out / preset / "run", f"the {preset} run")
+        print(
+            f"== {preset}: {calibration.seconds_per_step:.3f} s/step, train.eval_every={eval_every}",
+            flush=True,
+        )
+        events = train_mlmkit(
+            [
+                *base,
+                f"train.max_time={args.budget:g}s",
+                "train.max_steps=1000000000",
+                f"train.eval_every={eval_every}",
+                "train.save_every=0",
+                "train.export=false",
+            ],
+            out / preset / "run",
+            f"the {preset} run",
+        )
     points = curve(events)
     left = next((p for p in points if p["loss"] <= plateau - args.margin), None)
-    return {"preset": preset, "lr": cfg.optim.lr, "mlm_probability": cfg.masking.mlm_probability,
-            "batch": cfg.train.batch_size, "unigram_loss": unigram, "plateau_loss": plateau, "curve": points,
-            "left_plateau_s": left["training_s"] if left else None, "left_plateau_step": left["step"] if left else None}
+    return {
+        "preset": preset,
+        "lr": cfg.optim.lr,
+        "mlm_probability": cfg.masking.mlm_probability,
+        "batch": cfg.train.batch_size,
+        "unigram_loss": unigram,
+        "plateau_loss": plateau,
+        "curve": points,
+        "left_plateau_s": left["training_s"] if left else None,
+        "left_plateau_step": left["step"] if left else None,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=300.0, help="training seconds per preset (default 300)")
+    p.add_argument(
+        "--budget", type=float, default=300.0, help="training seconds per preset (default 300)"
+    )
     p.add_argument("--preset", nargs="+", default=["bert-tiny", "bert-mini", "bert-small"])
     p.add_argument("--evals", type=int, default=12, help="evaluations in the budget, about")
-    p.add_argument("--margin", type=float, default=0.3, help="nats below the plateau that count as off it")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/bench-presets/<time>)")
-    p.add_argument("--report", action="store_true", help="the table of the runs already in --out, without training")
+    p.add_argument(
+        "--margin", type=float, default=0.3, help="nats below the plateau that count as off it"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default outputs/bench-presets/<time>)",
+    )
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="the table of the runs already in --out, without training",
+    )
     args = p.parse_args()
     if args.report and args.out is None:
         p.error("--report reads the runs of --out; name it")
@@ -131,18 +178,24 @@ def main() -> None:
     import datasets
 
     datasets.disable_progress_bars()
-    out = (args.out or ROOT / "outputs" / "bench-presets" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    out = (
+        args.out or ROOT / "outputs" / "bench-presets" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    ).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}\ncpu: {describe_cpu()}\noutput: {out}")
     t0 = time.perf_counter()
     rows = [run_preset(preset, args, out, out / "cache") for preset in args.preset]
 
     quarter = args.budget / 4
-    print(f"\n{args.budget:g} s per preset on the built-in corpus; unigram loss {rows[0]['unigram_loss']:.3f}, "
-          f"plateau (context-free) loss {rows[0]['plateau_loss']:.3f}; off the plateau: held-out loss "
-          f"{args.margin:g} nats below it\n")
-    print("| preset | lr | masking | batch | off the plateau at | final held-out loss | final accuracy | "
-          "tokens | smaller preset at equal tokens |")
+    print(
+        f"\n{args.budget:g} s per preset on the built-in corpus; unigram loss {rows[0]['unigram_loss']:.3f}, "
+        f"plateau (context-free) loss {rows[0]['plateau_loss']:.3f}; off the plateau: held-out loss "
+        f"{args.margin:g} nats below it\n"
+    )
+    print(
+        "| preset | lr | masking | batch | off the plateau at | final held-out loss | final accuracy | "
+        "tokens | smaller preset at equal tokens |"
+    )
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |")
     for i, r in enumerate(rows):
         last = r["curve"][-1]
@@ -154,14 +207,27 @@ def main() -> None:
         versus = ""
         if i:
             smaller = rows[i - 1]
-            theirs = loss_at_tokens([{"tokens": 0, "loss": math.nan}, *smaller["curve"]], last["tokens"])
+            theirs = loss_at_tokens(
+                [{"tokens": 0, "loss": math.nan}, *smaller["curve"]], last["tokens"]
+            )
             r["smaller_at_equal_tokens"] = theirs
-            verdict = ("not worse" if last["loss"] <= theirs else "worse") if math.isfinite(theirs) else "n/a"
+            verdict = (
+                ("not worse" if last["loss"] <= theirs else "worse")
+                if math.isfinite(theirs)
+                else "n/a"
+            )
             versus = f"{smaller['preset']} {theirs:.3f} ({verdict})"
-        print(f"| {r['preset']} | {r['lr']:g} | {r['mlm_probability']:.0%} | {r['batch']} | {off} | "
-              f"{last['loss']:.3f} | {last['accuracy']:.1%} | {last['tokens'] / 1e6:.2f} M | {versus} |")
-    (out / "summary.json").write_text(json.dumps({"machine": machine(), "cpu": describe_cpu(),
-                                                  "budget_s": args.budget, "presets": rows}, indent=2) + "\n")
+        print(
+            f"| {r['preset']} | {r['lr']:g} | {r['mlm_probability']:.0%} | {r['batch']} | {off} | "
+            f"{last['loss']:.3f} | {last['accuracy']:.1%} | {last['tokens'] / 1e6:.2f} M | {versus} |"
+        )
+    (out / "summary.json").write_text(
+        json.dumps(
+            {"machine": machine(), "cpu": describe_cpu(), "budget_s": args.budget, "presets": rows},
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\ntotal wall time {time.perf_counter() - t0:.0f} s; figures in {out}/summary.json")
 
 

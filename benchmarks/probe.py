@@ -25,11 +25,15 @@ def main() -> None:
     p.add_argument("--train-samples", type=int, default=10000)
     p.add_argument("--rounds", type=int, default=2, help="each precision's best of this many")
     args = p.parse_args()
-    probe = LinearProbe.from_task(TaskConfig(name="sst2", data_dir=args.data_dir, eval_file=args.eval_file),
-                                  max_train_samples=args.train_samples)
+    probe = LinearProbe.from_task(
+        TaskConfig(name="sst2", data_dir=args.data_dir, eval_file=args.eval_file),
+        max_train_samples=args.train_samples,
+    )
     model, tokenizer, _ = load_model_and_tokenizer(args.model)
-    print(f"{describe_cpu()}; {torch.get_num_threads()} threads; {len(probe.train_texts)} training and "
-          f"{len(probe.eval_texts)} dev sentences")
+    print(
+        f"{describe_cpu()}; {torch.get_num_threads()} threads; {len(probe.train_texts)} training and "
+        f"{len(probe.eval_texts)} dev sentences"
+    )
     for name, dtype in (("bf16 autocast", torch.bfloat16), ("fp32", None)):
         runs = []
         for _ in range(args.rounds):

@@ -22,24 +22,49 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ["model=bert-mini", "tokenizer.vocab_size=8192", "data.max_seq_length=128",
-         "data.max_eval_samples=32", "train.batch_size=16", "train.eval_every=0", "train.save_every=0",
-         "train.export=false", "train.progress=false", "logger=none", "train.log_every=10"]
+MODEL = [
+    "model=bert-mini",
+    "tokenizer.vocab_size=8192",
+    "data.max_seq_length=128",
+    "data.max_eval_samples=32",
+    "train.batch_size=16",
+    "train.eval_every=0",
+    "train.save_every=0",
+    "train.export=false",
+    "train.progress=false",
+    "logger=none",
+    "train.log_every=10",
+]
 
 
 def run(processes: int, steps: int, cache: Path, out: Path, gpu: bool) -> float:
     cores = os.cpu_count() or 1
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": str(max(1, cores // processes))}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(max(1, cores // processes)),
+    }
     args = [*MODEL, f"train.max_steps={steps}", f"paths.cache_dir={cache}", f"hydra.run.dir={out}"]
     if processes == 1:
         cmd = [sys.executable, str(ROOT / "train.py"), *args]
     else:
         if not gpu:
             env["ACCELERATE_USE_CPU"] = "1"
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-               str(processes), "--num_machines", "1", "--dynamo_backend", "no",
-               str(ROOT / "train.py"), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(processes),
+            "--num_machines",
+            "1",
+            "--dynamo_backend",
+            "no",
+            str(ROOT / "train.py"),
+            *args,
+        ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"run with {processes} process(es) failed:\n{proc.stderr[-3000:]}")
@@ -58,9 +83,11 @@ def main() -> None:
 
     gpu = torch.cuda.is_available()
     if gpu and torch.cuda.device_count() < args.processes:  # processes would share a GPU
-        parser.error(f"--processes {args.processes} needs as many GPUs, and this machine has "
-                     f"{torch.cuda.device_count()}; lower --processes (or run it on CPU processes "
-                     "with CUDA_VISIBLE_DEVICES=).")
+        parser.error(
+            f"--processes {args.processes} needs as many GPUs, and this machine has "
+            f"{torch.cuda.device_count()}; lower --processes (or run it on CPU processes "
+            "with CUDA_VISIBLE_DEVICES=)."
+        )
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run(1, 10, tmp / "cache", tmp / "warm", gpu)  # tokenizer and data cache

@@ -38,8 +38,15 @@ from harness import (  # noqa: E402
 from mlmkit.training.runtime import resolve_precision  # noqa: E402
 
 DOCUMENTS = [("bert-mini", 128), ("bert-mini", 512)]  # document isolation against plain packing
-GRID = [("bert-mini", 128), ("bert-mini", 256), ("bert-mini", 512),
-        ("bert-tiny", 128), ("bert-small", 128), ("bert-medium", 128), ("bert-base", 128)]
+GRID = [
+    ("bert-mini", 128),
+    ("bert-mini", 256),
+    ("bert-mini", 512),
+    ("bert-tiny", 128),
+    ("bert-small", 128),
+    ("bert-medium", 128),
+    ("bert-base", 128),
+]
 
 
 def main() -> None:
@@ -48,8 +55,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--tokens", type=int, default=4096, help="tokens per step (batch x seq)")
     p.add_argument("--quick", action="store_true", help="bert-tiny at seq 128 and 256 only")
-    p.add_argument("--documents-only", action="store_true", help="only the document-isolation table")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the document-isolation table")
+    p.add_argument(
+        "--documents-only", action="store_true", help="only the document-isolation table"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, help="alternating rounds of the document-isolation table"
+    )
     args = p.parse_args()
     quiet_logging()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,14 +85,18 @@ def main() -> None:
     rates = {k: max(rates[k], after[k]) for k in rates}
     ref = "bf16" if precision in ("bf16", "fp16") else "fp32"
 
-    print(f"\nmachine: {machine()}; mlmkit precision {precision}; {args.tokens} tokens per step; "
-          f"{ref} matmul rate measured {rates[ref] / 1e12:.2f} TFLOP/s; wall {time.perf_counter() - t0:.0f} s\n")
+    print(
+        f"\nmachine: {machine()}; mlmkit precision {precision}; {args.tokens} tokens per step; "
+        f"{ref} matmul rate measured {rates[ref] / 1e12:.2f} TFLOP/s; wall {time.perf_counter() - t0:.0f} s\n"
+    )
     if rows:
         print("| model | seq | batch | tokens/s | GFLOPs/token | model TFLOP/s | MFU |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for preset, seq, batch, tps, fpt in rows:
-        print(f"| {preset} | {seq} | {batch} | {tps:,.0f} | {fpt / 1e9:.3f} | {tps * fpt / 1e12:.3f} | "
-              f"{tps * fpt / rates[ref]:.1%} |")
+        print(
+            f"| {preset} | {seq} | {batch} | {tps:,.0f} | {fpt / 1e9:.3f} | {tps * fpt / 1e12:.3f} | "
+            f"{tps * fpt / rates[ref]:.1%} |"
+        )
     documents_table(args, [("bert-tiny", 128)] if args.quick else DOCUMENTS)
 
 
@@ -92,30 +107,45 @@ def documents_table(args, grid) -> None:
     for preset, seq in grid:
         batch = max(1, args.tokens // seq)
         plain = mlmkit_config(preset, seq, batch, args.steps, args.warmup, 30522)
-        isolated = dataclasses.replace(plain, data=dataclasses.replace(plain.data, packing="documents"))
+        isolated = dataclasses.replace(
+            plain, data=dataclasses.replace(plain.data, packing="documents")
+        )
         tokenizer, packed = tokenizer_and_data(plain)  # the same blocks for both (one cache entry)
         docs = documents_per_block(packed["train"], tokenizer.sep_token_id)
         logging.getLogger("mlmkit").setLevel(logging.WARNING)
         speed = {"concatenate": [], "documents": []}
         for _ in range(args.rounds):
             for packing, cfg in (("concatenate", plain), ("documents", isolated)):
-                speed[packing].append(run_mlmkit(f"{preset} seq {seq} {packing}", cfg, args.warmup).tokens_per_s)
+                speed[packing].append(
+                    run_mlmkit(f"{preset} seq {seq} {packing}", cfg, args.warmup).tokens_per_s
+                )
         mean = {k: sum(v) / len(v) for k, v in speed.items()}
         rows.append((preset, seq, batch, docs, mean["concatenate"], mean["documents"]))
-        print(f"  {preset} seq {seq}: concatenate {mean['concatenate']:,.0f}, documents "
-              f"{mean['documents']:,.0f} tokens/s", flush=True)
-    print(f"\ndocument isolation (data.packing=documents) against plain packing, {args.rounds} alternating "
-          "round(s) each\n")
-    print("| model | seq | batch | documents per block | concatenate tokens/s | documents tokens/s | cost |")
+        print(
+            f"  {preset} seq {seq}: concatenate {mean['concatenate']:,.0f}, documents "
+            f"{mean['documents']:,.0f} tokens/s",
+            flush=True,
+        )
+    print(
+        f"\ndocument isolation (data.packing=documents) against plain packing, {args.rounds} alternating "
+        "round(s) each\n"
+    )
+    print(
+        "| model | seq | batch | documents per block | concatenate tokens/s | documents tokens/s | cost |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for preset, seq, batch, docs, plain, isolated in rows:
-        print(f"| {preset} | {seq} | {batch} | {docs:.1f} | {plain:,.0f} | {isolated:,.0f} | "
-              f"{plain / isolated - 1:+.1%} |")
+        print(
+            f"| {preset} | {seq} | {batch} | {docs:.1f} | {plain:,.0f} | {isolated:,.0f} | "
+            f"{plain / isolated - 1:+.1%} |"
+        )
 
 
 def documents_per_block(blocks, sep_id: int, sample: int = 500) -> float:
     """Mean number of documents (or pieces of one) per block, over the first ``sample`` blocks."""
-    ids = torch.tensor(blocks.with_format(None).select(range(min(sample, len(blocks))))["input_ids"])
+    ids = torch.tensor(
+        blocks.with_format(None).select(range(min(sample, len(blocks))))["input_ids"]
+    )
     return float((ids[:, 1:-1] == sep_id).sum(1).float().mean()) + 1.0
 
 

@@ -29,7 +29,12 @@ class _Vocab:
 
     def __init__(self, size: int = 30522) -> None:
         self.size = size
-        self.pad_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id = 0, 101, 102, 103
+        self.pad_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id = (
+            0,
+            101,
+            102,
+            103,
+        )
         self.all_special_ids = [0, 100, 101, 102, 103]
 
     def __len__(self) -> int:
@@ -50,8 +55,12 @@ def main() -> None:
     args = p.parse_args()
 
     layers, hidden, heads = PRESETS[args.preset]
-    cfg = ModelConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                      intermediate_size=4 * hidden)
+    cfg = ModelConfig(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+    )
     vocab = _Vocab()
     collator = MLMCollator(vocab, seed=0)
     g = torch.Generator().manual_seed(0)
@@ -87,10 +96,14 @@ def main() -> None:
         for name, (objective, opt) in variants.items():
             rates[name].append(run(objective, opt, args.steps))
 
-    print(f"{args.preset}, vocab {vocab.size}, batch {args.batch} x seq {args.seq}, "
-          f"precision {args.precision}, {torch.get_num_threads()} threads, AdamW step included")
+    print(
+        f"{args.preset}, vocab {vocab.size}, batch {args.batch} x seq {args.seq}, "
+        f"precision {args.precision}, {torch.get_num_threads()} threads, AdamW step included"
+    )
     for name, r in rates.items():
-        print(f"  {name:<12} {statistics.median(r):>10,.0f} tokens/s  (rounds: {', '.join(f'{x:,.0f}' for x in r)})")
+        print(
+            f"  {name:<12} {statistics.median(r):>10,.0f} tokens/s  (rounds: {', '.join(f'{x:,.0f}' for x in r)})"
+        )
     ratio = statistics.median(rates["sparse head"]) / statistics.median(rates["full head"])
     print(f"  sparse / full: {ratio:.2f}x")
 

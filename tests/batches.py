@@ -14,7 +14,9 @@ SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, interme
 
 def _model(tokenizer, seed=0, attn_implementation=None, **kw):
     torch.manual_seed(seed)
-    return build_model(ModelConfig(**{**SMALL, **kw}), tokenizer, attn_implementation=attn_implementation)
+    return build_model(
+        ModelConfig(**{**SMALL, **kw}), tokenizer, attn_implementation=attn_implementation
+    )
 
 
 def _packed(tokenizer, n=8, length=32, seed=0):
@@ -50,6 +52,8 @@ def _train(objective, batches, steps=5, autocast=False, lr=1e-3, fused=False):
 
 
 def _batches(tokenizer, examples_fn, n=3, pad8=False, drop_mask=True):
-    collator = MLMCollator(tokenizer, mlm_probability=0.3, seed=0, pad_to_multiple_of=8 if pad8 else None)
+    collator = MLMCollator(
+        tokenizer, mlm_probability=0.3, seed=0, pad_to_multiple_of=8 if pad8 else None
+    )
     wrap = DropFullAttentionMask(collator) if drop_mask else collator
     return [wrap(examples_fn(tokenizer, seed=i)) for i in range(n)]

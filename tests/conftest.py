@@ -80,7 +80,9 @@ def tokenizer():
     from mlmkit.data.sources import builtin_documents
     from mlmkit.data.tokenizer import train_tokenizer
 
-    return train_tokenizer(TokenizerConfig(vocab_size=2000, max_train_chars=2_000_000), builtin_documents())
+    return train_tokenizer(
+        TokenizerConfig(vocab_size=2000, max_train_chars=2_000_000), builtin_documents()
+    )
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +90,13 @@ def trained_run(tmp_path_factory, cache_dir) -> Path:
     run = tmp_path_factory.mktemp("trained") / "run"
     # BERT's zero output bias: in 30 steps a unigram start (the default) leaves the loss
     # little room to fall, and the tests check that the loss does fall
-    run_train(run, cache_dir, "train.max_steps=30", "train.eval_every=15", "train.save_every=15",
-              "train.precision=bf16", "model.output_bias_init=zero")
+    run_train(
+        run,
+        cache_dir,
+        "train.max_steps=30",
+        "train.eval_every=15",
+        "train.save_every=15",
+        "train.precision=bf16",
+        "model.output_bias_init=zero",
+    )
     return run

@@ -18,10 +18,18 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu"}
 
 TINY = [
-    "model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
-    "model.intermediate_size=64", "tokenizer.vocab_size=1000", "tokenizer.max_train_chars=300000",
-    "data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_size=8", "train.progress=false",
-    "train.log_every=5", "optim.warmup_steps=5",
+    "model.num_hidden_layers=1",
+    "model.hidden_size=32",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+    "tokenizer.vocab_size=1000",
+    "tokenizer.max_train_chars=300000",
+    "data.max_seq_length=64",
+    "data.max_eval_samples=64",
+    "train.batch_size=8",
+    "train.progress=false",
+    "train.log_every=5",
+    "optim.warmup_steps=5",
 ]
 
 
@@ -51,11 +59,17 @@ def _command_state(cwd: Path, env: dict | None):
     import torch
 
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), list(sys.argv)
-    signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    signals = {
+        s: signal.getsignal(s)
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    }
     loggers = [logging.getLogger(), logging.getLogger("mlmkit")]
     logging_state = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
-    torch_state = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                   torch.get_float32_matmul_precision())
+    torch_state = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_float32_matmul_precision(),
+    )
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
@@ -93,8 +107,13 @@ def _reset_libraries() -> None:
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def run_cli(*args, cwd: Path = ROOT, env: dict | None = None, file_size_limit: int | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:
+def run_cli(
+    *args,
+    cwd: Path = ROOT,
+    env: dict | None = None,
+    file_size_limit: int | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess:
     """``mlmkit *args`` in this process, as a command line runs it: its exit status and what it
     wrote to stdout and stderr (an exception a process would die of is a traceback on stderr and
     status 1). ``env``: the command's whole environment (read at run time; what a library reads
@@ -125,29 +144,56 @@ def run_cli(*args, cwd: Path = ROOT, env: dict | None = None, file_size_limit: i
     return proc
 
 
-def python_popen(*args: str, cwd: Path = ROOT, env: dict | None = None,
-                 new_session: bool = False) -> subprocess.Popen:
+def python_popen(
+    *args: str, cwd: Path = ROOT, env: dict | None = None, new_session: bool = False
+) -> subprocess.Popen:
     """``python *args`` started as a real process, with text pipes."""
     env = {**os.environ, **TEST_ENV} if env is None else env
-    return subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+    return subprocess.Popen(
+        [sys.executable, *map(str, args)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
 
 
-def python_run(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
-               check: bool = False) -> subprocess.CompletedProcess:
+def python_run(
+    *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600, check: bool = False
+) -> subprocess.CompletedProcess:
     """``python *args`` to its end in a real process, as ``subprocess.run(...,
     capture_output=True, text=True)``."""
     env = {**os.environ, **TEST_ENV} if env is None else env
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=check)
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+    )
 
 
-def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = True,
-              file_size_limit: int | None = None):
+def run_train(
+    run_dir: Path,
+    cache_dir: Path,
+    *overrides: str,
+    check: bool = True,
+    file_size_limit: int | None = None,
+):
     """``mlmkit train`` (in this process) with the tiny settings; ``file_size_limit``: a file
     cannot grow past that many bytes (the write fails with EFBIG, as on a full disk)."""
-    proc = run_cli("train", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides,
-                   file_size_limit=file_size_limit)
+    proc = run_cli(
+        "train",
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+        file_size_limit=file_size_limit,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"mlmkit train failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
@@ -155,7 +201,9 @@ def run_train(run_dir: Path, cache_dir: Path, *overrides: str, check: bool = Tru
 
 def _limit_file_size(nbytes: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    resource.setrlimit(
+        resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+    )
 
 
 @contextmanager
@@ -225,8 +273,16 @@ def write_probe_task(folder: Path, n_train: int = 80, n_dev: int = 40) -> Path:
     """A sentiment task any encoder can learn from its words: a positive or a negative word
     in otherwise shared sentences (GLUE's SST-2 layout)."""
     folder.mkdir(parents=True, exist_ok=True)
-    good, bad = ["wonderful", "moving", "superb", "delightful"], ["dreadful", "tedious", "awful", "clumsy"]
-    frames = ["the film is {}", "a {} story about a family", "{} acting from the whole cast", "it was {} to watch"]
+    good, bad = (
+        ["wonderful", "moving", "superb", "delightful"],
+        ["dreadful", "tedious", "awful", "clumsy"],
+    )
+    frames = [
+        "the film is {}",
+        "a {} story about a family",
+        "{} acting from the whole cast",
+        "it was {} to watch",
+    ]
     for name, n, offset in (("train.tsv", n_train, 0), ("dev.tsv", n_dev, 1)):
         lines = ["sentence\tlabel"]
         for i in range(n):

@@ -45,7 +45,7 @@ def import_lines(path: Path, modules: set[str], src: Path = SRC) -> list[tuple[s
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             if base.split(".")[0] != "mlmkit":
                 continue
             for alias in node.names:  # `from mlmkit.data import streaming` names a module
@@ -68,7 +68,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                return path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt]
             if nxt not in state and (cycle := visit(nxt, path + [nxt])):
                 return cycle
         state[node] = 2
@@ -82,12 +82,17 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_between_modules():
     # the metric scripts under metric_modules/<name>/ are loaded by path, not imported
-    files = {module_name(p): p for p in SRC.rglob("*.py")
-             if "metric_modules" not in p.parent.parent.parts[-1:]}
+    files = {
+        module_name(p): p
+        for p in SRC.rglob("*.py")
+        if "metric_modules" not in p.parent.parent.parts[-1:]
+    }
     modules = set(files)
     # a package's __init__ importing its own modules is no cycle for them
-    graph = {m: {d for d in imports_of(p, modules) if d != m and not m.startswith(d + ".")}
-             for m, p in files.items()}
+    graph = {
+        m: {d for d in imports_of(p, modules) if d != m and not m.startswith(d + ".")}
+        for m, p in files.items()
+    }
     assert len(graph) > 30
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
@@ -98,6 +103,7 @@ def test_the_cycle_finder_finds_one():
 
 
 # ---- the subpackages' layers -----------------------------------------------------------------
+
 
 def layer_of(module: str) -> str:
     """The subpackage or top module ``module`` belongs to: mlmkit.data.loader -> mlmkit.data."""
@@ -122,9 +128,12 @@ def mutual_imports(edges: list[tuple[str, str, str]]) -> list[str]:
     where: dict[tuple[str, str], list[str]] = {}
     for a, b, at in edges:
         where.setdefault((a, b), []).append(at)
-    return [f"{a} <-> {b}: {a} imports {b} at {', '.join(where[a, b])}; "
-            f"{b} imports {a} at {', '.join(where[b, a])}"
-            for a, b in sorted(where) if a < b and (b, a) in where]
+    return [
+        f"{a} <-> {b}: {a} imports {b} at {', '.join(where[a, b])}; "
+        f"{b} imports {a} at {', '.join(where[b, a])}"
+        for a, b in sorted(where)
+        if a < b and (b, a) in where
+    ]
 
 
 def later_imports(edges: list[tuple[str, str, str]], order: list[str]) -> list[str]:
@@ -157,7 +166,7 @@ def test_the_layer_checker_rejects_a_planted_pair(tmp_path):
         "errors.py": "",
         "config/__init__.py": "",
         "config/schema.py": "from mlmkit.errors import ConfigError\n\n\n"
-                            "def metrics():\n    from mlmkit.evaluation.names import METRICS\n",
+        "def metrics():\n    from mlmkit.evaluation.names import METRICS\n",
         "evaluation/__init__.py": "",
         "evaluation/names.py": "from ..config import schema\n",
     }.items():
@@ -165,14 +174,18 @@ def test_the_layer_checker_rejects_a_planted_pair(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     edges = layer_imports(tmp_path)
-    assert sorted(edges) == [("mlmkit.config", "mlmkit.errors", "mlmkit/config/schema.py:1"),
-                             ("mlmkit.config", "mlmkit.evaluation", "mlmkit/config/schema.py:5"),
-                             ("mlmkit.evaluation", "mlmkit.config", "mlmkit/evaluation/names.py:1")]
+    assert sorted(edges) == [
+        ("mlmkit.config", "mlmkit.errors", "mlmkit/config/schema.py:1"),
+        ("mlmkit.config", "mlmkit.evaluation", "mlmkit/config/schema.py:5"),
+        ("mlmkit.evaluation", "mlmkit.config", "mlmkit/evaluation/names.py:1"),
+    ]
     assert mutual_imports(edges) == [
         "mlmkit.config <-> mlmkit.evaluation: mlmkit.config imports mlmkit.evaluation at "
-        "mlmkit/config/schema.py:5; mlmkit.evaluation imports mlmkit.config at mlmkit/evaluation/names.py:1"]
+        "mlmkit/config/schema.py:5; mlmkit.evaluation imports mlmkit.config at mlmkit/evaluation/names.py:1"
+    ]
     assert later_imports(edges, LAYERS) == [
-        "mlmkit.config imports the later mlmkit.evaluation at mlmkit/config/schema.py:5"]
+        "mlmkit.config imports the later mlmkit.evaluation at mlmkit/config/schema.py:5"
+    ]
     assert later_imports([("mlmkit.evaluation", "mlmkit.config", "x.py:1")], LAYERS) == []
 
 
@@ -192,10 +205,16 @@ def optional_packages_probed() -> set[str]:
     import re
 
     found = set()
-    for name in ("transformers.utils.import_utils", "accelerate.utils.imports", "datasets.config",
-                 "huggingface_hub.utils._runtime"):
+    for name in (
+        "transformers.utils.import_utils",
+        "accelerate.utils.imports",
+        "datasets.config",
+        "huggingface_hub.utils._runtime",
+    ):
         source = inspect.getsource(importlib.import_module(name))
-        found |= set(re.findall(r"""(?:_is_package_available|find_spec)\(\s*["']([\w.-]+)["']""", source))
+        found |= set(
+            re.findall(r"""(?:_is_package_available|find_spec)\(\s*["']([\w.-]+)["']""", source)
+        )
     return {n.split(".")[0] for n in found if n and not n.startswith(".")}
 
 
@@ -204,8 +223,12 @@ def test_no_script_folder_module_takes_the_name_of_a_package():
     import sys
 
     folders = {str((ROOT / d).resolve()) for d in SCRIPT_DIRS}
-    elsewhere = [p for p in sys.path if p not in ("", ".") and str(Path(p).resolve()) not in folders]
-    taken = optional_packages_probed() | set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    elsewhere = [
+        p for p in sys.path if p not in ("", ".") and str(Path(p).resolve()) not in folders
+    ]
+    taken = (
+        optional_packages_probed() | set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    )
     clashes = []
     for folder in SCRIPT_DIRS:
         for path in sorted((ROOT / folder).glob("*.py")):

@@ -16,7 +16,9 @@ from mlmkit.config import Config, FinetuneConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SETTING = re.compile(r"(?<![\w./-])((?:train|data|model|optim|masking|tokenizer|paths|logger|task)\.[a-z_][a-z_0-9.]*)")
+SETTING = re.compile(
+    r"(?<![\w./-])((?:train|data|model|optim|masking|tokenizer|paths|logger|task)\.[a-z_][a-z_0-9.]*)"
+)
 MODULE = re.compile(r"(?<![\w/.-])(?:src/)?(mlmkit(?:[./][a-z_0-9]+)+)")
 
 
@@ -47,7 +49,9 @@ def test_every_setting_named_is_in_the_schema(doc):
     for code in _code(doc.read_text()):
         for setting in SETTING.findall(code):
             setting = setting.rstrip(".")
-            if setting.endswith((".py", ".yaml", ".json", ".txt", ".tsv", ".csv", ".jsonl", ".log", ".safetensors")):
+            if setting.endswith(
+                (".py", ".yaml", ".json", ".txt", ".tsv", ".csv", ".jsonl", ".log", ".safetensors")
+            ):
                 continue  # a file (train.py, model.safetensors)
             parts = setting.split(".")
             schema = FinetuneConfig if parts[0] == "task" else Config
@@ -86,8 +90,11 @@ def _exists(name: str) -> bool:
 def test_every_command_and_make_target_in_the_readme_exists():
     readme = (ROOT / "README.md").read_text()
     targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), flags=re.M))
-    code = "\n".join(line for line in "\n".join(_code(readme)).splitlines()
-                     if not line.lstrip().startswith(("from ", "import ")))
+    code = "\n".join(
+        line
+        for line in "\n".join(_code(readme)).splitlines()
+        if not line.lstrip().startswith(("from ", "import "))
+    )
     commands = set(re.findall(r"(?<![\w-])mlmkit ([a-z][\w-]*)", code)) - {"train.py"}
     makes = set(re.findall(r"(?<![\w-])make ([a-z][\w-]*)", code))
     assert commands and commands <= set(COMMANDS), sorted(commands - set(COMMANDS))
@@ -96,10 +103,12 @@ def test_every_command_and_make_target_in_the_readme_exists():
 
 def test_the_design_layout_lists_every_module():
     design = (ROOT / "docs" / "design.md").read_text()
-    layout = design[design.index("src/mlmkit/\n"):]
-    layout = layout[:layout.index("```")]
+    layout = design[design.index("src/mlmkit/\n") :]
+    layout = layout[: layout.index("```")]
     package = ROOT / "src" / "mlmkit"
-    for sub in sorted(p for p in package.iterdir() if (p / "__init__.py").is_file() and p.name != "conf"):
+    for sub in sorted(
+        p for p in package.iterdir() if (p / "__init__.py").is_file() and p.name != "conf"
+    ):
         line = re.search(rf"^  {sub.name}/(.*?)(?=^  \S|\Z)", layout, flags=re.M | re.S)
         assert line, f"docs/design.md's layout lacks {sub.name}/"
         named = set(re.findall(r"([a-z_]+)\.py", line.group(1)))
@@ -107,16 +116,22 @@ def test_the_design_layout_lists_every_module():
         if sub.name == "cli":  # "one module per subcommand": the others are named
             commands = {module.rsplit(".", 1)[1] for module, _, _ in COMMANDS.values()}
             modules, named = modules - commands, named - commands
-        assert modules <= named | {"__main__"}, f"{sub.name}/: not in the layout: {sorted(modules - named)}"
-        assert named <= modules, f"{sub.name}/: the layout names modules that are gone: {sorted(named - modules)}"
+        assert modules <= named | {"__main__"}, (
+            f"{sub.name}/: not in the layout: {sorted(modules - named)}"
+        )
+        assert named <= modules, (
+            f"{sub.name}/: the layout names modules that are gone: {sorted(named - modules)}"
+        )
 
 
 def test_the_reference_names_every_command_group_and_preset():
     reference = (ROOT / "docs" / "reference.md").read_text()
-    table = reference[reference.index("## Commands"):reference.index("## Install")]
+    table = reference[reference.index("## Commands") : reference.index("## Install")]
     listed = set(re.findall(r"^\| `([a-z][\w-]*)` \|", table, flags=re.M))
     assert listed == set(COMMANDS), sorted(set(COMMANDS) ^ listed)
-    for group in sorted(p for p in (ROOT / "conf").iterdir() if p.is_dir() and not p.name.startswith("_")):
+    for group in sorted(
+        p for p in (ROOT / "conf").iterdir() if p.is_dir() and not p.name.startswith("_")
+    ):
         assert f"**`{group.name}/`**" in reference, group.name
         for preset in sorted(group.glob("*.yaml")):
             assert f"`{preset.stem}`" in reference, f"{group.name}/{preset.name}"
@@ -125,5 +140,10 @@ def test_the_reference_names_every_command_group_and_preset():
 @pytest.mark.parametrize("doc", ["README.md", "docs/reference.md"])
 def test_no_table_cell_runs_past_200_characters(doc):
     rows = [line for line in (ROOT / doc).read_text().splitlines() if line.startswith("|")]
-    long = [cell.strip()[:60] for row in rows for cell in row.strip("|").split(" | ") if len(cell.strip()) > 200]
+    long = [
+        cell.strip()[:60]
+        for row in rows
+        for cell in row.strip("|").split(" | ")
+        if len(cell.strip()) > 200
+    ]
     assert rows and not long, long

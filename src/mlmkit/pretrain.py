@@ -45,6 +45,7 @@ log = logging.getLogger("mlmkit")
 
 # ---- the command ---------------------------------------------------------------------------------
 
+
 def main() -> None:
     """Run ``mlmkit train`` with the overrides of ``sys.argv``."""
     exit_on_error(partial(check_run_dir_override, sys.argv[1:]))
@@ -58,7 +59,9 @@ def command(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
-    exit_on_error(partial(train_composed, cfg, list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir))
+    exit_on_error(
+        partial(train_composed, cfg, list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir)
+    )
 
 
 def train_composed(cfg: DictConfig, overrides: list[str], run_dir: str) -> None:
@@ -76,14 +79,21 @@ def check_run_dir_override(argv: list[str]) -> None:
             try:
                 os.makedirs(path, exist_ok=True)
             except OSError as exc:
-                raise ConfigError(f"Cannot create the run dir {path!r} ({exc.strerror}); set "
-                                  "hydra.run.dir to a writable folder.") from None
+                raise ConfigError(
+                    f"Cannot create the run dir {path!r} ({exc.strerror}); set "
+                    "hydra.run.dir to a writable folder."
+                ) from None
 
 
 # ---- the run -------------------------------------------------------------------------------------
 
-def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = (),
-          on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
+
+def train(
+    cfg: Config,
+    run_dir: str | os.PathLike,
+    notes: Sequence[str] = (),
+    on_open: Callable[[Path], None] | None = None,
+) -> dict[str, Any]:
     """Pretrain a masked language model as ``cfg`` says, writing everything to ``run_dir``
     (``notes``: lines for the run's log, such as the recipe composition took; ``on_open``:
     called with the run dir once every check has passed, before the run writes there).
@@ -95,7 +105,9 @@ def train(cfg: Config, run_dir: str | os.PathLike, notes: Sequence[str] = (),
         notes = (*notes, probe.describe(cfg.probe.every))
     started = time.monotonic()
     try:
-        trainer = Trainer(cfg, Path(run_dir), notes, probe, on_phase_end=export_phase, on_open=on_open)
+        trainer = Trainer(
+            cfg, Path(run_dir), notes, probe, on_phase_end=export_phase, on_open=on_open
+        )
         trainer.resume()
         first_step = trainer.state.step
         last_eval = fit(trainer)
@@ -139,6 +151,7 @@ def fit(trainer: Trainer) -> dict[str, Any]:
 
 # ---- the export ----------------------------------------------------------------------------------
 
+
 def export_run(trainer: Trainer, last_eval: dict[str, Any]) -> None:
     """Write ``final/`` (the full weights: every rank takes part, as FSDP and ZeRO-3 gather
     them; the main process writes) and, for a phased run, its last phase's ``phases/<name>/``;
@@ -147,8 +160,14 @@ def export_run(trainer: Trainer, last_eval: dict[str, Any]) -> None:
     if final_state is not None:
         plain, weights, summary = final_state
         weights = without_tied_copies(plain, weights)
-        final = export_final(plain, trainer.tokenizer, trainer.run_dir / "final", config=asdict(trainer.run_cfg),
-                             summary=summary, state_dict=weights)
+        final = export_final(
+            plain,
+            trainer.tokenizer,
+            trainer.run_dir / "final",
+            config=asdict(trainer.run_cfg),
+            summary=summary,
+            state_dict=weights,
+        )
         log.info("Exported %s", final)
         if trainer.plan is not None:
             write_phase(trainer, trainer.plan.name, plain, weights, summary)
@@ -164,11 +183,19 @@ def export_phase(trainer: Trainer, name: str, last_eval: dict[str, Any]) -> None
         write_phase(trainer, name, plain, without_tied_copies(plain, weights), summary)
 
 
-def write_phase(trainer: Trainer, name: str, plain, weights: dict[str, Any], summary: dict[str, Any]) -> None:
+def write_phase(
+    trainer: Trainer, name: str, plain, weights: dict[str, Any], summary: dict[str, Any]
+) -> None:
     phase = next(p for p in trainer.plan.phases if p.name == name)
     config = {**asdict(trainer.cfg), "phase": asdict(phase)}
-    path = export_final(plain, trainer.tokenizer, trainer.run_dir / "phases" / name, config=config,
-                        summary=summary, state_dict=weights)
+    path = export_final(
+        plain,
+        trainer.tokenizer,
+        trainer.run_dir / "phases" / name,
+        config=config,
+        summary=summary,
+        state_dict=weights,
+    )
     log.info("Exported phase %s to %s", name, path)
 
 
@@ -177,11 +204,24 @@ def summarize(trainer: Trainer, last_eval: dict[str, Any], steps: int, seconds: 
     state, run = trainer.state, trainer.run_dir
     figures = ""
     if "eval_loss" in last_eval:
-        figures = (f": eval loss {last_eval['eval_loss']:.4f}, accuracy {last_eval['eval_accuracy']:.4f} "
-                   f"(the baseline {trainer.baseline['baseline_accuracy']:.4f})")
-    log.info("Done: %d steps in this run, %d in all (%s tokens) in %s%s.", steps, state.step,
-             f"{state.tokens_seen:,}", duration(seconds), figures)
+        figures = (
+            f": eval loss {last_eval['eval_loss']:.4f}, accuracy {last_eval['eval_accuracy']:.4f} "
+            f"(the baseline {trainer.baseline['baseline_accuracy']:.4f})"
+        )
+    log.info(
+        "Done: %d steps in this run, %d in all (%s tokens) in %s%s.",
+        steps,
+        state.step,
+        f"{state.tokens_seen:,}",
+        duration(seconds),
+        figures,
+    )
     final = run / "final"
     if (final / "config.json").is_file():
-        log.info("The model: %s (transformers' AutoModelForMaskedLM or pipeline('fill-mask'), or "
-                 "SentenceTransformer); the log: %s; the curves: mlmkit plot %s", final, run / "train.log", run)
+        log.info(
+            "The model: %s (transformers' AutoModelForMaskedLM or pipeline('fill-mask'), or "
+            "SentenceTransformer); the log: %s; the curves: mlmkit plot %s",
+            final,
+            run / "train.log",
+            run,
+        )

@@ -6,23 +6,39 @@ from __future__ import annotations
 
 from mlmkit.cli.launch import Relay, unexplained_ending
 
-RANK = ["[10:00:01] Run dir out/run | 1 process(es) on cpu | precision no\n",
-        "[10:00:05] Saved checkpoint out/run/checkpoints/step_0000012\n"]
+RANK = [
+    "[10:00:01] Run dir out/run | 1 process(es) on cpu | precision no\n",
+    "[10:00:05] Saved checkpoint out/run/checkpoints/step_0000012\n",
+]
 ONE_PROCESS_FAILURE = [  # accelerate's one-process launcher: the rank's stderr re-printed, chained
-    "RuntimeError: " + RANK[0], RANK[1], "\n",
-    "The above exception was the direct cause of the following exception:\n", "\n",
+    "RuntimeError: " + RANK[0],
+    RANK[1],
+    "\n",
+    "The above exception was the direct cause of the following exception:\n",
+    "\n",
     "Traceback (most recent call last):\n",
     '  File "accelerate/commands/launch.py", line 1049, in _run_subprocess\n',
-    "subprocess.CalledProcessError: Command '['python', '-m', 'mlmkit', 'train']' {}.\n"]
+    "subprocess.CalledProcessError: Command '['python', '-m', 'mlmkit', 'train']' {}.\n",
+]
 TORCHRUN_FAILURE = [
     "W1204 00:08:11.632000 22386 torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
     "process 22392 closing signal SIGTERM\n",
-    "Traceback (most recent call last):\n", '  File "torch/distributed/launcher/api.py", line 383\n',
-    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n", "=" * 60 + "\n",
-    "mlmkit FAILED\n", "Failures:\n", "[1]:\n", "  rank      : 1 (local_rank: 1)\n",
-    "  exitcode  : 3 (pid: 22392)\n", "Root Cause (first observed failure):\n", "[0]:\n",
-    "  host      : localhost\n", "  rank      : 0 (local_rank: 0)\n",
-    "  exitcode  : -9 (pid: 22391)  (SIGKILL)\n", "=" * 60 + "\n"]
+    "Traceback (most recent call last):\n",
+    '  File "torch/distributed/launcher/api.py", line 383\n',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+    "=" * 60 + "\n",
+    "mlmkit FAILED\n",
+    "Failures:\n",
+    "[1]:\n",
+    "  rank      : 1 (local_rank: 1)\n",
+    "  exitcode  : 3 (pid: 22392)\n",
+    "Root Cause (first observed failure):\n",
+    "[0]:\n",
+    "  host      : localhost\n",
+    "  rank      : 0 (local_rank: 0)\n",
+    "  exitcode  : -9 (pid: 22391)  (SIGKILL)\n",
+    "=" * 60 + "\n",
+]
 
 
 def relayed(lines: list[str], capsys) -> tuple[Relay, str]:
@@ -56,20 +72,28 @@ def test_a_killed_rank_is_one_sentence_and_the_status_of_a_kill(capsys):
 
 
 def test_a_crash_keeps_the_ranks_own_traceback_and_drops_the_launchers(capsys):
-    crash = ["Traceback (most recent call last):\n", '  File "mlmkit/training/step.py", line 9\n',
-             "ZeroDivisionError: division by zero\n"]
+    crash = [
+        "Traceback (most recent call last):\n",
+        '  File "mlmkit/training/step.py", line 9\n',
+        "ZeroDivisionError: division by zero\n",
+    ]
     lines = [*RANK, *crash, *ONE_PROCESS_FAILURE]
     lines[-1] = lines[-1].format("returned non-zero exit status 1")
     relay, err = relayed(lines, capsys)
     assert err == "".join(RANK)  # the traceback is held until the launch ends
     assert relay.ranks_lines() == crash and relay.launcher_lines() == lines[5:]
     assert unexplained_ending(relay.launcher_lines(), 1, "train") == (
-        "Rank 0 crashed with exit status 1; its traceback is above.", 1)
+        "Rank 0 crashed with exit status 1; its traceback is above.",
+        1,
+    )
 
 
 def test_the_re_print_of_a_rank_that_wrote_nothing_is_held(capsys):
     """A mistake every rank tells the launcher (not stderr): accelerate re-prints an empty stderr."""
-    lines = ["The following values were not passed to `accelerate launch`\n", *ONE_PROCESS_FAILURE[3:]]
+    lines = [
+        "The following values were not passed to `accelerate launch`\n",
+        *ONE_PROCESS_FAILURE[3:],
+    ]
     lines.insert(1, "RuntimeError\n")
     lines[-1] = lines[-1].format("returned non-zero exit status 2")
     relay, err = relayed(lines, capsys)
@@ -88,14 +112,23 @@ def test_the_ending_of_each_launcher_of_a_job(capsys):
     launcher whose ranks only stopped because a process elsewhere ended leaves it to that one's."""
     from mlmkit.cli.launch import ending, machine_rank
 
-    stopped = "Stopped by SIGUSR1 at step 12 after saving a checkpoint; continue with train.resume=auto."
+    stopped = (
+        "Stopped by SIGUSR1 at step 12 after saving a checkpoint; continue with train.resume=auto."
+    )
     assert ending({}, Relay(), 0, "train") == 0 and capsys.readouterr().err == ""
     assert ending({0: {"status": 75, "line": stopped}}, Relay(), 1, "train") == 75
     assert capsys.readouterr().err == stopped + "\n"
-    assert ending({1: {"status": 75, "line": stopped}}, Relay(), 1, "train", main_machine=False) == 75
+    assert (
+        ending({1: {"status": 75, "line": stopped}}, Relay(), 1, "train", main_machine=False) == 75
+    )
     assert capsys.readouterr().err == ""
-    relay, _ = relayed(TORCHRUN_FAILURE[:-5] + ["  rank      : 1 (local_rank: 0)\n", "  exitcode  : 3 (pid: 7)\n"],
-                       capsys)
+    relay, _ = relayed(
+        TORCHRUN_FAILURE[:-5] + ["  rank      : 1 (local_rank: 0)\n", "  exitcode  : 3 (pid: 7)\n"],
+        capsys,
+    )
     assert ending({1: {"status": 3, "line": None}}, relay, 1, "train", main_machine=False) == 3
     assert capsys.readouterr().err == ""
-    assert [machine_rank(o) for o in (["--machine_rank", "1"], ["--machine_rank=2"], ["--num_processes", "2"])] == [1, 2, 0]
+    assert [
+        machine_rank(o)
+        for o in (["--machine_rank", "1"], ["--machine_rank=2"], ["--num_processes", "2"])
+    ] == [1, 2, 0]

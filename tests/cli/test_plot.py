@@ -35,14 +35,27 @@ def test_plot_marks_where_each_phase_of_a_phased_run_begins(tmp_path, monkeypatc
 
     run = tmp_path / "run"
     run.mkdir()
-    lines = [{"event": "phase", "step": 0, "phase": "short"}, {"event": "baseline", "step": 0, "phase": "short"}]
-    lines += [{"event": "train", "step": s, "loss": 5.0 - s / 10, "lr": 1e-3, "tokens_per_s": 100.0,
-               "phase": "short" if s <= 10 else "long"} for s in range(1, 21)]
+    lines = [
+        {"event": "phase", "step": 0, "phase": "short"},
+        {"event": "baseline", "step": 0, "phase": "short"},
+    ]
+    lines += [
+        {
+            "event": "train",
+            "step": s,
+            "loss": 5.0 - s / 10,
+            "lr": 1e-3,
+            "tokens_per_s": 100.0,
+            "phase": "short" if s <= 10 else "long",
+        }
+        for s in range(1, 21)
+    ]
     lines.insert(12, {"event": "phase", "step": 10, "phase": "long"})
     (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     drawn, named = [], []
     monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda ax, x, **kw: drawn.append(x))
-    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda ax, text, *a, **kw: named.append(text))
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "annotate", lambda ax, text, *a, **kw: named.append(text)
+    )
     plot_runs([run], tmp_path / "curves.png")
     assert drawn == [10] * 4 and named == ["long"]  # one line per panel; the later phase named once
-

@@ -33,4 +33,3 @@ def test_plot_and_sweep_refuse_folders_without_runs(tmp_path, capsys):
     assert main(["sweep", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("Error:") == 2 and "metrics.jsonl" in err
-

@@ -35,13 +35,19 @@ def test_accelerate_loads_the_config(name):
         # one unit per encoder layer: the class the objective names (BERT's or ModernBERT's)
         assert f["fsdp_version"] == 2 and "fsdp_transformer_layer_cls_to_wrap" not in f
         assert f["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
-        assert f["fsdp_state_dict_type"] == "SHARDED_STATE_DICT" and f["fsdp_reshard_after_forward"] is True
+        assert (
+            f["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+            and f["fsdp_reshard_after_forward"] is True
+        )
         import importlib
 
         from mlmkit.model.architectures import ARCHITECTURES
 
         for name, arch in ARCHITECTURES.items():  # the class named must exist
-            assert hasattr(importlib.import_module(f"transformers.models.{name}.modeling_{name}"), arch.layer_class)
+            assert hasattr(
+                importlib.import_module(f"transformers.models.{name}.modeling_{name}"),
+                arch.layer_class,
+            )
     if name.startswith("deepspeed"):
         assert cfg.deepspeed_config["zero_stage"] == int(name[-1])
         assert cfg.deepspeed_config["gradient_accumulation_steps"] == 1

@@ -10,7 +10,11 @@ from runs import run_cli
 
 
 def _groups(help_text: str) -> dict[str, list[str]]:
-    section = help_text.split("Config groups", 1)[1].split("\nSettings", 1)[0] if "Config groups" in help_text else ""
+    section = (
+        help_text.split("Config groups", 1)[1].split("\nSettings", 1)[0]
+        if "Config groups" in help_text
+        else ""
+    )
     section = re.sub(r"\n\s{6}", " ", section)  # a wrapped line
     return {m[1]: m[2].split(" | ") for m in re.finditer(r"^  ([\w.]+): (.+)$", section, re.M)}
 
@@ -20,14 +24,17 @@ def _settings(help_text: str) -> dict[str, str]:
     return {m[1]: m[2] for m in re.finditer(r"^  ([\w.]+)=(.*)$", section, re.M)}
 
 
-@pytest.mark.parametrize("command, groups", [
-    ("train", {"data", "logger", "masking", "model", "optim", "recipe", "train", "probe.task"}),
-    ("eval", {"data", "masking"}),
-    ("finetune", {"task"}),
-    ("eval-sts", {"task"}),
-    ("glue", set()),  # its tasks are a list, not a group
-    ("eval-retrieval", set()),
-])
+@pytest.mark.parametrize(
+    "command, groups",
+    [
+        ("train", {"data", "logger", "masking", "model", "optim", "recipe", "train", "probe.task"}),
+        ("eval", {"data", "masking"}),
+        ("finetune", {"task"}),
+        ("eval-sts", {"task"}),
+        ("glue", set()),  # its tasks are a list, not a group
+        ("eval-retrieval", set()),
+    ],
+)
 def test_help_lists_the_commands_groups_and_every_setting_with_its_meaning(command, groups):
     import dataclasses
 
@@ -39,12 +46,20 @@ def test_help_lists_the_commands_groups_and_every_setting_with_its_meaning(comma
     listed, settings = _groups(proc.stdout), _settings(proc.stdout)
     assert set(listed) == groups, proc.stdout[:2000]
     assert all(len(line) <= 100 for line in proc.stdout.splitlines())
-    for field in dataclasses.fields(command_schema(HYDRA_CONFIGS[command])):  # each setting, or its parts
-        assert field.name in settings or any(key.startswith(f"{field.name}.") for key in settings), field.name
-    if command == "train":  # an option of each listed group, all at once, is an override that composes
+    for field in dataclasses.fields(
+        command_schema(HYDRA_CONFIGS[command])
+    ):  # each setting, or its parts
+        assert field.name in settings or any(
+            key.startswith(f"{field.name}.") for key in settings
+        ), field.name
+    if (
+        command == "train"
+    ):  # an option of each listed group, all at once, is an override that composes
         assert settings["model.hidden_size"] == "128" and settings["train.max_time"] == "null"
         assert "width of the residual stream" in proc.stdout
-        overrides = [f"{group}={options[-1]}" for group, options in listed.items() if group != "probe.task"]
+        overrides = [
+            f"{group}={options[-1]}" for group, options in listed.items() if group != "probe.task"
+        ]
         composed = run_cli(command, *overrides, "--cfg", "job")
         assert composed.returncode == 0, composed.stderr[-2000:]
 
@@ -56,5 +71,7 @@ def test_a_fields_comment_is_its_meaning_in_the_help():
     model, train = field_notes(ModelConfig), field_notes(TrainConfig)
     assert model["hidden_size"] == "width of the residual stream"
     assert model["hidden_dropout_prob"].startswith("Dropout after attention/FFN")  # a comment above
-    assert model["attention_probs_dropout_prob"] == "see hidden_dropout_prob above"  # one comment, two fields
+    assert (
+        model["attention_probs_dropout_prob"] == "see hidden_dropout_prob above"
+    )  # one comment, two fields
     assert train["max_time"].startswith("training wall-clock time")

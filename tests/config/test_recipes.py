@@ -16,8 +16,13 @@ def bert_dir(tmp_path_factory):
     from transformers import BertConfig, BertForMaskedLM
 
     path = tmp_path_factory.mktemp("bert") / "my-bert"
-    config = BertConfig(vocab_size=100, hidden_size=128, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=256)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=256,
+    )
     BertForMaskedLM(config).save_pretrained(path, safe_serialization=True)
     return path
 
@@ -25,7 +30,9 @@ def bert_dir(tmp_path_factory):
 def test_init_from_takes_the_continued_pretraining_recipe(bert_dir):
     quick = compose([])
     cfg = compose([f"model.init_from={bert_dir}"])
-    assert quick.optim.lr == pytest.approx(3e-3) and quick.masking.mlm_probability == pytest.approx(0.40)
+    assert quick.optim.lr == pytest.approx(3e-3) and quick.masking.mlm_probability == pytest.approx(
+        0.40
+    )
     # 1e-4 at batch 256 and width 768, scaled to batch 32 and width 128
     assert cfg.optim.lr == pytest.approx(1e-4 * math.sqrt(32 / 256) * 768 / 128, rel=1e-2)
     assert cfg.optim.warmup_fraction == pytest.approx(0.06)
@@ -34,12 +41,22 @@ def test_init_from_takes_the_continued_pretraining_recipe(bert_dir):
 
 
 def test_what_the_command_line_sets_wins_over_the_recipe(bert_dir):
-    cfg = compose([f"model.init_from={bert_dir}", "optim.lr=5e-5", "optim.warmup_steps=50", "masking=mask40",
-                   "model.name=mine", "train.batch_size=64"])
+    cfg = compose(
+        [
+            f"model.init_from={bert_dir}",
+            "optim.lr=5e-5",
+            "optim.warmup_steps=50",
+            "masking=mask40",
+            "model.name=mine",
+            "train.batch_size=64",
+        ]
+    )
     assert cfg.optim.lr == pytest.approx(5e-5) and cfg.optim.warmup_steps == 50
     assert cfg.optim.warmup_fraction is None
     assert cfg.masking.mlm_probability == pytest.approx(0.40) and cfg.model.name == "mine"
-    cfg = compose([f"model.init_from={bert_dir}", "masking.mlm_probability=0.3", "train.batch_size=64"])
+    cfg = compose(
+        [f"model.init_from={bert_dir}", "masking.mlm_probability=0.3", "train.batch_size=64"]
+    )
     assert cfg.masking.mlm_probability == pytest.approx(0.3)
     assert cfg.optim.lr == pytest.approx(continued_lr(128, 64), rel=1e-2)  # the batch the run takes
 
@@ -52,4 +69,8 @@ def test_the_rate_shrinks_with_width_and_grows_with_the_batch():
 
 def test_given_keys_reads_hydra_overrides():
     assert given_keys(["optim.lr=1", "+masking.x=2", "~model.name", "masking=bert"]) == {
-        "optim.lr", "masking.x", "model.name", "masking"}
+        "optim.lr",
+        "masking.x",
+        "model.name",
+        "masking",
+    }

@@ -12,7 +12,15 @@ from mlmkit.errors import ConfigError
 
 CONF = ROOT / "conf"
 OTHER_GROUPS = {"accelerate", "task"}  # groups of other configs than the training one
-OTHER_PRIMARY = ("evaluate", "finetune", "eval_sts", "glue", "eval_retrieval", "eval_pairs", "embed")  # conf/<name>.yaml besides config.yaml, each tested below
+OTHER_PRIMARY = (
+    "evaluate",
+    "finetune",
+    "eval_sts",
+    "glue",
+    "eval_retrieval",
+    "eval_pairs",
+    "embed",
+)  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
 
@@ -34,7 +42,9 @@ def test_the_schemas_are_stored_once_per_process():
     first = repo["mlmkit_schema.yaml"]
     register_configs()
     assert repo["mlmkit_schema.yaml"] is first  # not stored again
-    ConfigStore.instance().store(name="mlmkit_schema", node=EvalConfig)  # another schema under the name
+    ConfigStore.instance().store(
+        name="mlmkit_schema", node=EvalConfig
+    )  # another schema under the name
     register_configs()
     assert OmegaConf.get_type(repo["mlmkit_schema.yaml"].node) is Config
 
@@ -69,8 +79,10 @@ def test_evaluate_config_composes_and_validates():
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="evaluate", overrides=["checkpoint=x", "data=files",
-                                                        "data.train_files=[a.txt]"])
+        cfg = compose(
+            config_name="evaluate",
+            overrides=["checkpoint=x", "data=files", "data.train_files=[a.txt]"],
+        )
     ev = to_config(cfg, EvalConfig)
     assert ev.checkpoint == "x" and ev.data.train_files == ["a.txt"]
     assert ev.masking.eval_seed == Config().masking.eval_seed  # the masks training evaluates with
@@ -85,22 +97,34 @@ def test_glue_config_composes_and_validates():
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="glue", overrides=["checkpoint=x", "protocol=modern", "seeds=[0,1]"])
+        cfg = compose(
+            config_name="glue", overrides=["checkpoint=x", "protocol=modern", "seeds=[0,1]"]
+        )
     glue = to_config(cfg, GlueConfig)
     assert glue.tasks == ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"]
     assert glue.protocol == "modern" and glue.seeds == [0, 1] and glue.lrs is None
-    for bad, message in ((["protocol=roberta"], "protocol must be one of bert, modern"),
-                         (["lrs=[]"], "lrs must list positive"), ([], "checkpoint=")):
+    for bad, message in (
+        (["protocol=roberta"], "protocol must be one of bert, modern"),
+        (["lrs=[]"], "lrs must list positive"),
+        ([], "checkpoint="),
+    ):
         with pytest.raises(ConfigError, match=message):
             with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
                 overrides = bad if bad == [] else ["checkpoint=x", *bad]
                 to_config(compose(config_name="glue", overrides=overrides), GlueConfig)
 
 
-@pytest.mark.parametrize("name,layers,hidden,heads", [
-    ("bert-tiny", 2, 128, 2), ("bert-mini", 4, 256, 4), ("bert-small", 4, 512, 8),
-    ("bert-medium", 8, 512, 8), ("bert-base", 12, 768, 12), ("bert-large", 24, 1024, 16),
-])
+@pytest.mark.parametrize(
+    "name,layers,hidden,heads",
+    [
+        ("bert-tiny", 2, 128, 2),
+        ("bert-mini", 4, 256, 4),
+        ("bert-small", 4, 512, 8),
+        ("bert-medium", 8, 512, 8),
+        ("bert-base", 12, 768, 12),
+        ("bert-large", 24, 1024, 16),
+    ],
+)
 def test_model_presets(name, layers, hidden, heads):
     m = to_config(_compose([f"model={name}"])).model
     assert (m.num_hidden_layers, m.hidden_size, m.num_attention_heads) == (layers, hidden, heads)
@@ -124,22 +148,28 @@ def test_wrong_type_is_refused_by_name():
     assert "max_steps" in str(info.value)
 
 
-@pytest.mark.parametrize("override,key", [
-    ("masking.mlm_probability=1.5", "masking.mlm_probability"),
-    ("masking.mlm_probability=0", "masking.mlm_probability"),
-    ("masking.random_replace_prob=0.5", "masking.mask_replace_prob + masking.random_replace_prob"),
-    ("train.batch_size=0", "train.batch_size"),
-    ("train.precision=fp8", "train.precision"),
-    ("model.num_attention_heads=3", "model.num_attention_heads"),
-    ("data.max_seq_length=1024", "data.max_seq_length"),
-    ("optim.schedule=step", "optim.schedule"),
-    ("model.output_bias_init=prior", "model.output_bias_init"),
-    ("model.attention_init=global", "model.attention_init"),
-    ("model.position_init=normal", "model.attention_init=normal"),
-    ("tokenizer.extend_vocab=100", "set model.init_from, or tokenizer.extend_vocab=0"),
-    ("tokenizer.extend_vocab=-1", "tokenizer.extend_vocab must be 0 or more"),
-    ("masking.max_word_tokens=0", "masking.max_word_tokens"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("masking.mlm_probability=1.5", "masking.mlm_probability"),
+        ("masking.mlm_probability=0", "masking.mlm_probability"),
+        (
+            "masking.random_replace_prob=0.5",
+            "masking.mask_replace_prob + masking.random_replace_prob",
+        ),
+        ("train.batch_size=0", "train.batch_size"),
+        ("train.precision=fp8", "train.precision"),
+        ("model.num_attention_heads=3", "model.num_attention_heads"),
+        ("data.max_seq_length=1024", "data.max_seq_length"),
+        ("optim.schedule=step", "optim.schedule"),
+        ("model.output_bias_init=prior", "model.output_bias_init"),
+        ("model.attention_init=global", "model.attention_init"),
+        ("model.position_init=normal", "model.attention_init=normal"),
+        ("tokenizer.extend_vocab=100", "set model.init_from, or tokenizer.extend_vocab=0"),
+        ("tokenizer.extend_vocab=-1", "tokenizer.extend_vocab must be 0 or more"),
+        ("masking.max_word_tokens=0", "masking.max_word_tokens"),
+    ],
+)
 def test_bad_values_name_the_setting(override, key):
     with pytest.raises(ConfigError) as info:
         to_config(_compose([override]))
@@ -167,12 +197,21 @@ def test_launch_time_is_shared_by_ranks_of_one_launcher():
 
     code = "from mlmkit.config import launch_time; print(launch_time('%Y-%m-%d/%H-%M-%S'))"
     env = {**os.environ, "LOCAL_RANK": "0"}
-    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    first = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     time.sleep(1.2)
-    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert first.stdout == second.stdout  # both report this (parent) process's start
-    alone = subprocess.run([sys.executable, "-c", code], env={k: v for k, v in env.items() if k != "LOCAL_RANK"},
-                           capture_output=True, text=True, check=True)
+    alone = subprocess.run(
+        [sys.executable, "-c", code],
+        env={k: v for k, v in env.items() if k != "LOCAL_RANK"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert alone.stdout != first.stdout  # outside a launcher: now
 
 
@@ -196,7 +235,9 @@ def test_finetune_config_composes_for_every_task(task):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="finetune", overrides=["checkpoint=x", f"task={task}"])
     ft = to_config(cfg, FinetuneConfig)
-    assert ft.task.name == task and ft.task.hub_name == task.removesuffix("_mm")  # mnli's other dev set
+    assert ft.task.name == task and ft.task.hub_name == task.removesuffix(
+        "_mm"
+    )  # mnli's other dev set
     assert ("matthews_correlation" in ft.task.metrics) == (task == "cola")
     assert ("f1" in ft.task.metrics) == (task in ("mrpc", "qqp"))
     assert (ft.task.kind == "regression") == (task == "stsb")
@@ -237,13 +278,22 @@ def test_eval_retrieval_config_composes_and_validates():
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="eval_retrieval", overrides=["checkpoint=x", "data_dir=beir/scifact"])
-        bad = compose(config_name="eval_retrieval", overrides=["checkpoint=x", "data_dir=d", "pooling=max"])
+        cfg = compose(
+            config_name="eval_retrieval", overrides=["checkpoint=x", "data_dir=beir/scifact"]
+        )
+        bad = compose(
+            config_name="eval_retrieval", overrides=["checkpoint=x", "data_dir=d", "pooling=max"]
+        )
         no_data = compose(config_name="eval_retrieval", overrides=["checkpoint=x"])
     ev = to_config(cfg, RetrievalEvalConfig)
     assert ev.checkpoint == "x" and ev.data_dir == "beir/scifact"
     # the defaults of conf/eval_retrieval.yaml: BEIR's test judgments, final/'s mean pooling and length
-    assert (ev.split, ev.pooling, ev.max_seq_length, ev.init) == ("test", "mean", None, "pretrained")
+    assert (ev.split, ev.pooling, ev.max_seq_length, ev.init) == (
+        "test",
+        "mean",
+        None,
+        "pretrained",
+    )
     with pytest.raises(ConfigError, match="pooling must be cls or mean"):
         to_config(bad, RetrievalEvalConfig)
     with pytest.raises(ConfigError, match="data_dir="):
@@ -256,12 +306,19 @@ def test_eval_pairs_config_composes_and_validates():
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="eval_pairs",
-                      overrides=["checkpoint=x", "files=[blimp/anaphor_gender_agreement.jsonl,pairs.tsv]"])
-        bad = compose(config_name="eval_pairs", overrides=["checkpoint=x", "files=[a.jsonl]", "batch_size=0"])
+        cfg = compose(
+            config_name="eval_pairs",
+            overrides=["checkpoint=x", "files=[blimp/anaphor_gender_agreement.jsonl,pairs.tsv]"],
+        )
+        bad = compose(
+            config_name="eval_pairs", overrides=["checkpoint=x", "files=[a.jsonl]", "batch_size=0"]
+        )
         no_files = compose(config_name="eval_pairs", overrides=["checkpoint=x"])
     ev = to_config(cfg, PairsEvalConfig)
-    assert ev.checkpoint == "x" and ev.files == ["blimp/anaphor_gender_agreement.jsonl", "pairs.tsv"]
+    assert ev.checkpoint == "x" and ev.files == [
+        "blimp/anaphor_gender_agreement.jsonl",
+        "pairs.tsv",
+    ]
     # the defaults of conf/eval_pairs.yaml: BLiMP's field names
     assert (ev.good_field, ev.bad_field, ev.init) == ("sentence_good", "sentence_bad", "pretrained")
     assert (ev.max_seq_length, ev.batch_size, ev.output) == (128, 512, None)
@@ -271,17 +328,28 @@ def test_eval_pairs_config_composes_and_validates():
         to_config(no_files, PairsEvalConfig)
 
 
-@pytest.mark.parametrize("name,layers,hidden,heads,intermediate", [
-    ("modernbert-tiny", 3, 128, 2, 192), ("modernbert-mini", 6, 256, 4, 384),
-    ("modernbert-base", 22, 768, 12, 1152), ("modernbert-large", 28, 1024, 16, 2624),
-])
+@pytest.mark.parametrize(
+    "name,layers,hidden,heads,intermediate",
+    [
+        ("modernbert-tiny", 3, 128, 2, 192),
+        ("modernbert-mini", 6, 256, 4, 384),
+        ("modernbert-base", 22, 768, 12, 1152),
+        ("modernbert-large", 28, 1024, 16, 2624),
+    ],
+)
 def test_modernbert_presets(name, layers, hidden, heads, intermediate):
     m = to_config(_compose([f"model={name}"])).model
     assert m.architecture == "modernbert" and m.name == name
     assert (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.intermediate_size) == (
-        layers, hidden, heads, intermediate)
+        layers,
+        hidden,
+        heads,
+        intermediate,
+    )
     assert (m.local_attention, m.global_attn_every_n_layers, m.layer_norm_eps) == (128, 3, 1e-5)
-    assert to_config(_compose(["model=bert-base"])).model.architecture == "bert"  # BERT stays the default
+    assert (
+        to_config(_compose(["model=bert-base"])).model.architecture == "bert"
+    )  # BERT stays the default
     assert to_config(_compose([])).model.architecture == "bert"
 
 
@@ -295,7 +363,12 @@ def test_dataloader_workers_default_to_two_on_a_gpu_and_none_on_a_cpu():
     assert (Config().workers("cuda"), Config().workers("cpu")) == (2, 0)
     schedule = MaskingConfig(mlm_probability=0.3, mlm_probability_end=0.15)
     assert Config(masking=schedule).workers("cuda") == 0
-    assert Config(masking=MaskingConfig(mlm_probability=0.3, mlm_probability_end=0.15, on_device=True)).workers("cuda") == 2
+    assert (
+        Config(
+            masking=MaskingConfig(mlm_probability=0.3, mlm_probability_end=0.15, on_device=True)
+        ).workers("cuda")
+        == 2
+    )
     assert Config(train=TrainConfig(num_workers=3)).workers("cpu") == 3
 
 
@@ -305,14 +378,30 @@ def test_embed_config_composes_and_validates():
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="embed", overrides=["checkpoint=x", "pairs.files=[p.jsonl]",
-                                                      "sts_dir=STS-B"])
-        simcse = compose(config_name="embed", overrides=["checkpoint=x", "objective=simcse", "data=files",
-                                                         "data.train_files=[a.txt]"])
-        bad = compose(config_name="embed", overrides=["checkpoint=x", "objective=simcse", "loss=triplet"])
+        cfg = compose(
+            config_name="embed",
+            overrides=["checkpoint=x", "pairs.files=[p.jsonl]", "sts_dir=STS-B"],
+        )
+        simcse = compose(
+            config_name="embed",
+            overrides=[
+                "checkpoint=x",
+                "objective=simcse",
+                "data=files",
+                "data.train_files=[a.txt]",
+            ],
+        )
+        bad = compose(
+            config_name="embed", overrides=["checkpoint=x", "objective=simcse", "loss=triplet"]
+        )
     embed = to_config(cfg, EmbedConfig)
     # the defaults of conf/embed.yaml: in-batch negatives, the model's own dropout, STS-B's layout
-    assert (embed.objective, embed.loss, embed.dropout, embed.overlap) == ("pairs", "mnrl", None, "drop")
+    assert (embed.objective, embed.loss, embed.dropout, embed.overlap) == (
+        "pairs",
+        "mnrl",
+        None,
+        "drop",
+    )
     assert embed.task.name == "stsb" and embed.task.data_dir == "STS-B"
     assert to_config(simcse, EmbedConfig).data.train_files == ["a.txt"]
     with pytest.raises(ConfigError, match="loss must be one of mnrl, cached_mnrl"):

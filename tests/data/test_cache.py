@@ -25,7 +25,10 @@ from mlmkit.data.packing import prepare_datasets
 from mlmkit.data.tokenizer import get_tokenizer, tokenizer_fingerprint
 from mlmkit.errors import ConfigError, DataError
 
-TEXTS = [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in range(300)]
+TEXTS = [
+    f"The quick brown fox number {i} jumps over the lazy dog near the river bank."
+    for i in range(300)
+]
 TOKENIZER = TokenizerConfig(vocab_size=120, min_frequency=1)
 
 
@@ -56,13 +59,22 @@ def corpus():
     from mlmkit.data.sources import builtin_documents
 
     docs = builtin_documents()
-    return datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:1500]}),
-                                 "validation": datasets.Dataset.from_dict({"text": docs[1500:1600]})})
+    return datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": docs[:1500]}),
+            "validation": datasets.Dataset.from_dict({"text": docs[1500:1600]}),
+        }
+    )
 
 
 def _prepare(tokenizer, cache_dir, corpus):
-    return prepare_datasets(DataConfig(max_seq_length=64), tokenizer, cache_dir, corpus=corpus,
-                            fingerprint="test-corpus")
+    return prepare_datasets(
+        DataConfig(max_seq_length=64),
+        tokenizer,
+        cache_dir,
+        corpus=corpus,
+        fingerprint="test-corpus",
+    )
 
 
 def _entry(cache_dir, kind: str):
@@ -86,8 +98,9 @@ def _shorter_stream(arrow):
 
 
 @pytest.mark.parametrize("damage", ["cut", "rows missing", "cut, no manifest"])
-def test_a_damaged_packed_entry_is_deleted_and_packed_again(tmp_path, tokenizer, corpus, damage,
-                                                            warnings_logged, monkeypatch):
+def test_a_damaged_packed_entry_is_deleted_and_packed_again(
+    tmp_path, tokenizer, corpus, damage, warnings_logged, monkeypatch
+):
     first = _prepare(tokenizer, tmp_path, corpus)
     rows, last = len(first["train"]), first["train"][-1]["input_ids"].clone()
     del first  # its Arrow file is memory-mapped: damaged below, as between two runs
@@ -128,8 +141,9 @@ def test_a_damaged_tokenizer_entry_is_deleted_and_trained_again(tmp_path, damage
     assert warning.startswith(f"The cached tokenizer {entry} is damaged (")
     assert len(calls) == 2 and len(again) == len(first)
     # whole again: read, not trained
-    assert tokenizer_fingerprint(get_tokenizer(TOKENIZER, texts, "corpus-1", tmp_path)) == \
-        tokenizer_fingerprint(again)
+    assert tokenizer_fingerprint(
+        get_tokenizer(TOKENIZER, texts, "corpus-1", tmp_path)
+    ) == tokenizer_fingerprint(again)
     assert len(calls) == 2 and len(warnings_logged.all()) == 1
 
 
@@ -137,20 +151,27 @@ def test_a_full_disk_while_caching_the_tokenizer_is_one_sentence(tmp_path):
     with limited_file_size(1_000), pytest.raises(ConfigError) as info:
         get_tokenizer(TOKENIZER, lambda: iter(TEXTS), "corpus-1", tmp_path)
     message = str(info.value)
-    assert message.startswith(f"Could not save the trained tokenizer under paths.cache_dir={str(tmp_path)!r} (")
-    assert "File too large" in message and message.endswith("set paths.cache_dir to another folder.")
+    assert message.startswith(
+        f"Could not save the trained tokenizer under paths.cache_dir={str(tmp_path)!r} ("
+    )
+    assert "File too large" in message and message.endswith(
+        "set paths.cache_dir to another folder."
+    )
     assert list((tmp_path / "tokenizers").iterdir()) == []  # the partial entry is gone
     get_tokenizer(TOKENIZER, lambda: iter(TEXTS), "corpus-1", tmp_path)  # with space: cached
     assert (_entry(tmp_path, "tokenizers") / "tokenizer.json").is_file()
 
 
-def test_a_full_disk_while_caching_packed_data_warns_and_trains_from_memory(tmp_path, tokenizer, corpus,
-                                                                            warnings_logged):
+def test_a_full_disk_while_caching_packed_data_warns_and_trains_from_memory(
+    tmp_path, tokenizer, corpus, warnings_logged
+):
     with limited_file_size(20_000):
         packed = _prepare(tokenizer, tmp_path, corpus)
     [warning] = warnings_logged.all()
-    assert warning.startswith(f"Could not cache the packed dataset under paths.cache_dir={str(tmp_path)!r} "
-                              "(File too large)")
+    assert warning.startswith(
+        f"Could not cache the packed dataset under paths.cache_dir={str(tmp_path)!r} "
+        "(File too large)"
+    )
     assert list((tmp_path / "data").iterdir()) == []  # the partial entry is gone
     assert len(packed["train"]) > 100 and packed["train"][0]["input_ids"].shape == (64,)
     cached = _prepare(tokenizer, tmp_path, corpus)  # with space: cached
@@ -171,8 +192,13 @@ WRITER = (
 
 def test_the_folder_of_a_killed_preparation_is_removed_not_a_running_ones(tmp_path):
     target = tmp_path / "tokenizers" / ("0" * 16)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(target)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     folder = writer.stdout.readline().strip()
     assert folder, writer.communicate()[1][-2000:]
     try:
@@ -196,11 +222,18 @@ def test_cache_is_keyed_by_packing_and_files_and_left_clean(tmp_path, tokenizer,
     prepare_datasets(cfg, tokenizer, tmp_path)
     calls = []
     real = data_mod.pack_corpus
-    monkeypatch.setattr(data_mod, "pack_corpus", lambda *a, **k: calls.append(k or a[4:]) or real(*a, **k))
+    monkeypatch.setattr(
+        data_mod, "pack_corpus", lambda *a, **k: calls.append(k or a[4:]) or real(*a, **k)
+    )
     prepare_datasets(cfg, tokenizer, tmp_path)
     assert calls == []  # reused
-    lbl = prepare_datasets(DataConfig(source="files", train_files=[str(path)], max_seq_length=64,
-                                      packing="line_by_line"), tokenizer, tmp_path)
+    lbl = prepare_datasets(
+        DataConfig(
+            source="files", train_files=[str(path)], max_seq_length=64, packing="line_by_line"
+        ),
+        tokenizer,
+        tmp_path,
+    )
     assert len(calls) == 1 and len({len(r) for r in lbl["train"]["input_ids"][:200]}) > 1
     os.utime(path, ns=(1, 1))  # same content, other mtime: tokenized again
     prepare_datasets(cfg, tokenizer, tmp_path)
@@ -211,7 +244,9 @@ def test_cache_is_keyed_by_packing_and_files_and_left_clean(tmp_path, tokenizer,
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("one two.\n\nthree.")
     with pytest.raises(DataError, match="zero blocks"):
-        prepare_datasets(DataConfig(source="files", train_files=[str(tiny)], validation_files=[str(tiny)]),
-                         tokenizer, tmp_path)
+        prepare_datasets(
+            DataConfig(source="files", train_files=[str(tiny)], validation_files=[str(tiny)]),
+            tokenizer,
+            tmp_path,
+        )
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == entries
-

@@ -16,8 +16,17 @@ from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 def _rows(tokenizer, lengths, seed=0):
     """``[CLS] words [SEP]`` rows of the given lengths (special tokens included)."""
     g = torch.Generator().manual_seed(seed)
-    return [{"input_ids": [tokenizer.cls_token_id, *torch.randint(10, len(tokenizer), (n - 2,), generator=g).tolist(),
-                           tokenizer.sep_token_id], "mask_seed": seed * 100 + i} for i, n in enumerate(lengths)]
+    return [
+        {
+            "input_ids": [
+                tokenizer.cls_token_id,
+                *torch.randint(10, len(tokenizer), (n - 2,), generator=g).tolist(),
+                tokenizer.sep_token_id,
+            ],
+            "mask_seed": seed * 100 + i,
+        }
+        for i, n in enumerate(lengths)
+    ]
 
 
 def test_a_padded_batch_is_flattened_for_flash_attn_on_the_host(tokenizer):
@@ -41,7 +50,9 @@ def test_a_padded_batch_is_flattened_for_flash_attn_on_the_host(tokenizer):
     assert flat["cu_seq_lens_q"].dtype == torch.int32
     assert flat["max_length_q"] == flat["max_length_k"] == 7 and type(flat["max_length_q"]) is int
     chosen = int((flat["labels"] != IGNORE_INDEX).sum())
-    assert chosen > 0 and torch.equal(flat["labels"][0, flat["positions"][:chosen]], flat["targets"][:chosen])
+    assert chosen > 0 and torch.equal(
+        flat["labels"][0, flat["positions"][:chosen]], flat["targets"][:chosen]
+    )
     assert (flat["targets"][chosen:] == IGNORE_INDEX).all()
 
 
@@ -49,15 +60,19 @@ def test_isolated_documents_are_one_sequence_each(tokenizer):
     """A block [CLS] a b [SEP] c d [SEP] e f g (the last document cut by the block's end) beside
     one of [CLS] a [SEP] b c d e f g [SEP]: documents of 4, 3, 3 and 3, 7 tokens."""
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
-    examples = [{"input_ids": [cls, 11, 12, sep, 13, 14, sep, 15, 16, 17], "mask_seed": 1},
-                {"input_ids": [cls, 11, sep, 12, 13, 14, 15, 16, 17, sep], "mask_seed": 2}]
+    examples = [
+        {"input_ids": [cls, 11, 12, sep, 13, 14, sep, 15, 16, 17], "mask_seed": 1},
+        {"input_ids": [cls, 11, sep, 12, 13, 14, 15, 16, 17, sep], "mask_seed": 2},
+    ]
     collator = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)
     sdpa = TrainingCollate(collator, sep_id=sep)(examples)
     assert sdpa["input_ids"].shape == (2, 10) and sdpa["layout"] == BatchLayout(20, (4, 3, 3, 3, 7))
     flat = TrainingCollate(collator, sep_id=sep, varlen=True)(examples)
     assert torch.equal(flat["input_ids"], sdpa["input_ids"].reshape(1, -1))
     assert flat["cu_seq_lens_q"].tolist() == [0, 4, 7, 10, 13, 20] and flat["max_length_q"] == 7
-    assert flat["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6]]
+    assert flat["position_ids"].tolist() == [
+        [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6]
+    ]
 
 
 def test_masked_on_the_device_the_batch_is_flattened_in_the_step(tokenizer):
@@ -66,7 +81,9 @@ def test_masked_on_the_device_the_batch_is_flattened_in_the_step(tokenizer):
     from mlmkit.training.step import next_micro_batches
 
     examples = _rows(tokenizer, (5, 3, 7))
-    collator = MLMCollator(tokenizer, mlm_probability=0.4, seed=0, apply_mask=False, pad_to_multiple_of=8)
+    collator = MLMCollator(
+        tokenizer, mlm_probability=0.4, seed=0, apply_mask=False, pad_to_multiple_of=8
+    )
     batch = TrainingCollate(collator, varlen=True)(examples)
     assert batch["input_ids"].shape == (3, 8) and "flat_index" in batch and "labels" not in batch
     real = batch["attention_mask"].bool()
@@ -79,11 +96,12 @@ def test_masked_on_the_device_the_batch_is_flattened_in_the_step(tokenizer):
     unmasked = torch.where(flat["labels"] != IGNORE_INDEX, flat["labels"], flat["input_ids"])
     padded_ids = torch.full((3, 8), tokenizer.pad_token_id)
     for i, e in enumerate(examples):
-        padded_ids[i, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
+        padded_ids[i, : len(e["input_ids"])] = torch.tensor(e["input_ids"])
     assert torch.equal(unmasked, padded_ids[real][None])
 
 
 # -- workers that persist across epochs ------------------------------------------------------------
+
 
 class _Recorded(torch.utils.data.Dataset):
     """Rows of ids, writing the id of the process that reads each batch to ``log``."""
@@ -103,16 +121,21 @@ class _Recorded(torch.utils.data.Dataset):
 def _stream(tokenizer, rows, log, workers=1):
     from mlmkit.data.loader import training_stream
 
-    cfg = SimpleNamespace(train=SimpleNamespace(batch_size=4, seed=5), data=SimpleNamespace(streaming=False),
-                          workers=lambda device_type: workers)
+    cfg = SimpleNamespace(
+        train=SimpleNamespace(batch_size=4, seed=5),
+        data=SimpleNamespace(streaming=False),
+        workers=lambda device_type: workers,
+    )
     accelerator = SimpleNamespace(device=torch.device("cpu"), process_index=0, num_processes=1)
     collator = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)
     return training_stream(cfg, collator, _Recorded(rows, log), accelerator)
 
 
 def _same(a, b) -> bool:
-    return all(torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["labels"], y["labels"])
-               for x, y in zip(a, b, strict=True))
+    return all(
+        torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["labels"], y["labels"])
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_workers_persist_across_epochs_and_a_resume_is_exact(tokenizer, tmp_path):
@@ -120,7 +143,9 @@ def test_workers_persist_across_epochs_and_a_resume_is_exact(tokenizer, tmp_path
     fork from the training process at each); a new stream resumed from a mid-epoch position, and
     the running stream sent back to it (its worker's prefetched batches dropped), give the batches
     of the uninterrupted run."""
-    rows = [[tokenizer.cls_token_id, *range(10 + i, 20 + i), tokenizer.sep_token_id] for i in range(24)]
+    rows = [
+        [tokenizer.cls_token_id, *range(10 + i, 20 + i), tokenizer.sep_token_id] for i in range(24)
+    ]
     log = tmp_path / "pids"
     stream = _stream(tokenizer, rows, log)
     head = [next(stream) for _ in range(8)]  # an epoch and 2 batches
@@ -141,8 +166,12 @@ def test_workers_persist_across_epochs_and_a_resume_is_exact(tokenizer, tmp_path
 
 def test_without_workers_the_loader_reads_in_the_training_process(tokenizer, tmp_path):
     log = tmp_path / "pids"
-    stream = _stream(tokenizer, [[tokenizer.cls_token_id, 10 + i, tokenizer.sep_token_id] for i in range(8)], log,
-                     workers=0)
+    stream = _stream(
+        tokenizer,
+        [[tokenizer.cls_token_id, 10 + i, tokenizer.sep_token_id] for i in range(8)],
+        log,
+        workers=0,
+    )
     assert not stream.loader.persistent_workers
     [next(stream) for _ in range(3)]
     assert set(log.read_text().split()) == {str(os.getpid())}
@@ -155,4 +184,6 @@ def test_the_stream_moves_tensors_and_keeps_host_values(tokenizer, tmp_path, var
     batch = TrainingCollate(MLMCollator(tokenizer, seed=0), varlen=varlen)(_rows(tokenizer, (5, 3)))
     moved = to_device(batch, torch.device("cpu"))
     assert isinstance(moved["layout"], BatchLayout)
-    assert ("max_length_q" in moved) == varlen and all(isinstance(moved[k], int) for k in moved if k.startswith("max"))
+    assert ("max_length_q" in moved) == varlen and all(
+        isinstance(moved[k], int) for k in moved if k.startswith("max")
+    )

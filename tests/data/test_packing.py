@@ -26,7 +26,7 @@ def test_pack_ids_blocks_are_full_and_framed():
     assert len(blocks) == 4
     for i, block in enumerate(blocks):
         assert len(block) == 8 and block[0] == 2 and block[-1] == 3
-        assert block[1:-1] == stream[i * 6:(i + 1) * 6]
+        assert block[1:-1] == stream[i * 6 : (i + 1) * 6]
     # a document longer than a block runs on into the next block instead of being dropped
     assert blocks[2][1:-1] + blocks[3][1:-1] == stream[12:24]
 
@@ -52,14 +52,22 @@ def test_prepare_packs_and_caches(tmp_path, tokenizer, monkeypatch):
     assert (again["train"][5]["input_ids"] == train[5]["input_ids"]).all()
     # a different block length is a different cache entry
     with pytest.raises(AssertionError, match="tokenized again"):
-        prepare_datasets(DataConfig(source="files", train_files=[str(path)], max_seq_length=32),
-                         tokenizer, tmp_path)
+        prepare_datasets(
+            DataConfig(source="files", train_files=[str(path)], max_seq_length=32),
+            tokenizer,
+            tmp_path,
+        )
 
 
 def test_corpus_too_small_for_one_block(tmp_path, tokenizer):
     path = write_file(tmp_path, "tiny.txt", "one two three.\n\nfour five.")
-    cfg = DataConfig(source="files", train_files=[str(path)], validation_files=[str(path)],
-                     max_seq_length=128, cache=False)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        validation_files=[str(path)],
+        max_seq_length=128,
+        cache=False,
+    )
     with pytest.raises(DataError, match="data.max_seq_length"):
         prepare_datasets(cfg, tokenizer, tmp_path)
 
@@ -83,8 +91,15 @@ def test_text_with_nothing_to_predict_is_refused(tokenizer, tmp_path, streamed):
     """Text the tokenizer knows nothing of becomes [UNK] after [UNK]: no token can be masked."""
     path = tmp_path / "unknown.txt"
     path.write_text("\n\n".join("\u4f60\u597d\u4e16\u754c " * 30 for _ in range(300)))
-    cfg = DataConfig(source="files", train_files=[str(path)], max_seq_length=32, cache=False,
-                     streaming=streamed, stream_validation_docs=20, shuffle_buffer=8)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        max_seq_length=32,
+        cache=False,
+        streaming=streamed,
+        stream_validation_docs=20,
+        shuffle_buffer=8,
+    )
     with pytest.raises(DataError) as info:
         if streamed:
             streaming.setup_streaming(cfg, tokenizer, 4, 0, 1, 0, 0)
@@ -100,4 +115,3 @@ def test_line_by_line_splits_long_documents_and_never_drops():
     assert [len(s) for s in seqs] == [10, 10, 10, 3, 4]  # 25 ids: 8 + 8 + 8 + 1, then 2
     assert all(s[0] == 2 and s[-1] == 3 for s in seqs)
     assert [t for s in seqs[:4] for t in s[1:-1]] == docs[0]
-

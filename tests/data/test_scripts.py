@@ -42,7 +42,9 @@ def _same_text(a: str, b: str, form: str = "NFC") -> bool:
     Unicode normal form ``form``."""
     import unicodedata
 
-    return "".join(unicodedata.normalize(form, a).lower().split()) == "".join(unicodedata.normalize(form, b).lower().split())
+    return "".join(unicodedata.normalize(form, a).lower().split()) == "".join(
+        unicodedata.normalize(form, b).lower().split()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +61,18 @@ def test_a_trained_tokenizer_round_trips_every_script(algorithm, hindi_lines):
     form = "NFC" if algorithm == "wordpiece" else "NFKC"
     train, held_out = hindi_lines[:-200], hindi_lines[-200:]
     corpus = train[:4000] + [s for s in UDHR.values() for _ in range(3)]
-    tok = train_tokenizer(TokenizerConfig(algorithm=algorithm, vocab_size=3000, min_frequency=1), iter(corpus))
+    tok = train_tokenizer(
+        TokenizerConfig(algorithm=algorithm, vocab_size=3000, min_frequency=1), iter(corpus)
+    )
     for language, sentence in UDHR.items():
         ids = tok(sentence)["input_ids"]
         assert tok.unk_token_id not in ids, language
         assert _same_text(tok.decode(ids, skip_special_tokens=True), sentence, form), language
-    kept = [_same_text(tok.decode(tok(line)["input_ids"], skip_special_tokens=True), line, form)
-            for line in held_out if tok.unk_token_id not in tok(line)["input_ids"]]
+    kept = [
+        _same_text(tok.decode(tok(line)["input_ids"], skip_special_tokens=True), line, form)
+        for line in held_out
+        if tok.unk_token_id not in tok(line)["input_ids"]
+    ]
     assert len(kept) > 150 and all(kept)
     if algorithm == "wordpiece":  # the words of the issue, and the zero-width non-joiner of Persian
         for word in ("मनुष्यों", "स्वतन्त्रता", "Würde", "می\u200cآیند"):
@@ -74,7 +81,9 @@ def test_a_trained_tokenizer_round_trips_every_script(algorithm, hindi_lines):
 
 def test_strip_accents_is_refused_where_the_marks_are_letters(hindi_lines):
     with pytest.raises(ConfigError) as info:
-        train_tokenizer(TokenizerConfig(vocab_size=500, strip_accents=True), iter(hindi_lines[:2000]))
+        train_tokenizer(
+            TokenizerConfig(vocab_size=500, strip_accents=True), iter(hindi_lines[:2000])
+        )
     message = str(info.value)
     assert message.startswith("tokenizer.strip_accents=true would delete or change 1")  # about 19%
     assert "Devanagari" in message and message.endswith("set tokenizer.strip_accents=false.")
@@ -82,8 +91,10 @@ def test_strip_accents_is_refused_where_the_marks_are_letters(hindi_lines):
 
 def test_strip_accents_is_refused_for_kana_whose_marks_voice_the_letter():
     with pytest.raises(ConfigError, match="Hiragana") as info:
-        train_tokenizer(TokenizerConfig(vocab_size=200, min_frequency=1, strip_accents=True),
-                        iter([UDHR["japanese"]] * 30))
+        train_tokenizer(
+            TokenizerConfig(vocab_size=200, min_frequency=1, strip_accents=True),
+            iter([UDHR["japanese"]] * 30),
+        )
     assert str(info.value).endswith("set tokenizer.strip_accents=false.")
 
 
@@ -91,8 +102,12 @@ def test_strip_accents_is_refused_for_kana_whose_marks_voice_the_letter():
 def test_strip_accents_on_latin_text_warns_with_the_share_it_changes(algorithm, caplog):
     texts = [UDHR["german"], UDHR["vietnamese"], "Le café est très bon."] * 20
     with caplog.at_level(logging.WARNING, logger="mlmkit.data.tokenizer"):
-        tok = train_tokenizer(TokenizerConfig(algorithm=algorithm, vocab_size=300, min_frequency=1,
-                                              strip_accents=True), iter(texts))
+        tok = train_tokenizer(
+            TokenizerConfig(
+                algorithm=algorithm, vocab_size=300, min_frequency=1, strip_accents=True
+            ),
+            iter(texts),
+        )
     (warning,) = [r.getMessage() for r in caplog.records if "strip_accents" in r.getMessage()]
     assert "tokenizer.strip_accents=true changes" in warning and "Latin" in warning
     share = float(warning.split("changes ")[1].split("%")[0])
@@ -109,10 +124,16 @@ def test_unk_share_above_one_percent_names_the_cause():
     unk = ids.count(tok.unk_token_id)
     line, warn = unk_report(tok, unk, len(ids), thai)
     assert warn and line.startswith("[UNK] is 100.00% of the tokens")
-    assert "run over 100 characters without a space" in line and "tokenizer.algorithm=unigram" in line
-    latin = train_tokenizer(TokenizerConfig(vocab_size=300, min_frequency=1), iter([UDHR["german"]] * 30))
+    assert (
+        "run over 100 characters without a space" in line and "tokenizer.algorithm=unigram" in line
+    )
+    latin = train_tokenizer(
+        TokenizerConfig(vocab_size=300, min_frequency=1), iter([UDHR["german"]] * 30)
+    )
     ids = latin(UDHR["russian"], add_special_tokens=False)["input_ids"]
-    line, warn = unk_report(latin, ids.count(latin.unk_token_id), len(ids), [UDHR["russian"]], trained_here=False)
+    line, warn = unk_report(
+        latin, ids.count(latin.unk_token_id), len(ids), [UDHR["russian"]], trained_here=False
+    )
     assert warn and "the vocabulary lacks" in line and "tokenizer.extend_vocab" in line
     line, warn = unk_report(latin, ids.count(latin.unk_token_id), len(ids), [UDHR["russian"]])
     assert warn and "too rare for the vocabulary" in line and "tokenizer.vocab_size" in line

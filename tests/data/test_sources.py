@@ -14,7 +14,7 @@ import pytest
 from helpers import warnings_of, write_file
 from runs import (
     ROOT,  # noqa: E402
-    )
+)
 
 from mlmkit.config import DataConfig, SourceConfig
 from mlmkit.data import streaming
@@ -45,8 +45,6 @@ def test_builtin_corpus_is_large_and_deterministic():
     assert any("for" in d and "statement" in d for d in a[:100])  # language-reference prose
 
 
-
-
 PARAS = "\n\n".join(f"Paragraph number {i} talks about cats and dogs and birds." for i in range(60))
 
 
@@ -58,8 +56,9 @@ def test_local_formats_with_text_column(tmp_path):
     jsonl = write_file(tmp_path, "b.jsonl", "\n".join(json.dumps(r) for r in rows))
     pd.DataFrame(rows).to_csv(tmp_path / "c.csv", index=False)
     pd.DataFrame(rows).to_parquet(tmp_path / "d.parquet")
-    cfg = DataConfig(source="files", train_files=[str(txt)], validation_files=[str(jsonl)],
-                     text_column="body")
+    cfg = DataConfig(
+        source="files", train_files=[str(txt)], validation_files=[str(jsonl)], text_column="body"
+    )
     corpus = load_corpus(cfg)
     assert len(corpus["train"]) == 60 and len(corpus["validation"]) == 40
     assert corpus["validation"][0]["text"].startswith("Row 0")
@@ -106,8 +105,6 @@ def test_binary_file_is_refused(tmp_path):
 ENGLISH = "The quick brown fox jumps over the lazy dog near the river bank.\n"
 
 
-
-
 def _jsonl(path, good: int):
     lines = [json.dumps({"text": f"Row {i}: {ENGLISH.strip()}"}) for i in range(good)]
     lines[3:3] = ["not json at all", '{"text": "cut sho', "[1, 2, 3]"]  # three that do not parse
@@ -116,8 +113,10 @@ def _jsonl(path, good: int):
     return path
 
 
-@pytest.mark.parametrize("encoding, name", [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16"),
-                                            ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+@pytest.mark.parametrize(
+    "encoding, name",
+    [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")],
+)
 def test_utf16_and_utf32_text_is_named_not_called_binary(tmp_path, encoding, name):
     path = tmp_path / "wide.txt"
     path.write_bytes(ENGLISH.encode(encoding) * 50)
@@ -140,8 +139,11 @@ def test_map_mode_skips_json_lines_that_do_not_parse_with_a_count(tmp_path):
     with warnings_of("mlmkit.data.sources") as warnings:
         corpus = load_corpus(DataConfig(source="files", train_files=[str(path)]))
     assert len(corpus["train"]) + len(corpus["validation"]) == 40  # trained on the rest
-    assert any("skipped 3 lines that are not JSON objects, 2 rows without the column 'text' and 1 "
-               "whose 'text' is not text" in w for w in warnings), warnings
+    assert any(
+        "skipped 3 lines that are not JSON objects, 2 rows without the column 'text' and 1 "
+        "whose 'text' is not text" in w
+        for w in warnings
+    ), warnings
 
 
 def test_streaming_skips_the_same_lines_with_the_same_count(tmp_path):
@@ -158,8 +160,12 @@ def test_a_text_column_of_numbers_or_objects_is_refused_naming_column_and_file(t
     import pandas as pd
 
     pd.DataFrame({"text": list(range(50))}).to_parquet(tmp_path / "ints.parquet")
-    pd.DataFrame({"text": [{"a": "x y", "b": i} for i in range(50)]}).to_parquet(tmp_path / "structs.parquet")
-    (tmp_path / "objs.jsonl").write_text("\n".join(json.dumps({"text": {"a": "x"}}) for _ in range(50)))
+    pd.DataFrame({"text": [{"a": "x y", "b": i} for i in range(50)]}).to_parquet(
+        tmp_path / "structs.parquet"
+    )
+    (tmp_path / "objs.jsonl").write_text(
+        "\n".join(json.dumps({"text": {"a": "x"}}) for _ in range(50))
+    )
     for name in ("ints.parquet", "structs.parquet", "objs.jsonl"):
         cfg = DataConfig(source="files", train_files=[str(tmp_path / name)], streaming=streamed)
         with pytest.raises(DataError) as info:
@@ -168,8 +174,12 @@ def test_a_text_column_of_numbers_or_objects_is_refused_naming_column_and_file(t
         assert "the column 'text'" in message and name in message and "not text" in message, message
 
 
-HUB_PRESETS = {"wikitext103": "Salesforce/wikitext", "wiki_books": "wikimedia/wikipedia",
-               "c4": "allenai/c4", "fineweb_edu": "HuggingFaceFW/fineweb-edu"}
+HUB_PRESETS = {
+    "wikitext103": "Salesforce/wikitext",
+    "wiki_books": "wikimedia/wikipedia",
+    "c4": "allenai/c4",
+    "fineweb_edu": "HuggingFaceFW/fineweb-edu",
+}
 
 
 def _compose(*overrides):
@@ -206,15 +216,30 @@ def test_hub_presets_offline_stop_with_one_sentence(preset):
 
 def test_unreachable_hub_fails_fast_without_retries(tmp_path):
     """Not offline mode: the Hub's host refuses connections, as on a machine without network."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    }
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "data=wikitext103", f"paths.cache_dir={tmp_path}/c",
-         f"hydra.run.dir={tmp_path}/run", "tokenizer.max_train_chars=1000"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "data=wikitext103",
+            f"paths.cache_dir={tmp_path}/c",
+            f"hydra.run.dir={tmp_path}/run",
+            "tokenizer.max_train_chars=1000",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "cannot be reached" in errors[0] and "Salesforce/wikitext" in errors[0]
+    assert (
+        len(errors) == 1 and "cannot be reached" in errors[0] and "Salesforce/wikitext" in errors[0]
+    )
     assert "Traceback" not in proc.stderr and "Retrying" not in proc.stderr
     assert "thrown while requesting" not in proc.stderr  # huggingface_hub's retry chatter
 
@@ -223,9 +248,13 @@ def test_weighted_mix_in_map_mode(tmp_path):
     a, b = tmp_path / "a.txt", tmp_path / "b.csv"
     a.write_text("\n\n".join(f"alpha number {i}." for i in range(2000)))
     b.write_text("body\n" + "\n".join(f"beta number {i}." for i in range(2000)))
-    cfg = DataConfig(source="mix", sources=[SourceConfig(kind="files", files=[str(a)], weight=1.0),
-                                            SourceConfig(kind="files", files=[str(b)], weight=3.0,
-                                                         text_column="body")])
+    cfg = DataConfig(
+        source="mix",
+        sources=[
+            SourceConfig(kind="files", files=[str(a)], weight=1.0),
+            SourceConfig(kind="files", files=[str(b)], weight=3.0, text_column="body"),
+        ],
+    )
     corpus = load_corpus(cfg)
     docs = list(corpus["train"]["text"]) + list(corpus["validation"]["text"])
     share = sum(d.startswith("beta") for d in docs) / len(docs)
@@ -244,8 +273,9 @@ def test_long_line_and_bad_bytes_are_cut_and_counted(tmp_path, caplog):
     assert " ".join(docs[1:]) == words.decode().strip()  # cut at spaces: no word lost or split
     assert stats == {"bad_bytes": 1, "cut": 50}
     with caplog.at_level(logging.WARNING, logger="mlmkit"):
-        corpus = load_corpus(DataConfig(source="files", train_files=[str(path)],
-                                        validation_files=[str(path)]))
+        corpus = load_corpus(
+            DataConfig(source="files", train_files=[str(path)], validation_files=[str(path)])
+        )
     assert len(corpus["train"]) == 52
     lines = [r.getMessage() for r in caplog.records]
     assert any("1 bytes are not valid UTF-8" in m for m in lines)
@@ -267,5 +297,6 @@ def test_other_bad_inputs_are_one_sentence(tmp_path, caplog):
         _one_sentence(str(err.value))
     with caplog.at_level(logging.WARNING, logger="mlmkit"):
         assert warn_small_validation(3, 8) and not warn_small_validation(8, 8)
-    assert any("has 3 sequences, fewer than one batch (8)" in r.getMessage() for r in caplog.records)
-
+    assert any(
+        "has 3 sequences, fewer than one batch (8)" in r.getMessage() for r in caplog.records
+    )

@@ -40,12 +40,24 @@ def _rows(batch) -> list[tuple[int, ...]]:
     return out
 
 
-def _batches(cfg, tokenizer, workers: int, rank: int = 0, world: int = 1, state=None, n: int = 10,
-             batch_size: int = 4):
-    dataset = streaming.StreamingBlocks(cfg, tokenizer, batch_size, rank, world, workers, seed=3,
-                                        skip_first=0)
-    collate = MLMCollator(tokenizer, 0.15, pad_to_multiple_of=cfg.pad_to_multiple_of
-                          if cfg.packing == "line_by_line" else None)
+def _batches(
+    cfg,
+    tokenizer,
+    workers: int,
+    rank: int = 0,
+    world: int = 1,
+    state=None,
+    n: int = 10,
+    batch_size: int = 4,
+):
+    dataset = streaming.StreamingBlocks(
+        cfg, tokenizer, batch_size, rank, world, workers, seed=3, skip_first=0
+    )
+    collate = MLMCollator(
+        tokenizer,
+        0.15,
+        pad_to_multiple_of=cfg.pad_to_multiple_of if cfg.packing == "line_by_line" else None,
+    )
     stream = streaming.StreamingBatches(dataset, collate, workers, torch.device("cpu"))
     if state is not None:
         stream.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint stores it
@@ -56,8 +68,14 @@ def _batches(cfg, tokenizer, workers: int, rank: int = 0, world: int = 1, state=
 @pytest.mark.parametrize("packing", ["concatenate", "line_by_line"])
 def test_resume_in_stream_gives_the_batches_of_an_uninterrupted_run(tokenizer, workers, packing):
     path = shared_file("corpora/tinyshakespeare/input.txt")
-    cfg = DataConfig(source="files", train_files=[str(path)], streaming=True, shuffle_buffer=8,
-                     max_seq_length=32, packing=packing)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        streaming=True,
+        shuffle_buffer=8,
+        max_seq_length=32,
+        packing=packing,
+    )
     # uninterrupted: 9 + 12 batches
     _, whole = _batches(cfg, tokenizer, workers, n=21)
     # interrupted after 9 batches: the state a checkpoint would hold, then a new reader
@@ -86,8 +104,15 @@ def test_resume_needs_the_same_worker_count(tokenizer):
 
 def test_shards_by_rank_and_worker_cover_an_epoch_without_overlap(tmp_path, tokenizer):
     path = _unique_lines(tmp_path, 203)
-    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
-                     shuffle_buffer=1, max_seq_length=64, packing="line_by_line")
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        txt_sample_by="line",
+        streaming=True,
+        shuffle_buffer=1,
+        max_seq_length=64,
+        packing="line_by_line",
+    )
     # one reader of the whole stream: one row per line, in order
     it = streaming.ShardBlocks(cfg, tokenizer, 0, 1, seed=0).blocks()
     everything = [tuple(next(it)) for _ in range(203)]
@@ -101,8 +126,15 @@ def test_shards_by_rank_and_worker_cover_an_epoch_without_overlap(tmp_path, toke
     assert sorted(sum(per_shard, [])) == sorted(everything)
 
     # through real dataloader workers, shuffled: 2 ranks x 2 workers never share a row
-    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
-                     shuffle_buffer=16, max_seq_length=64, packing="line_by_line")
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        txt_sample_by="line",
+        streaming=True,
+        shuffle_buffer=16,
+        max_seq_length=64,
+        packing="line_by_line",
+    )
     seen: list[tuple] = []
     for rank in range(2):
         _, batches = _batches(cfg, tokenizer, 2, rank=rank, world=2, n=6, batch_size=4)
@@ -115,15 +147,23 @@ def test_shards_by_rank_and_worker_cover_an_epoch_without_overlap(tmp_path, toke
 
 def test_concatenate_stream_loses_no_text_between_tokenizing_batches(tmp_path, tokenizer):
     path = _unique_lines(tmp_path, 100)
-    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
-                     shuffle_buffer=1, max_seq_length=16)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        txt_sample_by="line",
+        streaming=True,
+        shuffle_buffer=1,
+        max_seq_length=16,
+    )
     reader = streaming.ShardBlocks(cfg, tokenizer, 0, 1, seed=0)
     it = reader.blocks()
     blocks = [next(it) for _ in range(40)]
     body = [t for b in blocks for t in b[1:-1]]
-    docs = streaming.encode(tokenizer, [f"line {i} says {'word ' * (i % 7)}end" for i in range(100)])
+    docs = streaming.encode(
+        tokenizer, [f"line {i} says {'word ' * (i % 7)}end" for i in range(100)]
+    )
     stream = [t for d in docs for t in (*d, tokenizer.sep_token_id)]
-    assert body == stream[:len(body)]  # the unfinished block carries over, nothing dropped
+    assert body == stream[: len(body)]  # the unfinished block carries over, nothing dropped
     assert all(len(b) == 16 and b[0] == tokenizer.cls_token_id for b in blocks)
 
 
@@ -132,9 +172,15 @@ def test_weighted_mix_of_sources_interleaves_by_weight(tmp_path, tokenizer):
     a.write_text("\n".join(f"alpha {i}" for i in range(3000)))
     b = tmp_path / "b.jsonl"
     b.write_text("\n".join(json.dumps({"body": f"beta {i}"}) for i in range(3000)))
-    cfg = DataConfig(source="mix", txt_sample_by="line", streaming=True, sources=[
-        SourceConfig(kind="files", files=[str(a)], weight=3.0),
-        SourceConfig(kind="files", files=[str(b)], text_column="body", weight=1.0)])
+    cfg = DataConfig(
+        source="mix",
+        txt_sample_by="line",
+        streaming=True,
+        sources=[
+            SourceConfig(kind="files", files=[str(a)], weight=3.0),
+            SourceConfig(kind="files", files=[str(b)], text_column="body", weight=1.0),
+        ],
+    )
     docs = []
     stream = streaming.DocStream(cfg)
     for _, doc in stream.docs():
@@ -155,8 +201,15 @@ def test_weighted_mix_of_sources_interleaves_by_weight(tmp_path, tokenizer):
 
 def test_held_out_validation_documents_are_not_trained_on(tmp_path, tokenizer):
     path = _unique_lines(tmp_path, 300)
-    cfg = DataConfig(source="files", train_files=[str(path)], txt_sample_by="line", streaming=True,
-                     packing="line_by_line", stream_validation_docs=40, shuffle_buffer=8)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        txt_sample_by="line",
+        streaming=True,
+        packing="line_by_line",
+        stream_validation_docs=40,
+        shuffle_buffer=8,
+    )
     train, val, baseline = streaming.setup_streaming(cfg, tokenizer, 4, 0, 1, 0, 0)
     val_rows = {tuple(r.tolist()) for r in val["input_ids"]}
     assert len(val_rows) == 40
@@ -171,18 +224,25 @@ def test_stream_bad_inputs_are_one_sentence(tmp_path, tokenizer):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
     with pytest.raises(DataError, match="holds no text"):
-        streaming.check_sources(DataConfig(source="files", train_files=[str(empty)], streaming=True))
+        streaming.check_sources(
+            DataConfig(source="files", train_files=[str(empty)], streaming=True)
+        )
     nocol = tmp_path / "x.jsonl"
     nocol.write_text('{"body": "a b"}\n')
     with pytest.raises(DataError, match="data.text_column"):
-        streaming.check_sources(DataConfig(source="files", train_files=[str(nocol)], streaming=True))
+        streaming.check_sources(
+            DataConfig(source="files", train_files=[str(nocol)], streaming=True)
+        )
     binary = tmp_path / "b.txt"
     binary.write_bytes(b"\x00\x01" * 100)
     with pytest.raises(DataError, match="binary"):
-        streaming.check_sources(DataConfig(source="files", train_files=[str(binary)], streaming=True))
+        streaming.check_sources(
+            DataConfig(source="files", train_files=[str(binary)], streaming=True)
+        )
     with pytest.raises(DataError, match="no file matches"):
-        streaming.check_sources(DataConfig(source="files", train_files=[str(tmp_path / "*.parquet")],
-                                           streaming=True))
+        streaming.check_sources(
+            DataConfig(source="files", train_files=[str(tmp_path / "*.parquet")], streaming=True)
+        )
 
 
 def test_parquet_and_csv_streams_in_workers_lose_nothing_and_resume(tmp_path, tokenizer):
@@ -192,22 +252,30 @@ def test_parquet_and_csv_streams_in_workers_lose_nothing_and_resume(tmp_path, to
     rows = [f"row {i} of the table" for i in range(120)]
     pd.DataFrame({"body": rows[:60]}).to_parquet(tmp_path / "a.parquet")
     pd.DataFrame({"body": rows[60:]}).to_csv(tmp_path / "b.csv", index=False)
-    cfg = DataConfig(source="files", train_files=[str(tmp_path / "a.parquet"), str(tmp_path / "b.csv")],
-                     text_column="body", streaming=True, shuffle_buffer=1, max_seq_length=32,
-                     packing="line_by_line")
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(tmp_path / "a.parquet"), str(tmp_path / "b.csv")],
+        text_column="body",
+        streaming=True,
+        shuffle_buffer=1,
+        max_seq_length=32,
+        packing="line_by_line",
+    )
     stream, batches = _batches(cfg, tokenizer, 2, n=30, batch_size=4)  # 120 rows: one epoch
     seen = []
     for b in batches:
         original = b["labels"].where(b["labels"] != -100, b["input_ids"])
         seen.extend(_rows({"input_ids": original, "attention_mask": b["attention_mask"]}))
-    expected = {tuple([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id])
-                for ids in streaming.encode(tokenizer, rows)}
+    expected = {
+        tuple([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id])
+        for ids in streaming.encode(tokenizer, rows)
+    }
     assert len(seen) == 120 and set(seen) == expected
     # resume inside the parquet file (a datasets iterator state) and inside the csv
     for k in (5, 22):
         first, head = _batches(cfg, tokenizer, 2, n=k, batch_size=4)
         _, tail = _batches(cfg, tokenizer, 2, state=first.state_dict(), n=4, batch_size=4)
-        for a, b in zip(batches[k:k + 4], tail, strict=True):
+        for a, b in zip(batches[k : k + 4], tail, strict=True):
             assert torch.equal(a["input_ids"], b["input_ids"])
 
 
@@ -218,14 +286,22 @@ def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
 
     rows = [f"entry {i} of the hub set" for i in range(160)]
     datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(tmp_path / "hubset"), num_shards=4)
-    cfg = DataConfig(source="hub", hub_name=str(tmp_path / "hubset"), streaming=True, shuffle_buffer=1,
-                     max_seq_length=32, packing="line_by_line")
+    cfg = DataConfig(
+        source="hub",
+        hub_name=str(tmp_path / "hubset"),
+        streaming=True,
+        shuffle_buffer=1,
+        max_seq_length=32,
+        packing="line_by_line",
+    )
     reader = streaming.ShardBlocks(cfg, tokenizer, 1, 4, seed=0)
     it = reader.blocks()
     next(it)
     assert reader.stream.presharded  # 4 files for 4 readers: split by files
-    expected = {tuple([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id])
-                for ids in streaming.encode(tokenizer, rows)}
+    expected = {
+        tuple([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id])
+        for ids in streaming.encode(tokenizer, rows)
+    }
     seen = []
     for rank in range(2):
         _, batches = _batches(cfg, tokenizer, 2, rank=rank, world=2, n=20, batch_size=4)
@@ -234,7 +310,9 @@ def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
             seen.extend(_rows({"input_ids": original, "attention_mask": b["attention_mask"]}))
     assert len(seen) == 160 and set(seen) == expected
     first, _ = _batches(cfg, tokenizer, 2, rank=1, world=2, n=7, batch_size=4)
-    _, tail = _batches(cfg, tokenizer, 2, rank=1, world=2, state=first.state_dict(), n=5, batch_size=4)
+    _, tail = _batches(
+        cfg, tokenizer, 2, rank=1, world=2, state=first.state_dict(), n=5, batch_size=4
+    )
     _, whole = _batches(cfg, tokenizer, 2, rank=1, world=2, n=12, batch_size=4)
     for a, b in zip(whole[7:], tail, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"])
@@ -248,11 +326,25 @@ def _run(*args, timeout=300):
     return python_run(*args, timeout=timeout)
 
 
-TINY = ["model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
-        "model.intermediate_size=64", "data.max_seq_length=32", "data.max_eval_samples=32",
-        "train.batch_size=4", "train.progress=false", "train.log_every=2", "optim.warmup_steps=2",
-        "train.eval_every=6", "train.save_every=6", "train.max_steps=12", "data.streaming=true",
-        "data.shuffle_buffer=16", "data.stream_validation_docs=50", "train.num_workers=2"]
+TINY = [
+    "model.num_hidden_layers=1",
+    "model.hidden_size=32",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+    "data.max_seq_length=32",
+    "data.max_eval_samples=32",
+    "train.batch_size=4",
+    "train.progress=false",
+    "train.log_every=2",
+    "optim.warmup_steps=2",
+    "train.eval_every=6",
+    "train.save_every=6",
+    "train.max_steps=12",
+    "data.streaming=true",
+    "data.shuffle_buffer=16",
+    "data.stream_validation_docs=50",
+    "train.num_workers=2",
+]
 
 
 def test_streaming_training_resumes_where_the_stream_was(tmp_path):
@@ -260,10 +352,28 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
     step-6 checkpoint and resume: steps 7-12 see the same batches (same losses)."""
     text = shared_file("corpora/tinyshakespeare/input.txt")
     tok = tmp_path / "tok"
-    assert _run("-m", "mlmkit", "tokenizer", "data=files", f"data.train_files=[{text}]",
-                "tokenizer.algorithm=bpe", "tokenizer.vocab_size=600", f"out={tok}").returncode == 0
-    common = [str(ROOT / "train.py"), *TINY, "data=files", f"data.train_files=[{text}]",
-              f"tokenizer.name_or_path={tok}", f"paths.cache_dir={tmp_path}/cache", "data.packing=line_by_line"]
+    assert (
+        _run(
+            "-m",
+            "mlmkit",
+            "tokenizer",
+            "data=files",
+            f"data.train_files=[{text}]",
+            "tokenizer.algorithm=bpe",
+            "tokenizer.vocab_size=600",
+            f"out={tok}",
+        ).returncode
+        == 0
+    )
+    common = [
+        str(ROOT / "train.py"),
+        *TINY,
+        "data=files",
+        f"data.train_files=[{text}]",
+        f"tokenizer.name_or_path={tok}",
+        f"paths.cache_dir={tmp_path}/cache",
+        "data.packing=line_by_line",
+    ]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     proc = _run(*common, f"hydra.run.dir={whole}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -285,7 +395,11 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
     state = json.loads((whole / "checkpoints" / "step_0000006" / "loop_state.json").read_text())
     assert state["stream"]["ranks"][0]["consumed"] == 6
     # a different worker count cannot continue the stream: one sentence, exit 2
-    proc = _run(*common, f"hydra.run.dir={cut}", "train.resume=auto", "train.num_workers=0",
-                "train.max_steps=14")
+    proc = _run(
+        *common,
+        f"hydra.run.dir={cut}",
+        "train.resume=auto",
+        "train.num_workers=0",
+        "train.max_steps=14",
+    )
     assert proc.returncode == 2 and "train.num_workers=2" in proc.stderr.strip().splitlines()[-1]
-

@@ -8,7 +8,10 @@ from mlmkit.config import TokenizerConfig
 from mlmkit.data.tokenizer import get_tokenizer, load_tokenizer, tokenizer_fingerprint
 from mlmkit.errors import TokenizerError
 
-TEXTS = [f"The quick brown fox number {i} jumps over the lazy dog near the river bank." for i in range(300)]
+TEXTS = [
+    f"The quick brown fox number {i} jumps over the lazy dog near the river bank."
+    for i in range(300)
+]
 
 
 def test_trained_wordpiece_has_bert_specials_and_template(tokenizer):

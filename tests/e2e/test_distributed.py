@@ -13,39 +13,76 @@ from pathlib import Path
 import pytest
 from runs import ROOT, TEST_ENV, TINY, events, free_port, run_train, write_probe_task
 
-COMMON = ["train.max_steps=10", "train.save_every=5", "train.eval_every=10", "train.log_every=1",
-          "train.precision=no", "logger=none"]
+COMMON = [
+    "train.max_steps=10",
+    "train.save_every=5",
+    "train.eval_every=10",
+    "train.log_every=1",
+    "train.precision=no",
+    "logger=none",
+]
 
 
 def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.CompletedProcess:
     """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
     # TEST_ENV's DS_ACCELERATOR: DeepSpeed's CPU accelerator, also where a GPU is present
     env = {**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"the launch did not end within {timeout} s (a rank left waiting in a "
-                             f"collective?):\n{err[-4000:]}") from None
+        raise AssertionError(
+            f"the launch did not end within {timeout} s (a rank left waiting in a "
+            f"collective?):\n{err[-4000:]}"
+        ) from None
     assert proc.returncode == 0 or not check, err[-4000:]
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def launch_two(run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False) -> subprocess.CompletedProcess:
+def launch_two(
+    run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False
+) -> subprocess.CompletedProcess:
     """Two CPU processes: ``accelerate launch train.py ...``, or with ``as_module``
     ``accelerate launch -m mlmkit train ...`` (the installed package's way)."""
     launcher = [str(Path(sys.executable).with_name("accelerate")), "launch"]
     script = ["-m", "mlmkit", "train"] if as_module else [str(ROOT / "train.py")]
-    cmd = [*launcher, "--main_process_port", free_port(), "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", *script, *TINY,
-           f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
+    cmd = [
+        *launcher,
+        "--main_process_port",
+        free_port(),
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        *script,
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
     return run_launch(cmd, timeout=900)
 
 
-ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]  # accelerate launch, this interpreter's
+ACCELERATE = [
+    sys.executable,
+    "-m",
+    "accelerate.commands.launch",
+]  # accelerate launch, this interpreter's
 
 # Five evaluation batches over two ranks: the rank with fewer must still take part in every
 # forward, which under FSDP and ZeRO-3 gathers the weights from all ranks.
@@ -74,14 +111,19 @@ def test_two_processes_share_one_run_dir(ddp_reference):
 
 
 @pytest.mark.slow
-def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, cache_dir, ddp_reference):
+def test_two_processes_follow_one_process_with_the_same_global_batch(
+    tmp_path, cache_dir, ddp_reference
+):
     """2 processes x batch 8 = 1 process x batch 16: same rows, masks and normalisation."""
     one, two = tmp_path / "one", ddp_reference
     run_train(one, cache_dir, *ENGINE_ARGS, "train.batch_size=16")
     a, b = events(one, "train"), events(two, "train")
     assert [e["step"] for e in a] == [e["step"] for e in b] == list(range(1, 11))
     for x, y in zip(a, b):
-        assert x["tokens_seen"] == y["tokens_seen"] and x["global_batch_size"] == y["global_batch_size"] == 16
+        assert (
+            x["tokens_seen"] == y["tokens_seen"]
+            and x["global_batch_size"] == y["global_batch_size"] == 16
+        )
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-3)
     ea, eb = events(one, "eval")[-1], events(two, "eval")[-1]
@@ -99,11 +141,26 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, c
     assert events(resumed, "eval")[-1]["eval_loss"] == pytest.approx(eb["eval_loss"], rel=1e-6)
 
 
-def launch_engine(config: str, run_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+def launch_engine(
+    config: str, run_dir: Path, cache_dir: Path, *overrides: str
+) -> subprocess.CompletedProcess:
     """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as conf/accelerate/<config>.yaml sets it."""
-    cmd = [*ACCELERATE, "--main_process_port", free_port(), "--config_file", str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
-           "--num_processes", "2", "--mixed_precision", "no", str(ROOT / "tests" / "engine_on_cpu.py"),
-           *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}", *overrides]
+    cmd = [
+        *ACCELERATE,
+        "--main_process_port",
+        free_port(),
+        "--config_file",
+        str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+        str(ROOT / "tests" / "engine_on_cpu.py"),
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
     return run_launch(cmd, timeout=300)
 
 
@@ -112,7 +169,9 @@ def assert_same_losses(a: Path, b: Path, rel: float) -> None:
     assert [e["step"] for e in x] == [e["step"] for e in y] == list(range(1, 11))
     for p, q in zip(x, y):
         assert p["loss"] == pytest.approx(q["loss"], rel=rel), (p["step"], p["loss"], q["loss"])
-    assert events(a, "eval")[-1]["eval_loss"] == pytest.approx(events(b, "eval")[-1]["eval_loss"], rel=rel)
+    assert events(a, "eval")[-1]["eval_loss"] == pytest.approx(
+        events(b, "eval")[-1]["eval_loss"], rel=rel
+    )
 
 
 def resume_from_step_5(run: Path, resumed: Path) -> None:
@@ -122,7 +181,9 @@ def resume_from_step_5(run: Path, resumed: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, cache_dir, ddp_reference):
+def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
+    tmp_path, cache_dir, ddp_reference
+):
     """FSDP2 (full shard per BertLayer, sharded state dicts): the same losses as DDP, each rank
     writes its shard, a resumed run continues exactly, and final/ holds the gathered weights."""
     import torch
@@ -132,19 +193,27 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, ca
     ddp, fsdp = ddp_reference, tmp_path / "fsdp"
     # probed too (through the sharded objective's forward), which leaves the training as it was
     task = write_probe_task(tmp_path / "task")
-    launch_engine("fsdp", fsdp, cache_dir, *ENGINE_ARGS, "probe.every=5", f"probe.task.data_dir={task}")
+    launch_engine(
+        "fsdp", fsdp, cache_dir, *ENGINE_ARGS, "probe.every=5", f"probe.task.data_dir={task}"
+    )
     assert_same_losses(ddp, fsdp, rel=1e-4)
     assert [e["step"] for e in events(fsdp, "probe")] == [0, 5, 10]
 
     # Each rank wrote its own shard of the weights and of the optimizer state.
     ckpt = fsdp / "checkpoints" / "step_0000010"
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):
-        assert sorted(p.name for p in (ckpt / part).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+        assert sorted(p.name for p in (ckpt / part).glob("*.distcp")) == [
+            "__0_0.distcp",
+            "__1_0.distcp",
+        ]
     # final/ is one plain model, the files a DDP run writes: the full tensors the shards hold.
     dcp_to_torch_save(ckpt / "pytorch_model_fsdp_0", tmp_path / "gathered.pt")
     shards = torch.load(tmp_path / "gathered.pt")["model"]
     gathered = {k.removeprefix("model."): v for k, v in shards.items()}
-    final, ddp_final = load_file(fsdp / "final" / "model.safetensors"), load_file(ddp / "final" / "model.safetensors")
+    final, ddp_final = (
+        load_file(fsdp / "final" / "model.safetensors"),
+        load_file(ddp / "final" / "model.safetensors"),
+    )
     assert set(final) == set(ddp_final) and set(final) <= set(gathered)
     for name, tensor in final.items():
         assert torch.equal(tensor, gathered[name]), name
@@ -162,11 +231,14 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(tmp_path, cache_dir,
-                                                                             ddp_reference):
+def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
+    tmp_path, cache_dir, ddp_reference
+):
     """DeepSpeed ZeRO-2 and ZeRO-3 (DeepSpeed's CPU accelerator): the same losses as DDP, each
     rank writes its partition, ZeRO-3 resumes exactly, and final/ is the plain model."""
-    pytest.importorskip("deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')")
+    pytest.importorskip(
+        "deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')"
+    )
     import torch
     from safetensors.torch import load_file
 
@@ -176,7 +248,9 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(t
         run = tmp_path / f"zero{stage}"
         launch_engine(f"deepspeed_zero{stage}", run, cache_dir, *ENGINE_ARGS)
         assert_same_losses(ddp, run, rel=1e-4)
-        files = sorted(p.name for p in (run / "checkpoints" / "step_0000010" / "pytorch_model").iterdir())
+        files = sorted(
+            p.name for p in (run / "checkpoints" / "step_0000010" / "pytorch_model").iterdir()
+        )
         for rank in (0, 1):
             assert f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in files
             if stage == 3:  # the weights are partitioned too
@@ -191,17 +265,24 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(t
     launch_engine("deepspeed_zero3", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
     assert "Resumed from" in (resumed / "train.log").read_text()
     assert_same_losses(tmp_path / "zero3", resumed, rel=1e-6)
-    first, again = load_file(tmp_path / "zero3" / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    first, again = (
+        load_file(tmp_path / "zero3" / "final" / "model.safetensors"),
+        load_file(resumed / "final" / "model.safetensors"),
+    )
     for name, tensor in first.items():
         assert torch.allclose(tensor, again[name], rtol=1e-5, atol=1e-6), name
 
 
 @pytest.mark.slow
 def test_deepspeed_config_micro_batch_other_than_train_batch_size_is_refused(tmp_path, cache_dir):
-    pytest.importorskip("deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')")
+    pytest.importorskip(
+        "deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')"
+    )
     ds_json = tmp_path / "ds.json"
-    ds_json.write_text('{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, '
-                       '"zero_optimization": {"stage": 2}}')
+    ds_json.write_text(
+        '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, '
+        '"zero_optimization": {"stage": 2}}'
+    )
     config = tmp_path / "deepspeed.yaml"
     config.write_text(f"""compute_environment: LOCAL_MACHINE
 distributed_type: DEEPSPEED
@@ -212,10 +293,22 @@ num_machines: 1
 num_processes: 1
 use_cpu: false
 """)
-    cmd = [*ACCELERATE, "--main_process_port", free_port(), "--config_file", str(config), str(ROOT / "tests" / "engine_on_cpu.py"),
-           *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path / 'run'}", *COMMON,
-           "train.batch_size=8"]
+    cmd = [
+        *ACCELERATE,
+        "--main_process_port",
+        free_port(),
+        "--config_file",
+        str(config),
+        str(ROOT / "tests" / "engine_on_cpu.py"),
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *COMMON,
+        "train.batch_size=8",
+    ]
     proc = run_launch(cmd, timeout=300, check=False)
     assert proc.returncode != 0
-    assert ("The DeepSpeed config sets train_micro_batch_size_per_gpu=4 but train.batch_size=8; "
-            "make them equal, or set the DeepSpeed one to auto.") in proc.stderr
+    assert (
+        "The DeepSpeed config sets train_micro_batch_size_per_gpu=4 but train.batch_size=8; "
+        "make them equal, or set the DeepSpeed one to auto."
+    ) in proc.stderr

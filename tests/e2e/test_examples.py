@@ -18,15 +18,28 @@ from conftest import SHARED_DATA, shared_file
 from runs import ROOT, TEST_ENV, TINY, free_port, train_steps
 
 EXAMPLES = ROOT / "examples"
-SLURM_TESTS = ROOT / "tests" / "slurm" / "test_slurm_jobs.py"  # the SLURM scripts, on a real cluster
+SLURM_TESTS = (
+    ROOT / "tests" / "slurm" / "test_slurm_jobs.py"
+)  # the SLURM scripts, on a real cluster
 SCRIPTS = sorted(p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("*") if p.is_file())
 
 # a few steps of the tiny model, quiet; the scripts' own overrides come first, these last
-STEPS = ["train.max_steps=10", "train.eval_every=10", "train.save_every=0", "logger=none",
-         "train.progress=false"]
+STEPS = [
+    "train.max_steps=10",
+    "train.eval_every=10",
+    "train.save_every=0",
+    "logger=none",
+    "train.progress=false",
+]
 # continued pretraining keeps the base model's shape and tokenizer: the rest of TINY
-CONTINUE = ["data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_size=8",
-            "train.log_every=5", "optim.warmup_steps=2", *STEPS]
+CONTINUE = [
+    "data.max_seq_length=64",
+    "data.max_eval_samples=64",
+    "train.batch_size=8",
+    "train.log_every=5",
+    "optim.warmup_steps=2",
+    *STEPS,
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,33 +54,52 @@ def bin_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def env(bin_dir) -> dict:
-    return {**os.environ, **TEST_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python")}
+    return {
+        **os.environ,
+        **TEST_ENV,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHON": str(bin_dir / "python"),
+    }
 
 
 def bash(script: str, *args: str, env: dict, cwd: Path, timeout: float = 240, check: bool = True):
     """``bash examples/<script> args``, to its end (on a timeout its processes are killed)."""
-    proc = subprocess.Popen(["bash", str(EXAMPLES / script), *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(EXAMPLES / script), *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"{script} ran past {timeout} s:\n{out[-2000:]}\n{err[-4000:]}") from None
+        raise AssertionError(
+            f"{script} ran past {timeout} s:\n{out[-2000:]}\n{err[-4000:]}"
+        ) from None
     if check:
-        assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
+        assert proc.returncode == 0, (
+            f"{script} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
+        )
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_every_example_is_tested_here_and_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text()
     linked = set(re.findall(r"\]\((examples/[^)]+)\)", readme))
-    assert {f"examples/{s}" for s in SCRIPTS} <= linked, sorted({f"examples/{s}" for s in SCRIPTS} - linked)
+    assert {f"examples/{s}" for s in SCRIPTS} <= linked, sorted(
+        {f"examples/{s}" for s in SCRIPTS} - linked
+    )
     source = Path(__file__).read_text() + SLURM_TESTS.read_text()
     assert all(f'"{s}"' in source for s in SCRIPTS), [s for s in SCRIPTS if f'"{s}"' not in source]
 
 
 # --- local files and continued pretraining (../shared/data) ---------------------------------
+
 
 @pytest.fixture(scope="module")
 def gutenberg_run(bin_dir, tmp_path_factory, cache_dir) -> Path:
@@ -75,9 +107,16 @@ def gutenberg_run(bin_dir, tmp_path_factory, cache_dir) -> Path:
     shared_file("corpora/gutenberg")
     shared_file("corpora/wikitext-2/valid.txt")
     work = tmp_path_factory.mktemp("gutenberg")
-    env = {**os.environ, **TEST_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "PYTHON": str(bin_dir / "python"), "DATA": str(SHARED_DATA / "corpora")}
-    bash("pretrain_local_files.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}", env=env, cwd=work)
+    env = {
+        **os.environ,
+        **TEST_ENV,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHON": str(bin_dir / "python"),
+        "DATA": str(SHARED_DATA / "corpora"),
+    }
+    bash(
+        "pretrain_local_files.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}", env=env, cwd=work
+    )
     return work / "outputs" / "gutenberg-bert-mini"
 
 
@@ -95,13 +134,24 @@ def _embeddings(model_dir: Path):
     return next(v.float() for k, v in weights.items() if k.endswith("word_embeddings.weight"))
 
 
-def test_continued_pretraining_starts_from_a_local_bert_dir(gutenberg_run, env, tmp_path, cache_dir):
+def test_continued_pretraining_starts_from_a_local_bert_dir(
+    gutenberg_run, env, tmp_path, cache_dir
+):
     base = gutenberg_run / "final"
-    bash("continued_pretraining.sh", str(base), *CONTINUE, f"paths.cache_dir={cache_dir}",
-         env={**env, "DATA": str(SHARED_DATA / "corpora")}, cwd=tmp_path)
+    bash(
+        "continued_pretraining.sh",
+        str(base),
+        *CONTINUE,
+        f"paths.cache_dir={cache_dir}",
+        env={**env, "DATA": str(SHARED_DATA / "corpora")},
+        cwd=tmp_path,
+    )
     run = tmp_path / "outputs" / "continued-final"
     assert train_steps(run)[-1] == 10
-    vocab = [json.loads((d / "tokenizer.json").read_text())["model"]["vocab"] for d in (base, run / "final")]
+    vocab = [
+        json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]
+        for d in (base, run / "final")
+    ]
     assert vocab[0] == vocab[1]  # the base model's tokenizer, not a new one
     before, after = _embeddings(base), _embeddings(run / "final")
     assert before.shape == after.shape
@@ -110,8 +160,14 @@ def test_continued_pretraining_starts_from_a_local_bert_dir(gutenberg_run, env, 
 
 def test_domain_adaptation_evaluates_before_and_after(gutenberg_run, env, tmp_path, cache_dir):
     base = gutenberg_run / "final"
-    proc = bash("domain_adaptation.sh", str(base), *CONTINUE, f"paths.cache_dir={cache_dir}",
-                env={**env, "DATA": str(SHARED_DATA / "corpora")}, cwd=tmp_path)
+    proc = bash(
+        "domain_adaptation.sh",
+        str(base),
+        *CONTINUE,
+        f"paths.cache_dir={cache_dir}",
+        env={**env, "DATA": str(SHARED_DATA / "corpora")},
+        cwd=tmp_path,
+    )
     out = proc.stdout + proc.stderr
     before, after = out.index("== before:"), out.index("== after:")
     assert before < after
@@ -120,38 +176,69 @@ def test_domain_adaptation_evaluates_before_and_after(gutenberg_run, env, tmp_pa
 
 
 def test_domain_adaptation_names_a_base_that_is_no_model(env, tmp_path):
-    proc = bash("domain_adaptation.sh", str(tmp_path / "nothing"), env=env, cwd=tmp_path, check=False)
+    proc = bash(
+        "domain_adaptation.sh", str(tmp_path / "nothing"), env=env, cwd=tmp_path, check=False
+    )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("Error:") and "nothing" in proc.stderr and "config.json" in proc.stderr
+    assert (
+        proc.stderr.startswith("Error:")
+        and "nothing" in proc.stderr
+        and "config.json" in proc.stderr
+    )
 
 
 def test_glue_fine_tunes_on_three_tasks(gutenberg_run, env, tmp_path):
     shared_file("glue/SST-2/train.tsv")
-    proc = bash("glue.sh", str(gutenberg_run), "epochs=1", "max_train_samples=32", "batch_size=16",
-                "max_seq_length=32", "save_model=false",
-                env={**env, "GLUE": str(SHARED_DATA / "glue")}, cwd=tmp_path)
+    proc = bash(
+        "glue.sh",
+        str(gutenberg_run),
+        "epochs=1",
+        "max_train_samples=32",
+        "batch_size=16",
+        "max_seq_length=32",
+        "save_model=false",
+        env={**env, "GLUE": str(SHARED_DATA / "glue")},
+        cwd=tmp_path,
+    )
     results = sorted((tmp_path / "outputs" / "finetune").glob("*/*/results.json"))
-    assert sorted(p.parent.parent.name for p in results) == ["cola", "rte", "sst2"], proc.stderr[-3000:]
+    assert sorted(p.parent.parent.name for p in results) == ["cola", "rte", "sst2"], proc.stderr[
+        -3000:
+    ]
 
 
-def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(env, tmp_path, cache_dir):
+def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(
+    env, tmp_path, cache_dir
+):
     shared_file("corpora/hindi/sevasadan.txt")
     run = tmp_path / "outputs" / "hindi-bert-mini"
-    proc = bash("new_language.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}",
-                env={**env, "DATA": str(SHARED_DATA / "corpora"), "VOCAB": "2000"}, cwd=tmp_path)
+    proc = bash(
+        "new_language.sh",
+        *TINY,
+        *STEPS,
+        f"paths.cache_dir={cache_dir}",
+        env={**env, "DATA": str(SHARED_DATA / "corpora"), "VOCAB": "2000"},
+        cwd=tmp_path,
+    )
     assert "[UNK] is 0.00% of the tokens of the held-out text" in proc.stdout
     assert train_steps(run)[-1] == 10
-    assert "[UNK] is 0.00% of the validation text's tokens" in (run / "final" / "README.md").read_text()
+    assert (
+        "[UNK] is 0.00% of the validation text's tokens"
+        in (run / "final" / "README.md").read_text()
+    )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(run / "final")
     word = "स्वतन्त्रता"  # स्वतन्त्रता
     assert tok.decode(tok(word)["input_ids"], skip_special_tokens=True) == word  # its viramas kept
     answers = [line for line in proc.stdout.splitlines() if line.strip()][-5:]
-    assert len(answers) == 5 and all(re.search(r"\d\.\d", line) for line in answers), proc.stdout[-2000:]
+    assert len(answers) == 5 and all(re.search(r"\d\.\d", line) for line in answers), proc.stdout[
+        -2000:
+    ]
 
 
-def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_random_init(env, tmp_path, cache_dir):
+def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_random_init(
+    env, tmp_path, cache_dir
+):
     """examples/embedder.sh, shrunk: the tiny model pretrained on AG News's texts, the stage with
     STS-B train pairs and without pairs (SimCSE, same-document pairs), every model scored on STS-B
     dev and its retrieval set, and the Hindi part on the same tiny run as a stand-in."""
@@ -159,27 +246,59 @@ def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_rand
     shared_file("agnews/dev.tsv")
     shared_file("corpora/hindi/sevasadan.txt")
     work = tmp_path / "embedder"
-    stage = {"PAIR_STEPS": "2", "TEXT_STEPS": "2", "HINDI_STEPS": "2", "BATCH": "8", "HINDI_RUN": str(work / "mlm"),
-             "EMBED_ARGS": "max_texts=64 max_seq_length=32 precision=no"}
-    proc = bash("embedder.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}",
-                env={**env, "DATA": str(SHARED_DATA), "WORK": str(work), **stage}, cwd=tmp_path)
-    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [r[0] for r in rows[1:6]] == ["| random init", "| MLM pretraining only", "| MLM + embed, pairs",
-                                         "| MLM + embed, no pairs: SimCSE",
-                                         "| MLM + embed, no pairs: same-document pairs"], proc.stdout[-3000:]
+    stage = {
+        "PAIR_STEPS": "2",
+        "TEXT_STEPS": "2",
+        "HINDI_STEPS": "2",
+        "BATCH": "8",
+        "HINDI_RUN": str(work / "mlm"),
+        "EMBED_ARGS": "max_texts=64 max_seq_length=32 precision=no",
+    }
+    proc = bash(
+        "embedder.sh",
+        *TINY,
+        *STEPS,
+        f"paths.cache_dir={cache_dir}",
+        env={**env, "DATA": str(SHARED_DATA), "WORK": str(work), **stage},
+        cwd=tmp_path,
+    )
+    rows = [
+        line.split(" | ")
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert [r[0] for r in rows[1:6]] == [
+        "| random init",
+        "| MLM pretraining only",
+        "| MLM + embed, pairs",
+        "| MLM + embed, no pairs: SimCSE",
+        "| MLM + embed, no pairs: same-document pairs",
+    ], proc.stdout[-3000:]
     assert all(0 < float(r[2]) <= 1 for r in rows[1:6])  # nDCG@10 of each model
-    assert [r[0] for r in rows[6:]] == ["| Hindi, simcse: before -> after", "| Hindi, same_document: before -> after"]
+    assert [r[0] for r in rows[6:]] == [
+        "| Hindi, simcse: before -> after",
+        "| Hindi, same_document: before -> after",
+    ]
     pairs = json.loads((work / "pairs" / "results.json").read_text())
-    assert pairs["data"]["dropped"] > 0 and pairs["steps"] == 2  # STS-B dev's texts left out of the pairs
+    assert (
+        pairs["data"]["dropped"] > 0 and pairs["steps"] == 2
+    )  # STS-B dev's texts left out of the pairs
     assert (work / "simcse" / "final" / "modules.json").is_file()
 
 
 # --- the built-in corpus -------------------------------------------------------------------
 
+
 def test_sweep_lr_tables_and_plots_the_sweep(env, tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
-    proc = bash("sweep_lr.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}",
-                env={**env, "SWEEP_DIR": str(sweep)}, cwd=tmp_path)
+    proc = bash(
+        "sweep_lr.sh",
+        *TINY,
+        *STEPS,
+        f"paths.cache_dir={cache_dir}",
+        env={**env, "SWEEP_DIR": str(sweep)},
+        cwd=tmp_path,
+    )
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "2"]
     table = [line for line in proc.stdout.splitlines() if re.match(r"\d+ +optim\.lr=", line)]
     assert len(table) == 3, proc.stdout
@@ -188,14 +307,22 @@ def test_sweep_lr_tables_and_plots_the_sweep(env, tmp_path, cache_dir):
 
 def test_multi_process_cpu_trains_with_two_processes(env, tmp_path, cache_dir):
     run = tmp_path / "run"
-    bash("multi_process_cpu.sh", *TINY, *STEPS, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}",
-         env={**env, "MAIN_PORT": free_port()}, cwd=tmp_path)
+    bash(
+        "multi_process_cpu.sh",
+        *TINY,
+        *STEPS,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run}",
+        env={**env, "MAIN_PORT": free_port()},
+        cwd=tmp_path,
+    )
     log = (run / "train.log").read_text()
     assert re.search(r"2 process", log), log[:3000]
     assert train_steps(run)[-1] == 10 and (run / "final" / "config.json").is_file()
 
 
 # --- SLURM ---------------------------------------------------------------------------------
+
 
 def test_a_plain_sbatch_of_train_sbatch_writes_its_log_where_it_is_submitted():
     """SLURM opens --output before the script runs: the script's own must need no folder."""

@@ -46,14 +46,18 @@ def test_every_declared_floor_is_a_version_the_floor_environment_installs():
     tested = {**pins("gpu-image.txt"), **pins("gpu-carry.txt")}
     declared = floors()
     assert {"torch", "transformers", "accelerate", "datasets", "hydra-core"} <= set(declared)
-    assert {name: declared[name] for name in declared} == {name: tested.get(name) for name in declared}
+    assert {name: declared[name] for name in declared} == {
+        name: tested.get(name) for name in declared
+    }
 
 
 def rehearsal_inputs() -> None:
     """Skip (fail under CI) where the floor environment or the wheels are not built."""
     missing = [str(p) for p in (FLOOR_PYTHON, WHEELS / ".fetched") if not p.exists()]
     if missing:
-        reason = f"{', '.join(missing)} absent: make floor-env gpu-wheels builds them (.ci/run does)"
+        reason = (
+            f"{', '.join(missing)} absent: make floor-env gpu-wheels builds them (.ci/run does)"
+        )
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -64,19 +68,45 @@ def test_the_gpu_check_rehearses_on_a_bare_image_with_the_carried_wheels(tmp_pat
     rehearsal_inputs()
     out = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    proc = subprocess.run([str(FLOOR_PYTHON), str(ROOT / "benchmarks" / "gpu_check.py"), "run", "--cpu",
-                           "--wheels", str(WHEELS), "--out", str(out), "--work", str(tmp_path / "work")],
-                          capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            str(FLOOR_PYTHON),
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            "run",
+            "--cpu",
+            "--wheels",
+            str(WHEELS),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+        cwd=ROOT,
+    )
     log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
     assert proc.returncode == 0, proc.stdout[-2000:] + log[-6000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert list(summary["steps"]) == ["install", "gpu-tests", "doctor-bert", "gpu-bert", "doctor-modernbert"]
+    assert list(summary["steps"]) == [
+        "install",
+        "gpu-tests",
+        "doctor-bert",
+        "gpu-bert",
+        "doctor-modernbert",
+    ]
     software, image, carry = summary["software"], pins("gpu-image.txt"), pins("gpu-carry.txt")
     for name in ("torch", "transformers", "accelerate"):
         assert software[name].split("+")[0] == image[name]
-    assert software["datasets"] == carry["datasets"] and software["hydra-core"] == carry["hydra-core"]
+    assert (
+        software["datasets"] == carry["datasets"] and software["hydra-core"] == carry["hydra-core"]
+    )
     assert software["python"].startswith("3.12") and software["mlmkit"]
-    assert "needs a CUDA GPU (none here)" in log  # the GPU tests were collected, and skipped with the reason
+    assert (
+        "needs a CUDA GPU (none here)" in log
+    )  # the GPU tests were collected, and skipped with the reason
     for name in ("doctor-bert", "doctor-modernbert"):
         report = summary["steps"][name]["figures"]
         assert report["rehearsal"]["tokens_per_s"] > 0 and report["parity"]["checks"]
@@ -85,21 +115,30 @@ def test_the_gpu_check_rehearses_on_a_bare_image_with_the_carried_wheels(tmp_pat
     assert len(list(out.iterdir())) <= 8  # what a lent machine returns
 
 
-def test_each_step_writes_its_figures_as_it_ends_and_the_budget_stops_the_rest(tmp_path, monkeypatch, capsys):
+def test_each_step_writes_its_figures_as_it_ends_and_the_budget_stops_the_rest(
+    tmp_path, monkeypatch, capsys
+):
     def plan(out, cache, cpu):
         write = f"import json; json.dump({{'rate': 1}}, open({str(out / 'first.json')!r}, 'w'))"
-        return [("first", [sys.executable, "-c", write], 30, out / "first.json"),
-                ("slow", [sys.executable, "-c", "import time; time.sleep(60)"], 3, out / "slow.json"),
-                ("late", [sys.executable, "-c", "pass"], 30, None)]
+        return [
+            ("first", [sys.executable, "-c", write], 30, out / "first.json"),
+            ("slow", [sys.executable, "-c", "import time; time.sleep(60)"], 3, out / "slow.json"),
+            ("late", [sys.executable, "-c", "pass"], 30, None),
+        ]
 
     monkeypatch.setattr(gpu_check, "plan", plan)
     monkeypatch.setattr(gpu_check, "software", lambda env: {})
     out = tmp_path / "out"
-    args = gpu_check.argparse.Namespace(out=str(out), wheels=None, work=str(tmp_path / "work"), budget=22.5,
-                                        cpu=True)
+    args = gpu_check.argparse.Namespace(
+        out=str(out), wheels=None, work=str(tmp_path / "work"), budget=22.5, cpu=True
+    )
     assert gpu_check.run(args) == 1
     steps = json.loads((out / "summary.json").read_text())["steps"]
-    assert steps["first"] == {"status": "ok", "seconds": steps["first"]["seconds"], "figures": {"rate": 1}}
+    assert steps["first"] == {
+        "status": "ok",
+        "seconds": steps["first"]["seconds"],
+        "figures": {"rate": 1},
+    }
     assert steps["slow"]["status"] == "timeout after 3 s"
     assert steps["late"]["status"] == "skipped (the budget ran out)"
     assert "1 of 3 steps ok" in capsys.readouterr().out
@@ -108,7 +147,9 @@ def test_each_step_writes_its_figures_as_it_ends_and_the_budget_stops_the_rest(t
 def test_the_gpu_plan_fits_a_lent_machine(tmp_path):
     steps = gpu_check.plan(tmp_path, tmp_path / "cache", cpu=False)
     files = {"summary.json", "log.txt"} | {figures.name for _, _, _, figures in steps if figures}
-    assert len(files) <= 8 and all(tmp_path / "cache" != figures.parent for *_, figures in steps if figures)
+    assert len(files) <= 8 and all(
+        tmp_path / "cache" != figures.parent for *_, figures in steps if figures
+    )
     # 6.5 minutes of steps: with a fresh machine's start and the install, 8 in all
     assert gpu_check.GPU_BUDGET <= 390 and steps[0][0] == "gpu-tests"
     for _, command, _, _ in steps:

@@ -27,11 +27,25 @@ SENTENCES = 300
 
 def _pretrain(tmp_path, corpus):
     run = tmp_path / "pretrain"
-    proc = run_cli("train", "model=bert-mini", "data=files", f"data.train_files=[{corpus}]",
-        "data.txt_sample_by=line", f"data.max_seq_length={BLOCK}", f"train.batch_size={ROWS}",
-        f"train.max_steps={PRETRAIN_STEPS}", f"train.max_time={PRETRAIN_CAP}", "train.eval_every=500",
-        "train.save_every=0", "tokenizer.vocab_size=8192", "train.progress=false", "logger=none",
-        f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run}", timeout=3600)
+    proc = run_cli(
+        "train",
+        "model=bert-mini",
+        "data=files",
+        f"data.train_files=[{corpus}]",
+        "data.txt_sample_by=line",
+        f"data.max_seq_length={BLOCK}",
+        f"train.batch_size={ROWS}",
+        f"train.max_steps={PRETRAIN_STEPS}",
+        f"train.max_time={PRETRAIN_CAP}",
+        "train.eval_every=500",
+        "train.save_every=0",
+        "tokenizer.vocab_size=8192",
+        "train.progress=false",
+        "logger=none",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={run}",
+        timeout=3600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run
 
@@ -48,14 +62,17 @@ def bigram_shift_pairs(sentences: list[str], seed: int = 0) -> list[dict[str, st
         if len(words) < 4 or not swappable:
             continue
         i = rng.choice(swappable)
-        shifted = words[:i] + [words[i + 1], words[i]] + words[i + 2:]
+        shifted = words[:i] + [words[i + 1], words[i]] + words[i + 2 :]
         pairs.append({"sentence_good": " ".join(words), "sentence_bad": " ".join(shifted)})
     return pairs
 
 
 def _read_sentences(path) -> list[str]:
     with open(path, encoding="utf-8", newline="") as f:
-        return [row[0].strip() for row in list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]]
+        return [
+            row[0].strip()
+            for row in list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+        ]
 
 
 @pytest.mark.slow
@@ -94,11 +111,21 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     accuracy = {}
     for init in ("pretrained", "random"):
         out = tmp_path / f"pairs-{init}.json"
-        proc = run_cli("eval-pairs", f"checkpoint={run}", f"files=[{pairs_file}]",
-                          f"init={init}", f"output={out}", timeout=1800)
+        proc = run_cli(
+            "eval-pairs",
+            f"checkpoint={run}",
+            f"files=[{pairs_file}]",
+            f"init={init}",
+            f"output={out}",
+            timeout=1800,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
         assert result["pairs"] == len(pairs) > 280
         accuracy[init] = result["accuracy"]
-    print(f"bigram-shift pairs of SST-2 dev sentences: {accuracy}; masked-token accuracy {mlm_accuracy:.4f}")
-    assert accuracy["pretrained"] >= 0.70 and accuracy["pretrained"] - accuracy["random"] >= 0.15, accuracy
+    print(
+        f"bigram-shift pairs of SST-2 dev sentences: {accuracy}; masked-token accuracy {mlm_accuracy:.4f}"
+    )
+    assert accuracy["pretrained"] >= 0.70 and accuracy["pretrained"] - accuracy["random"] >= 0.15, (
+        accuracy
+    )

@@ -27,8 +27,9 @@ from mlmkit.training.checkpoint_files import list_checkpoints
 
 
 def _start(run: Path, cache_dir: Path, *overrides: str) -> subprocess.Popen:
-    return python_popen(ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}",
-                        f"hydra.run.dir={run}", *overrides)
+    return python_popen(
+        ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", *overrides
+    )
 
 
 def _weights(path: Path):
@@ -38,12 +39,18 @@ def _weights(path: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2],
-                         ids=lambda sig: sig.name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2], ids=lambda sig: sig.name
+)
 def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
     run = tmp_path / "run"
-    args = ["train.max_steps=150", "train.log_every=1", "train.save_every=0", "train.eval_every=0",
-            "train.precision=no"]
+    args = [
+        "train.max_steps=150",
+        "train.log_every=1",
+        "train.save_every=0",
+        "train.eval_every=0",
+        "train.precision=no",
+    ]
     proc = _start(run, cache_dir, *args)
     deadline = time.time() + 120
     while len(train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
@@ -67,8 +74,16 @@ def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_in_one_sentence(tmp_path, cache_dir):
     run = tmp_path / "run"
-    proc = _start(run, cache_dir, "train.max_steps=500", "train.log_every=1", "train.save_every=0",
-                  "train.eval_every=0", "train.precision=no", "train.batch_size=64")
+    proc = _start(
+        run,
+        cache_dir,
+        "train.max_steps=500",
+        "train.log_every=1",
+        "train.save_every=0",
+        "train.eval_every=0",
+        "train.precision=no",
+        "train.batch_size=64",
+    )
     deadline = time.time() + 120
     while len(train_steps(run)) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -78,8 +93,10 @@ def test_a_second_ctrl_c_stops_at_once_in_one_sentence(tmp_path, cache_dir):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "press Ctrl-C again to stop at once" in err and "Traceback" not in err
-    assert err.strip().splitlines()[-1] == ("Stopped at once by a second Ctrl-C, without a checkpoint of this "
-                                            "step; train.resume=auto continues from the last one saved.")
+    assert err.strip().splitlines()[-1] == (
+        "Stopped at once by a second Ctrl-C, without a checkpoint of this "
+        "step; train.resume=auto continues from the last one saved."
+    )
 
 
 @pytest.mark.slow
@@ -100,15 +117,27 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, cache_di
 @pytest.mark.slow
 def test_full_disk_while_training_stops_with_one_sentence_and_resume_finishes(tmp_path, cache_dir):
     run = tmp_path / "run"
-    args = ["train.save_every=2", "train.eval_every=0", "train.precision=no", "train.export=false",
-            "logger=none"]
+    args = [
+        "train.save_every=2",
+        "train.eval_every=0",
+        "train.precision=no",
+        "train.export=false",
+        "logger=none",
+    ]
     run_train(run, cache_dir, *args, "train.max_steps=2")
     good = run / "checkpoints" / "step_0000002"
     before = {p.name: p.read_bytes() for p in good.iterdir()}
     # A file cannot grow past 300 kB: the weights (240 kB) fit, the optimizer state (480 kB)
     # fails in torch.save as on a full disk.
-    proc = run_train(run, cache_dir, *args, "train.max_steps=4", "train.resume=auto", check=False,
-                     file_size_limit=300_000)
+    proc = run_train(
+        run,
+        cache_dir,
+        *args,
+        "train.max_steps=4",
+        "train.resume=auto",
+        check=False,
+        file_size_limit=300_000,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Error: Could not write the step-4 checkpoint" in proc.stderr
     assert "(from step_0000002, which is intact)." in proc.stderr and "Traceback" not in proc.stderr
@@ -116,33 +145,49 @@ def test_full_disk_while_training_stops_with_one_sentence_and_resume_finishes(tm
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before
     run_train(run, cache_dir, *args, "train.max_steps=4", "train.resume=auto")
     assert train_steps(run) == [2, 4]
-    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_0000002", "step_0000004"]
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == [
+        "step_0000002",
+        "step_0000004",
+    ]
 
 
 def _files(run: Path) -> dict[str, bytes]:
     """Every file mlmkit wrote into the run dir (Hydra's own .hydra/ record aside)."""
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and ".hydra" not in p.parts}
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and ".hydra" not in p.parts
+    }
 
 
 @pytest.mark.slow
 def test_a_second_run_into_the_same_run_dir_is_refused_and_writes_nothing(tmp_path, cache_dir):
     run = tmp_path / "run"
-    args = ["train.log_every=1", "train.save_every=0", "train.eval_every=0", "train.precision=no",
-            "logger=none"]
+    args = [
+        "train.log_every=1",
+        "train.save_every=0",
+        "train.eval_every=0",
+        "train.precision=no",
+        "logger=none",
+    ]
     first = _start(run, cache_dir, *args, "train.max_steps=400")
     try:
         deadline = time.time() + 120
         while len(train_steps(run)) < 2 and time.time() < deadline and first.poll() is None:
             time.sleep(0.1)
         assert first.poll() is None, first.communicate()[1][-3000:]
-        first.send_signal(signal.SIGSTOP)  # frozen: the run dir changes only if the second run writes
+        first.send_signal(
+            signal.SIGSTOP
+        )  # frozen: the run dir changes only if the second run writes
         before = _files(run)
-        second = run_train(run, cache_dir, *args, "train.max_steps=400", "train.resume=auto",
-                           check=False)
+        second = run_train(
+            run, cache_dir, *args, "train.max_steps=400", "train.resume=auto", check=False
+        )
         assert second.returncode == 2, second.stderr[-3000:]
         error = second.stderr.strip().splitlines()[-1]
-        assert error.startswith(f"Error: The run dir {str(run)!r} is in use by another run (pid {first.pid} on host ")
+        assert error.startswith(
+            f"Error: The run dir {str(run)!r} is in use by another run (pid {first.pid} on host "
+        )
         assert error.endswith("; wait for it to end or choose a new hydra.run.dir.")
         assert "Traceback" not in second.stderr
         assert _files(run) == before  # metrics.jsonl, train.log, ... untouched
@@ -155,11 +200,20 @@ def test_a_second_run_into_the_same_run_dir_is_refused_and_writes_nothing(tmp_pa
 
 @pytest.mark.slow
 def test_diverging_run_stops_with_one_sentence(tmp_path, cache_dir):
-    proc = run_train(tmp_path / "run", cache_dir, "optim.lr=1e20", "optim.warmup_steps=0",
-                     "optim.max_grad_norm=null", "train.max_steps=50", "train.max_bad_steps=3",
-                     check=False)
+    proc = run_train(
+        tmp_path / "run",
+        cache_dir,
+        "optim.lr=1e20",
+        "optim.warmup_steps=0",
+        "optim.max_grad_norm=null",
+        "train.max_steps=50",
+        "train.max_bad_steps=3",
+        check=False,
+    )
     assert proc.returncode == 2
-    assert re.search(r"\d+ steps in a row \(train.max_bad_steps is 3\) had a non-finite loss", proc.stderr)
+    assert re.search(
+        r"\d+ steps in a row \(train.max_bad_steps is 3\) had a non-finite loss", proc.stderr
+    )
     assert "updates were skipped" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -172,11 +226,19 @@ def test_bad_inputs_each_one_sentence(tmp_path, cache_dir):
     empty.write_text("")
     binary = tmp_path / "blob.txt"
     binary.write_bytes(bytes(range(256)) * 50)
-    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "[PAD]": 1, "[CLS]": 2, "[SEP]": 3, "a": 4},
-                                         unk_token="[UNK]"))
+    backend = Tokenizer(
+        models.WordLevel(
+            {"[UNK]": 0, "[PAD]": 1, "[CLS]": 2, "[SEP]": 3, "a": 4}, unk_token="[UNK]"
+        )
+    )
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
-                            cls_token="[CLS]", sep_token="[SEP]").save_pretrained(tmp_path / "nomask")
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+    ).save_pretrained(tmp_path / "nomask")
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     cases = [
@@ -237,8 +299,14 @@ def test_sigkill_at_random_moments_then_resume_gives_the_same_weights(tmp_path, 
     metrics show it), then a random fraction of the time a step and a save take: so it lands
     in a step or a save, however far the run had come before."""
     steps = 36
-    args = [f"train.max_steps={steps}", "train.save_every=3", "train.eval_every=12", "train.log_every=1",
-            "train.precision=no", "train.keep_last=2"]
+    args = [
+        f"train.max_steps={steps}",
+        "train.save_every=3",
+        "train.eval_every=12",
+        "train.log_every=1",
+        "train.precision=no",
+        "train.keep_last=2",
+    ]
     clean = tmp_path / "clean"
     run_train(clean, cache_dir, *args)
     expected = _weights(clean / "final")
@@ -309,9 +377,20 @@ def test_sigusr1_goes_on_to_the_launchers_handler_after_the_checkpoint(tmp_path,
         "sys.argv = [sys.argv[3]] + sys.argv[4:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    proc = python_popen(wrapper, marker, run, ROOT / "train.py", *TINY, f"paths.cache_dir={cache_dir}",
-                        f"hydra.run.dir={run}", "train.max_steps=400", "train.log_every=1",
-                        "train.save_every=0", "train.eval_every=0", "logger=none")
+    proc = python_popen(
+        wrapper,
+        marker,
+        run,
+        ROOT / "train.py",
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run}",
+        "train.max_steps=400",
+        "train.log_every=1",
+        "train.save_every=0",
+        "train.eval_every=0",
+        "logger=none",
+    )
     deadline = time.time() + 120
     while len(train_steps(run)) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -322,4 +401,3 @@ def test_sigusr1_goes_on_to_the_launchers_handler_after_the_checkpoint(tmp_path,
     assert "Stopped by SIGUSR1" in err
     ckpts = list_checkpoints(run / "checkpoints")
     assert len(ckpts) == 1 and marker.read_text() == ckpts[0].name  # saved before the hand-back
-

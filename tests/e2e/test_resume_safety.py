@@ -15,14 +15,20 @@ from mlmkit.training.checkpoint_files import list_checkpoints
 
 def _snapshot(run: Path) -> dict[str, str]:
     """A hash of every file in the run dir but the log a refused start appends to and the lock."""
-    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run.rglob("*")) if p.is_file() and p.name not in ("train.log", ".lock")
-            and ".hydra" not in p.parts}
+    return {
+        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name not in ("train.log", ".lock") and ".hydra" not in p.parts
+    }
 
 
 def _text(tmp_path: Path, name: str, words: str) -> Path:
     path = tmp_path / name
-    path.write_text("\n\n".join(f"{words} number {i} of the corpus, said the {words} again." for i in range(600)))
+    path.write_text(
+        "\n\n".join(
+            f"{words} number {i} of the corpus, said the {words} again." for i in range(600)
+        )
+    )
     return path
 
 
@@ -33,26 +39,37 @@ def run_on_files(tmp_path_factory, cache_dir):
     tmp_path = tmp_path_factory.mktemp("run-on-files")
     corpus = _text(tmp_path, "a.txt", "apple")
     run = tmp_path / "run"
-    args = ["data=files", f"data.train_files=[{corpus}]", "train.max_steps=10", "train.save_every=5",
-            "train.eval_every=0"]
+    args = [
+        "data=files",
+        f"data.train_files=[{corpus}]",
+        "train.max_steps=10",
+        "train.save_every=5",
+        "train.eval_every=0",
+    ]
     run_train(run, cache_dir, *args)
     return run, args
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("change,setting", [
-    ("data.train_files", "data.train_files"),
-    ("tokenizer.vocab_size=600", "tokenizer.vocab_size"),
-    ("model.hidden_size=64", "model.hidden_size"),
-    ("data.max_seq_length=32", "data.max_seq_length"),
-])
-def test_a_resume_that_changes_the_run_is_refused_before_writing(run_on_files, tmp_path, cache_dir,
-                                                                  change, setting):
+@pytest.mark.parametrize(
+    "change,setting",
+    [
+        ("data.train_files", "data.train_files"),
+        ("tokenizer.vocab_size=600", "tokenizer.vocab_size"),
+        ("model.hidden_size=64", "model.hidden_size"),
+        ("data.max_seq_length=32", "data.max_seq_length"),
+    ],
+)
+def test_a_resume_that_changes_the_run_is_refused_before_writing(
+    run_on_files, tmp_path, cache_dir, change, setting
+):
     run, args = run_on_files
     if change == "data.train_files":
         change = f"data.train_files=[{_text(tmp_path, 'b.txt', 'pear')}]"
     before = _snapshot(run)
-    proc = run_train(run, cache_dir, *args, "train.max_steps=20", "train.resume=auto", change, check=False)
+    proc = run_train(
+        run, cache_dir, *args, "train.max_steps=20", "train.resume=auto", change, check=False
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(error) == 1 and setting in error[0] and "Traceback" not in proc.stderr
@@ -78,10 +95,17 @@ def test_a_resume_keeps_the_runs_own_tokenizer(tmp_path):
 @pytest.mark.slow
 def test_a_changed_learning_rate_takes_effect_on_resume(tmp_path, cache_dir):
     run = tmp_path / "run"
-    args = ["optim.schedule=constant", "optim.warmup_steps=0", "train.save_every=10", "train.eval_every=0",
-            "train.log_every=1"]
+    args = [
+        "optim.schedule=constant",
+        "optim.warmup_steps=0",
+        "train.save_every=10",
+        "train.eval_every=0",
+        "train.log_every=1",
+    ]
     run_train(run, cache_dir, *args, "train.max_steps=10", "optim.lr=1e-3")
-    proc = run_train(run, cache_dir, *args, "train.max_steps=14", "optim.lr=2e-4", "train.resume=auto")
+    proc = run_train(
+        run, cache_dir, *args, "train.max_steps=14", "optim.lr=2e-4", "train.resume=auto"
+    )
     assert "optim.lr 0.001 -> 0.0002" in proc.stderr and "train.max_steps 10 -> 14" in proc.stderr
     lrs = {e["step"]: e["lr"] for e in events(run, "train")}
     assert lrs[10] == pytest.approx(1e-3)
@@ -97,12 +121,21 @@ def test_resuming_an_older_checkpoint_retires_the_later_ones(tmp_path, cache_dir
     proc = run_train(run, cache_dir, *args, "train.max_steps=6", f"train.resume={older}")
     assert "moved the abandoned continuation" in proc.stderr
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == [
-        "step_0000002", "step_0000004", "step_0000006"]
+        "step_0000002",
+        "step_0000004",
+        "step_0000006",
+    ]
     [retired] = list((run / "retired").iterdir())
-    assert sorted(p.name for p in (retired / "checkpoints").iterdir()) == ["step_0000006", "step_0000008"]
+    assert sorted(p.name for p in (retired / "checkpoints").iterdir()) == [
+        "step_0000006",
+        "step_0000008",
+    ]
     assert (retired / "final" / "model.safetensors").is_file()
-    assert [json.loads(line)["step"] for line in (retired / "metrics.jsonl").read_text().splitlines()
-            if json.loads(line)["event"] == "train"] == [5, 6, 7, 8]
+    assert [
+        json.loads(line)["step"]
+        for line in (retired / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "train"
+    ] == [5, 6, 7, 8]
     # a later auto resume continues the new branch (step 6), not the abandoned step 8
     proc = run_train(run, cache_dir, *args, "train.max_steps=7", "train.resume=auto")
     assert "step_0000006 at step 6" in proc.stderr
@@ -112,9 +145,19 @@ def test_resuming_an_older_checkpoint_retires_the_later_ones(tmp_path, cache_dir
 @pytest.mark.slow
 def test_no_checkpoint_is_saved_while_steps_are_skipped(tmp_path, cache_dir):
     run = tmp_path / "run"
-    proc = run_train(run, cache_dir, "optim.lr=1e20", "optim.warmup_steps=0", "optim.max_grad_norm=null",
-                     "train.max_steps=50", "train.max_bad_steps=4", "train.save_every=1",
-                     "train.log_every=1", "train.eval_every=0", check=False)
+    proc = run_train(
+        run,
+        cache_dir,
+        "optim.lr=1e20",
+        "optim.warmup_steps=0",
+        "optim.max_grad_norm=null",
+        "train.max_steps=50",
+        "train.max_bad_steps=4",
+        "train.save_every=1",
+        "train.log_every=1",
+        "train.eval_every=0",
+        check=False,
+    )
     assert proc.returncode == 2 and "no checkpoint while steps are skipped" in proc.stderr
     skipped = {e["step"]: e["skipped_steps"] for e in events(run, "train")}
     first_bad = min(s for s, n in skipped.items() if n > 0)
@@ -131,9 +174,16 @@ def test_a_checkpoint_continues_into_a_new_run_dir_with_its_runs_tokenizer(tmp_p
     run_train(first, cache, *args, "train.max_steps=10")
     shutil.rmtree(cache / "tokenizers")
     second = tmp_path / "second"
-    proc = run_train(second, cache, *args, "train.max_steps=15",
-                     f"train.resume={first / 'checkpoints' / 'step_0000010'}")
+    proc = run_train(
+        second,
+        cache,
+        *args,
+        "train.max_steps=15",
+        f"train.resume={first / 'checkpoints' / 'step_0000010'}",
+    )
     assert "Training a" not in proc.stderr and "Resumed from" in proc.stderr
-    assert (second / "model" / "tokenizer.json").read_bytes() == (first / "model" / "tokenizer.json").read_bytes()
+    assert (second / "model" / "tokenizer.json").read_bytes() == (
+        first / "model" / "tokenizer.json"
+    ).read_bytes()
     assert (second / "model" / "config.json").is_file()  # its own checkpoints load too
     assert [e["step"] for e in events(second, "train")] == [15]

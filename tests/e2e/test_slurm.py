@@ -20,9 +20,16 @@ def test_submitit_slurm_launcher_composes_with_the_training_config():
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", return_hydra_config=True,
-                      overrides=["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
-                                 "hydra.launcher.gpus_per_node=8", "train.resume=auto"])
+        cfg = compose(
+            config_name="config",
+            return_hydra_config=True,
+            overrides=[
+                "hydra/launcher=submitit_slurm",
+                "hydra.launcher.partition=gpu",
+                "hydra.launcher.gpus_per_node=8",
+                "train.resume=auto",
+            ],
+        )
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.partition == "gpu" and cfg.hydra.launcher.gpus_per_node == 8
     assert cfg.train.resume == "auto"
@@ -30,8 +37,11 @@ def test_submitit_slurm_launcher_composes_with_the_training_config():
 
 def test_sbatch_examples_are_valid_bash():
     for script in ("train.sbatch", "submitit.sh"):
-        proc = subprocess.run(["bash", "-n", str(ROOT / "examples" / "slurm" / script)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["bash", "-n", str(ROOT / "examples" / "slurm" / script)],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
 
 
@@ -56,10 +66,22 @@ def test_submitit_requeues_a_preempted_job_after_mlmkits_checkpoint(tmp_path, ca
     all: submitit's SIGUSR2 makes mlmkit save a checkpoint, then submitit requeues the job
     (here: starts it again), and train.resume=auto continues it to the end, in the same run
     dir of the default sweep dir (multirun/<date>/<time>, named once at submission)."""
-    proc = python_popen(ROOT / "train.py", "-m", "hydra/launcher=submitit_local", *TINY,
-                        f"paths.cache_dir={cache_dir}", "train.max_steps=150", "train.log_every=1",
-                        "train.eval_every=0", "train.save_every=0", "train.precision=no",
-                        "train.resume=auto", "logger=none", "hydra.launcher.timeout_min=10", cwd=tmp_path)
+    proc = python_popen(
+        ROOT / "train.py",
+        "-m",
+        "hydra/launcher=submitit_local",
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        "train.max_steps=150",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.save_every=0",
+        "train.precision=no",
+        "train.resume=auto",
+        "logger=none",
+        "hydra.launcher.timeout_min=10",
+        cwd=tmp_path,
+    )
     deadline = time.time() + 180
     while not (runs := list(tmp_path.glob("multirun/*/*/0"))):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]

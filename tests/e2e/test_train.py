@@ -35,28 +35,44 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
     for e in train_events:
         assert e["loss"] > 0 and e["tokens_per_s"] > 0 and e["lr"] > 0
         assert e["masked_tokens_per_s"] > 0 and 0 < e["mfu"] <= 1 and e["peak_memory_gb"] > 0
-        assert 0 <= e["data_wait_share"] < 1  # the host's wait for batches, a share of the steps' time
+        assert (
+            0 <= e["data_wait_share"] < 1
+        )  # the host's wait for batches, a share of the steps' time
         share = e["masked_tokens_per_s"] / e["tokens_per_s"]
-        assert 0.30 < share < 0.50  # 40% of the real tokens are chosen (masking=mask40, the default)
+        assert (
+            0.30 < share < 0.50
+        )  # 40% of the real tokens are chosen (masking=mask40, the default)
     assert train_events[-1]["loss"] < train_events[0]["loss"]  # it learns
     for key in ("eval_loss", "eval_accuracy", "eval_perplexity"):
         assert key in eval_events[-1]
     assert (run / ".hydra" / "config.yaml").is_file()
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000015", "step_0000030"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step_0000015",
+        "step_0000030",
+    ]
     final = run / "final"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
         assert (final / name).is_file(), name
     card = (final / "README.md").read_text()
     last_train, last_eval = train_events[-1], eval_events[-1]
-    for fact in ("layers 1, hidden 32, heads 2, FFN 64, vocabulary 1000",  # architecture
-                 "M parameters", "Data: builtin", "blocks of 64 tokens",  # size, data
-                 f"{last_train['step']} optimizer steps, {last_train['tokens_seen']} tokens seen",
-                 f"| eval_accuracy | {last_eval['eval_accuracy']:.4f} |",  # final eval metrics
-                 '"hidden_size": 32', '"max_steps": 30',  # the full config
-                 'pipeline("fill-mask"', "mlmkit fill-mask",  # usage
-                 "[UNK] is 0.00% of the validation text's tokens"):  # the tokenizer's fit
+    for fact in (
+        "layers 1, hidden 32, heads 2, FFN 64, vocabulary 1000",  # architecture
+        "M parameters",
+        "Data: builtin",
+        "blocks of 64 tokens",  # size, data
+        f"{last_train['step']} optimizer steps, {last_train['tokens_seen']} tokens seen",
+        f"| eval_accuracy | {last_eval['eval_accuracy']:.4f} |",  # final eval metrics
+        '"hidden_size": 32',
+        '"max_steps": 30',  # the full config
+        'pipeline("fill-mask"',
+        "mlmkit fill-mask",  # usage
+        "[UNK] is 0.00% of the validation text's tokens",
+    ):  # the tokenizer's fit
         assert fact in card, fact
-    assert "Tokenizer: [UNK] is 0.00% of the tokens of the validation text" in (run / "train.log").read_text()
+    assert (
+        "Tokenizer: [UNK] is 0.00% of the tokens of the validation text"
+        in (run / "train.log").read_text()
+    )
 
     # The export is a plain Hugging Face dir: fill-mask with nothing from mlmkit imported.
     code = (
@@ -82,8 +98,14 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, cache_dir, precision,
     from safetensors.torch import load_file
 
     run = tmp_path / "run"
-    args = ["train.max_steps=20", "train.save_every=10", "train.eval_every=10",
-            f"train.precision={precision}", f"train.num_workers={workers}", "train.log_every=2"]
+    args = [
+        "train.max_steps=20",
+        "train.save_every=10",
+        "train.eval_every=10",
+        f"train.precision={precision}",
+        f"train.num_workers={workers}",
+        "train.log_every=2",
+    ]
     run_train(run, cache_dir, *args)
     full_losses = [(e["step"], e["loss"]) for e in events(run, "train")]
     full_weights = load_file(run / "final" / "model.safetensors")
@@ -118,11 +140,25 @@ def test_continued_pretraining_from_an_exported_model(trained_run, tmp_path, cac
 
     source = trained_run / "final"
     corpus = tmp_path / "domain.txt"
-    corpus.write_text("\n\n".join(f"Domain text {i} about ships, whales and the open sea." for i in range(400)))
+    corpus.write_text(
+        "\n\n".join(f"Domain text {i} about ships, whales and the open sea." for i in range(400))
+    )
     run = tmp_path / "continued"
-    run_train(run, cache_dir, f"model.init_from={source}", "data=files", f"data.train_files=[{corpus}]",
-              "tokenizer.vocab_size=500", "train.max_steps=3", "optim.lr=1e-12", "optim.warmup_steps=0")
-    before, after = load_file(source / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    run_train(
+        run,
+        cache_dir,
+        f"model.init_from={source}",
+        "data=files",
+        f"data.train_files=[{corpus}]",
+        "tokenizer.vocab_size=500",
+        "train.max_steps=3",
+        "optim.lr=1e-12",
+        "optim.warmup_steps=0",
+    )
+    before, after = (
+        load_file(source / "model.safetensors"),
+        load_file(run / "final" / "model.safetensors"),
+    )
     assert before.keys() == after.keys()
     for name in before:  # lr ~ 0: the weights are the loaded ones
         assert before[name].shape == after[name].shape
@@ -143,7 +179,9 @@ def test_continued_pretraining_from_an_exported_model(trained_run, tmp_path, cac
 
 
 @pytest.mark.slow
-def test_vocabulary_extension_trains_resumes_evaluates_and_fine_tunes(trained_run, tmp_path, cache_dir):
+def test_vocabulary_extension_trains_resumes_evaluates_and_fine_tunes(
+    trained_run, tmp_path, cache_dir
+):
     """tokenizer.extend_vocab: the base model's vocabulary grows by the domain's words, the
     run resumes exactly, and its final/ is a plain model that mlmkit eval and finetune take."""
     from safetensors.torch import load_file
@@ -152,8 +190,16 @@ def test_vocabulary_extension_trains_resumes_evaluates_and_fine_tunes(trained_ru
     shared_file("corpora/gutenberg/melville-moby_dick.txt")
     source = trained_run / "final"
     book = SHARED_DATA / "corpora" / "gutenberg" / "melville-moby_dick.txt"
-    args = [f"model.init_from={source}", "data=files", f"data.train_files=[{book}]", "tokenizer.extend_vocab=100",
-            "train.max_steps=6", "train.save_every=3", "train.eval_every=6", "train.precision=no"]
+    args = [
+        f"model.init_from={source}",
+        "data=files",
+        f"data.train_files=[{book}]",
+        "tokenizer.extend_vocab=100",
+        "train.max_steps=6",
+        "train.save_every=3",
+        "train.eval_every=6",
+        "train.precision=no",
+    ]
     run = tmp_path / "extended"
     run_train(run, cache_dir, *args)
     base, tok = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(run / "final")
@@ -167,7 +213,10 @@ def test_vocabulary_extension_trains_resumes_evaluates_and_fine_tunes(trained_ru
     shutil.rmtree(resumed / "final")
     shutil.rmtree(resumed / "checkpoints" / "step_0000006")
     run_train(resumed, cache_dir, *args, "train.resume=auto")
-    first, again = load_file(run / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    first, again = (
+        load_file(run / "final" / "model.safetensors"),
+        load_file(resumed / "final" / "model.safetensors"),
+    )
     for name, tensor in first.items():
         assert torch.allclose(tensor, again[name], rtol=1e-5, atol=1e-6), name
     out = tmp_path / "eval.json"
@@ -175,21 +224,39 @@ def test_vocabulary_extension_trains_resumes_evaluates_and_fine_tunes(trained_ru
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["tokens"] > 0
     sst = shared_file("glue/SST-2/train.tsv")
-    run_finetune(f"checkpoint={run}/final", "task=sst2", f"task.data_dir={sst.parent}", "max_train_samples=32",
-                 "epochs=1", "max_seq_length=32", "save_model=false", f"hydra.run.dir={tmp_path / 'ft'}")
+    run_finetune(
+        f"checkpoint={run}/final",
+        "task=sst2",
+        f"task.data_dir={sst.parent}",
+        "max_train_samples=32",
+        "epochs=1",
+        "max_seq_length=32",
+        "save_model=false",
+        f"hydra.run.dir={tmp_path / 'ft'}",
+    )
     assert (tmp_path / "ft" / "results.json").is_file()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [
-    ["masking=schedule", "masking.on_device=true"],
-    ["masking=span"],
-    ["masking=whole_word", "masking.on_device=true", "train.num_workers=1"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["masking=schedule", "masking.on_device=true"],
+        ["masking=span"],
+        ["masking=whole_word", "masking.on_device=true", "train.num_workers=1"],
+    ],
+)
 def test_masking_strategies_train(tmp_path, cache_dir, overrides):
     run = tmp_path / "run"
-    run_train(run, cache_dir, "train.max_steps=10", "train.log_every=1", "train.eval_every=0",
-              "train.save_every=0", *overrides)
+    run_train(
+        run,
+        cache_dir,
+        "train.max_steps=10",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "train.save_every=0",
+        *overrides,
+    )
     train_events = events(run, "train")
     assert len(train_events) == 10 and all(e["loss"] > 0 for e in train_events)
     rates = [e["mlm_probability"] for e in train_events]
@@ -201,11 +268,18 @@ def test_masking_strategies_train(tmp_path, cache_dir, overrides):
 
 
 @pytest.mark.slow
-def test_tokenizer_larger_than_init_from_embeddings_is_refused(trained_run, tmp_path, cache_dir, tokenizer):
+def test_tokenizer_larger_than_init_from_embeddings_is_refused(
+    trained_run, tmp_path, cache_dir, tokenizer
+):
     """A 2,000-token tokenizer cannot drive a model with 1,000 embeddings."""
     tokenizer.save_pretrained(tmp_path / "big-tokenizer")
-    proc = run_train(tmp_path / "run", cache_dir, f"model.init_from={trained_run / 'final'}",
-                     f"tokenizer.name_or_path={tmp_path / 'big-tokenizer'}", check=False)
+    proc = run_train(
+        tmp_path / "run",
+        cache_dir,
+        f"model.init_from={trained_run / 'final'}",
+        f"tokenizer.name_or_path={tmp_path / 'big-tokenizer'}",
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "embeddings" in proc.stderr and "tokenizer.name_or_path" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -218,9 +292,11 @@ def test_fill_mask_command_answers_bad_input_in_one_sentence(trained_run, capsys
     final = str(trained_run / "final")
     assert main(["fill-mask", final, "The [MASK] is returned."]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 5
-    for args, expected in ((["--top-k", "100000"], "--top-k must be between 1 and the vocabulary size"),
-                           (["--top-k", "0"], "--top-k must be between 1"),
-                           ([], "has no [MASK] token")):
+    for args, expected in (
+        (["--top-k", "100000"], "--top-k must be between 1 and the vocabulary size"),
+        (["--top-k", "0"], "--top-k must be between 1"),
+        ([], "has no [MASK] token"),
+    ):
         text = "No mask here." if not args else "The [MASK] is returned."
         assert main(["fill-mask", final, text, *args]) == 2
         err = capsys.readouterr().err
@@ -242,11 +318,13 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
     for name, tensor in exported.items():
         assert torch.equal(tensor, saved[f"model.{name}"]), name
     assert "15 optimizer steps" in (out / "README.md").read_text()
-    code = ("import sys; from transformers import AutoModelForMaskedLM; "
-            "from sentence_transformers import SentenceTransformer; "
-            f"AutoModelForMaskedLM.from_pretrained({str(out)!r}); "
-            f"v = SentenceTransformer({str(out)!r}, device='cpu').encode(['a b c']); "
-            "assert v.shape[0] == 1 and not any(m.startswith('mlmkit') for m in sys.modules)")
+    code = (
+        "import sys; from transformers import AutoModelForMaskedLM; "
+        "from sentence_transformers import SentenceTransformer; "
+        f"AutoModelForMaskedLM.from_pretrained({str(out)!r}); "
+        f"v = SentenceTransformer({str(out)!r}, device='cpu').encode(['a b c']); "
+        "assert v.shape[0] == 1 and not any(m.startswith('mlmkit') for m in sys.modules)"
+    )
     check = python_run("-c", code, timeout=300)  # a process that never imported mlmkit
     assert check.returncode == 0, check.stderr[-3000:]
     again = run_cli("export", ckpt, out)
@@ -254,8 +332,15 @@ def test_export_turns_a_checkpoint_into_a_model_dir(trained_run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset,lr,warmup", [("bert-tiny", 3e-3, 20), ("bert-mini", 2e-3, 20),
-                                              ("bert-small", 1e-3, 20), ("modernbert-tiny", 3e-3, 100)])
+@pytest.mark.parametrize(
+    "preset,lr,warmup",
+    [
+        ("bert-tiny", 3e-3, 20),
+        ("bert-mini", 2e-3, 20),
+        ("bert-small", 1e-3, 20),
+        ("modernbert-tiny", 3e-3, 100),
+    ],
+)
 def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr, warmup):
     """The preset alone on the command line: its size, its peak lr and warmup, 40% masking,
     the sinusoidal position start and the unigram output bias (docs/recipes.md); a few steps
@@ -266,10 +351,21 @@ def test_small_presets_train_with_their_defaults(tmp_path, cache_dir, preset, lr
     from mlmkit.model.architectures import parts_of
 
     run = tmp_path / "run"
-    proc = run_cli("train", f"model={preset}", "train.max_steps=4", "train.batch_size=8", "train.log_every=1",
-                      "train.eval_every=4", "train.save_every=0", "data.max_eval_samples=8",
-                      "train.progress=false", "masking.eval_min_masked_tokens=0", "logger=none",
-                      f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}")
+    proc = run_cli(
+        "train",
+        f"model={preset}",
+        "train.max_steps=4",
+        "train.batch_size=8",
+        "train.log_every=1",
+        "train.eval_every=4",
+        "train.save_every=0",
+        "data.max_eval_samples=8",
+        "train.progress=false",
+        "masking.eval_min_masked_tokens=0",
+        "logger=none",
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run}",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
     assert cfg.model.name == preset and cfg.optim.lr == lr and cfg.optim.warmup_steps == warmup
@@ -294,9 +390,22 @@ def test_a_run_logged_to_a_file_reads_line_by_line_and_ends_with_its_summary(tmp
     returns, no line runs past 1,000 characters, and the run ends with its summary."""
     run = tmp_path / "run"
     with open(tmp_path / "log", "w") as log:
-        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, "train.max_steps=6", "train.progress=true",
-                               f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", "logger=none"],
-                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **TEST_ENV}, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "train.py"),
+                *TINY,
+                "train.max_steps=6",
+                "train.progress=true",
+                f"paths.cache_dir={cache_dir}",
+                f"hydra.run.dir={run}",
+                "logger=none",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **TEST_ENV},
+            timeout=300,
+        )
     text = (tmp_path / "log").read_text()
     assert proc.returncode == 0, text[-3000:]
     assert "\r" not in text and max(map(len, text.splitlines())) <= 1000

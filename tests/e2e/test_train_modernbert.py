@@ -18,10 +18,20 @@ from runs import (
 )
 
 # three layers (global, local, local) with a window of 16 tokens, so blocks of 64 use it
-MODERNBERT = ["model=modernbert-tiny", "model.num_hidden_layers=3", "model.local_attention=16",
-              "model.intermediate_size=48"]
-ARGS = ["train.max_steps=20", "train.save_every=10", "train.eval_every=10", "train.log_every=2",
-        "train.precision=no", "model.output_bias_init=zero"]  # zero: the loss must fall in 20 steps
+MODERNBERT = [
+    "model=modernbert-tiny",
+    "model.num_hidden_layers=3",
+    "model.local_attention=16",
+    "model.intermediate_size=48",
+]
+ARGS = [
+    "train.max_steps=20",
+    "train.save_every=10",
+    "train.eval_every=10",
+    "train.log_every=2",
+    "train.precision=no",
+    "model.output_bias_init=zero",
+]  # zero: the loss must fall in 20 steps
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +57,9 @@ def test_modernbert_trains_and_resumes_to_the_same_losses(modernbert_run):
 
     run, full_losses, full_weights = modernbert_run
     config = json.loads((run / "final" / "config.json").read_text())
-    assert config["model_type"] == "modernbert" and config["architectures"] == ["ModernBertForMaskedLM"]
+    assert config["model_type"] == "modernbert" and config["architectures"] == [
+        "ModernBertForMaskedLM"
+    ]
     assert json.loads((run / "model" / "config.json").read_text())["model_type"] == "modernbert"
     assert config["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]
     train_events = events(run, "train")
@@ -86,7 +98,9 @@ def test_modernbert_export_fills_masks_without_mlmkit(modernbert_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["n"] == 5 and result["cls"] == "ModernBertForMaskedLM" and result["token"]
-    assert result["inputs"] == ["attention_mask", "input_ids"] and result["finite"] and result["tied"]
+    assert (
+        result["inputs"] == ["attention_mask", "input_ids"] and result["finite"] and result["tied"]
+    )
     # and mlmkit's own command
     from mlmkit.cli import main
 
@@ -100,14 +114,23 @@ def test_modernbert_eval_reproduces_the_runs_eval_events(modernbert_run, cache_d
     by_step = {e["step"]: e for e in events(run, "eval")}
     for target, step in [(run, 20), (run / "checkpoints" / "step_0000010", 10)]:
         out = tmp_path / f"eval-{step}.json"
-        proc = run_cli("eval", f"checkpoint={target}", f"paths.cache_dir={cache_dir}",
-                          "data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8",
-                          f"output={out}", "precision=no")
+        proc = run_cli(
+            "eval",
+            f"checkpoint={target}",
+            f"paths.cache_dir={cache_dir}",
+            "data.max_seq_length=64",
+            "data.max_eval_samples=64",
+            "batch_size=8",
+            f"output={out}",
+            "precision=no",
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         result, logged = json.loads(out.read_text()), by_step[step]
         assert result["tokens"] == logged["eval_tokens"]
         assert result["loss"] == pytest.approx(logged["eval_loss"], rel=1e-4)
-        assert result["accuracy"] == pytest.approx(logged["eval_accuracy"], abs=2 / result["tokens"])
+        assert result["accuracy"] == pytest.approx(
+            logged["eval_accuracy"], abs=2 / result["tokens"]
+        )
 
 
 @pytest.mark.slow
@@ -115,9 +138,18 @@ def test_modernbert_eval_reproduces_the_runs_eval_events(modernbert_run, cache_d
 def test_modernbert_finetunes_on_sst2(modernbert_run, tmp_path, pooling):
     data_dir = shared_file("glue/SST-2/dev.tsv").parent
     out = tmp_path / "sst2"
-    run_finetune(f"checkpoint={modernbert_run[0]}", "task=sst2", f"task.data_dir={data_dir}",
-                 "max_train_samples=64", "epochs=1", "max_seq_length=64", "batch_size=16",
-                 f"pooling={pooling}", f"hydra.run.dir={out}", "save_model=true")
+    run_finetune(
+        f"checkpoint={modernbert_run[0]}",
+        "task=sst2",
+        f"task.data_dir={data_dir}",
+        "max_train_samples=64",
+        "epochs=1",
+        "max_seq_length=64",
+        "batch_size=16",
+        f"pooling={pooling}",
+        f"hydra.run.dir={out}",
+        "save_model=true",
+    )
     result = json.loads((out / "results.json").read_text())
     assert result["steps"] == 4 and result["train_examples"] == 64
     assert 0.0 <= result["eval_accuracy"] <= 1.0
@@ -139,10 +171,22 @@ def test_modernbert_tiny_preset_trains_on_a_gpu_in_bf16(tmp_path, cache_dir):
     from mlmkit.model.bert import flash_attn_available
 
     run = tmp_path / "run"
-    proc = run_train(run, cache_dir, "model=modernbert-tiny", "model.num_hidden_layers=3",
-                     "model.hidden_size=128", "model.num_attention_heads=2", "model.intermediate_size=192",
-                     "data.packing=line_by_line", "data.max_seq_length=256", "train.batch_size=16",
-                     "train.precision=bf16", "train.max_steps=60", "train.save_every=0", "train.eval_every=0")
+    proc = run_train(
+        run,
+        cache_dir,
+        "model=modernbert-tiny",
+        "model.num_hidden_layers=3",
+        "model.hidden_size=128",
+        "model.num_attention_heads=2",
+        "model.intermediate_size=192",
+        "data.packing=line_by_line",
+        "data.max_seq_length=256",
+        "train.batch_size=16",
+        "train.precision=bf16",
+        "train.max_steps=60",
+        "train.save_every=0",
+        "train.eval_every=0",
+    )
     expected = "flash_attention_2" if flash_attn_available() else "sdpa"
     assert f"attention {expected}" in proc.stderr
     losses = [e["loss"] for e in events(run, "train")]

@@ -18,12 +18,18 @@ def _task(name: str, **settings) -> TaskConfig:
     """conf/task/<name>.yaml with ``settings``."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TaskConfig),
-                                               OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml"),
-                                               settings))
+    return OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(TaskConfig),
+            OmegaConf.load(ROOT / "conf" / "task" / f"{name}.yaml"),
+            settings,
+        )
+    )
 
 
-@pytest.mark.parametrize("name,folder,n_text", [("sst2", "SST-2", 1), ("cola", "CoLA", 1), ("rte", "RTE", 2)])
+@pytest.mark.parametrize(
+    "name,folder,n_text", [("sst2", "SST-2", 1), ("cola", "CoLA", 1), ("rte", "RTE", 2)]
+)
 def test_glue_tsv_files_are_read_as_the_task_says(name, folder, n_text):
     task = _task(name)
     task.data_dir = str(shared_file(f"glue/{folder}/dev.tsv").parent)
@@ -39,8 +45,10 @@ def test_glue_tsv_files_are_read_as_the_task_says(name, folder, n_text):
 
 def test_rte_labels_map_to_class_ids(tmp_path):
     path = tmp_path / "dev.tsv"
-    path.write_text("index\tsentence1\tsentence2\tlabel\n0\tA cat.\tAn animal.\tentailment\n"
-                    "1\tA cat.\tA dog.\tnot_entailment\n2\tbroken line\n")
+    path.write_text(
+        "index\tsentence1\tsentence2\tlabel\n0\tA cat.\tAn animal.\tentailment\n"
+        "1\tA cat.\tA dog.\tnot_entailment\n2\tbroken line\n"
+    )
     task = _task("rte")
     examples = read_tsv(path, task)
     assert [e["label"] for e in examples] == [0, 1]  # the broken line is skipped with a warning
@@ -61,14 +69,23 @@ def test_bad_task_data_is_one_sentence(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,folder,metric", [("cola", "CoLA", "matthews_correlation"),
-                                                ("rte", "RTE", "accuracy")])
+@pytest.mark.parametrize(
+    "name,folder,metric", [("cola", "CoLA", "matthews_correlation"), ("rte", "RTE", "accuracy")]
+)
 def test_finetune_command_reports_the_task_metric(trained_run, tmp_path, name, folder, metric):
     data_dir = shared_file(f"glue/{folder}/dev.tsv").parent
     out = tmp_path / name
-    proc = run_finetune(f"checkpoint={trained_run}", f"task={name}", f"task.data_dir={data_dir}",
-                        "max_train_samples=64", "epochs=1", "max_seq_length=64", "batch_size=16",
-                        f"hydra.run.dir={out}", "save_model=true")
+    proc = run_finetune(
+        f"checkpoint={trained_run}",
+        f"task={name}",
+        f"task.data_dir={data_dir}",
+        "max_train_samples=64",
+        "epochs=1",
+        "max_seq_length=64",
+        "batch_size=16",
+        f"hydra.run.dir={out}",
+        "save_model=true",
+    )
     result = json.loads((out / "results.json").read_text())
     dev_lines = sum(1 for _ in open(data_dir / "dev.tsv", encoding="utf-8")) - int(name == "rte")
     assert result["task"] == name and result["eval_examples"] == dev_lines
@@ -87,7 +104,9 @@ def test_finetune_user_errors_are_one_sentence(tmp_path):
     proc = run_finetune(f"hydra.run.dir={tmp_path / 'a'}", check=False)
     assert proc.returncode == 2 and "checkpoint=" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_finetune(f"checkpoint={tmp_path}", f"hydra.run.dir={tmp_path / 'b'}", check=False)
-    assert proc.returncode == 2 and "not a model dir" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2 and "not a model dir" in proc.stderr and "Traceback" not in proc.stderr
+    )
 
 
 def test_mean_pooling_reads_the_token_states_without_padding(tmp_path):
@@ -96,9 +115,16 @@ def test_mean_pooling_reads_the_token_states_without_padding(tmp_path):
 
     from mlmkit.model.classifier import MeanPoolBertForSequenceClassification, masked_mean
 
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, num_labels=2, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     model = MeanPoolBertForSequenceClassification(config).eval()
     ids = torch.tensor([[2, 7, 9, 3, 0, 0], [2, 5, 6, 8, 11, 3]])
@@ -132,12 +158,23 @@ def test_freeze_encoder_trains_only_the_pooler_and_classifier():
     from mlmkit.evaluation.finetune import freeze_encoder
     from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 
-    model = MeanPoolBertForSequenceClassification(BertConfig(
-        vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32))
+    model = MeanPoolBertForSequenceClassification(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )
     freeze_encoder(model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight",
-                         "classifier.bias"}
+    assert trainable == {
+        "bert.pooler.dense.weight",
+        "bert.pooler.dense.bias",
+        "classifier.weight",
+        "classifier.bias",
+    }
     before = model.bert.encoder.layer[0].output.dense.weight.clone()
     out = model(input_ids=torch.randint(5, 100, (4, 8)), labels=torch.tensor([0, 1, 0, 1]))
     out.loss.backward()
@@ -153,18 +190,40 @@ def _frozen_classifiers(kind: str):
     if kind == "modernbert":
         from transformers import ModernBertConfig, ModernBertForSequenceClassification
 
-        make = lambda: ModernBertForSequenceClassification(ModernBertConfig(  # noqa: E731
-            vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-            pad_token_id=0, classifier_pooling="mean", local_attention=4, attn_implementation="sdpa"))
+        make = lambda: ModernBertForSequenceClassification(
+            ModernBertConfig(  # noqa: E731
+                vocab_size=100,
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=32,
+                pad_token_id=0,
+                classifier_pooling="mean",
+                local_attention=4,
+                attn_implementation="sdpa",
+            )
+        )
     else:
         from transformers import BertConfig, BertForSequenceClassification
 
         from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 
-        cls = MeanPoolBertForSequenceClassification if kind == "bert-mean" else BertForSequenceClassification
-        make = lambda: cls(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,  # noqa: E731
-                                      num_attention_heads=2, intermediate_size=32, hidden_dropout_prob=0.2,
-                                      classifier_dropout=0.0))
+        cls = (
+            MeanPoolBertForSequenceClassification
+            if kind == "bert-mean"
+            else BertForSequenceClassification
+        )
+        make = lambda: cls(
+            BertConfig(
+                vocab_size=100,
+                hidden_size=16,
+                num_hidden_layers=1,  # noqa: E731
+                num_attention_heads=2,
+                intermediate_size=32,
+                hidden_dropout_prob=0.2,
+                classifier_dropout=0.0,
+            )
+        )
     models = []
     for _ in range(2):
         torch.manual_seed(0)
@@ -189,7 +248,10 @@ def test_a_frozen_encoder_runs_once_per_row_and_trains_the_same_head(kind):
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(5, 100, (n,), generator=g) for n in (3, 7, 5, 8, 4, 6)]
     labels = torch.tensor([0, 1, 0, 1, 1, 0])
-    opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5) for m in (plain, cached)]
+    opts = [
+        torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
+        for m in (plain, cached)
+    ]
     for _epoch in range(3):
         order = torch.randperm(6, generator=g).tolist()
         for batch in (order[:4], order[4:]):  # other batches, other padding, every epoch
@@ -197,7 +259,7 @@ def test_a_frozen_encoder_runs_once_per_row_and_trains_the_same_head(kind):
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             mask = torch.zeros_like(ids)
             for j, i in enumerate(batch):
-                ids[j, :len(rows[i])], mask[j, :len(rows[i])] = rows[i], 1
+                ids[j, : len(rows[i])], mask[j, : len(rows[i])] = rows[i], 1
             for model, opt in zip((plain, cached), opts):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels[batch]).loss
                 loss.backward()
@@ -206,7 +268,10 @@ def test_a_frozen_encoder_runs_once_per_row_and_trains_the_same_head(kind):
     assert sum(calls) == 6  # each row encoded once
     for (name, a), b in zip(plain.named_parameters(), cached.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert any(not torch.equal(a, b) for a, b in zip(plain.parameters(), _frozen_classifiers(kind)[0].parameters()))
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(plain.parameters(), _frozen_classifiers(kind)[0].parameters())
+    )
     cache.close()
     assert "forward" not in vars(cached.base_model) and not cache.states  # its own forward again
 
@@ -217,9 +282,16 @@ def test_a_regression_head_starts_at_the_mean_training_label():
     from mlmkit.evaluation.finetune import start_at_mean_label
     from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 
-    model = MeanPoolBertForSequenceClassification(BertConfig(
-        vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        num_labels=1))
+    model = MeanPoolBertForSequenceClassification(
+        BertConfig(
+            vocab_size=100,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_labels=1,
+        )
+    )
     start_at_mean_label(model, [{"label": 1.0}, {"label": 4.0}, {"label": 2.5}])
     assert model.classifier.bias.tolist() == [2.5]
     model.eval()
@@ -241,10 +313,16 @@ def _pairs(n: int, seed: int = 0) -> list[dict]:
     rows = []
     for i in range(n):
         a, b = rng.choice(WORDS), rng.choice(WORDS)
-        rows.append({"premise": f'The {a} sat, said "{WORDS[i % 10]}", by the {b}.' if i % 3 == 0
-                     else f"The {a} sat by the {b}.",
-                     "hypothesis": f"A {a if i % 2 else rng.choice(WORDS)} was there.",
-                     "gold": "same" if i % 2 else "other", "score": round(i % 5 + 0.5 * (i % 2), 1)})
+        rows.append(
+            {
+                "premise": f'The {a} sat, said "{WORDS[i % 10]}", by the {b}.'
+                if i % 3 == 0
+                else f"The {a} sat by the {b}.",
+                "hypothesis": f"A {a if i % 2 else rng.choice(WORDS)} was there.",
+                "gold": "same" if i % 2 else "other",
+                "score": round(i % 5 + 0.5 * (i % 2), 1),
+            }
+        )
     return rows
 
 
@@ -256,17 +334,29 @@ def _write(path, rows: list[dict], columns=("premise", "hypothesis", "gold", "sc
         if path.suffix == ".jsonl":
             f.writelines(json.dumps({c: r[c] for c in columns}) + "\n" for r in rows)
         else:
-            writer = csv.writer(f, delimiter="," if path.suffix == ".csv" else "\t",
-                                quoting=csv.QUOTE_MINIMAL if path.suffix == ".csv" else csv.QUOTE_NONE,
-                                escapechar=None if path.suffix == ".csv" else "\\")
+            writer = csv.writer(
+                f,
+                delimiter="," if path.suffix == ".csv" else "\t",
+                quoting=csv.QUOTE_MINIMAL if path.suffix == ".csv" else csv.QUOTE_NONE,
+                escapechar=None if path.suffix == ".csv" else "\\",
+            )
             writer.writerow(columns)
             writer.writerows([r[c] for c in columns] for r in rows)
     return path
 
 
 def _files_task(tmp_path, train, dev, **settings) -> TaskConfig:
-    return _task("files", **{"data_dir": str(tmp_path), "train_file": str(train), "eval_file": str(dev),
-                             "text_columns": ["premise", "hypothesis"], "label_column": "gold", **settings})
+    return _task(
+        "files",
+        **{
+            "data_dir": str(tmp_path),
+            "train_file": str(train),
+            "eval_file": str(dev),
+            "text_columns": ["premise", "hypothesis"],
+            "label_column": "gold",
+            **settings,
+        },
+    )
 
 
 def test_own_csv_jsonl_and_tsv_files_give_the_same_examples(tmp_path):
@@ -302,7 +392,11 @@ def test_own_csv_jsonl_and_tsv_files_give_the_same_examples(tmp_path):
     # regression: the score column
     task = _files_task(tmp_path, "train.csv", "dev.csv", kind="regression", label_column="score")
     train, _ = load_task(task)
-    assert task.metrics == ["spearman", "pearson"] and [e["label"] for e in train[:3]] == [0.0, 1.5, 2.0]
+    assert task.metrics == ["spearman", "pearson"] and [e["label"] for e in train[:3]] == [
+        0.0,
+        1.5,
+        2.0,
+    ]
 
 
 def test_jsonl_lines_that_do_not_parse_or_hold_no_text_are_skipped_with_a_count(tmp_path):
@@ -328,12 +422,20 @@ def test_jsonl_lines_that_do_not_parse_or_hold_no_text_are_skipped_with_a_count(
         logging.getLogger("mlmkit").removeHandler(handler)
     assert [e["text"][0] for e in train] == [rows[i]["premise"] for i in (0, 1, 3, 5, 7)]
     (warning,) = {r.getMessage() for r in records if r.levelno == logging.WARNING}
-    assert warning.endswith("train.jsonl: skipped 1 line(s) that are not JSON objects, 1 row(s) with a value "
-                            "missing, 1 row(s) whose 'premise' or 'hypothesis' is not text"), warning
-    numbers = [json.dumps({"premise": i, "hypothesis": "h", "gold": "same" if i % 2 else "other"}) for i in range(6)]
+    assert warning.endswith(
+        "train.jsonl: skipped 1 line(s) that are not JSON objects, 1 row(s) with a value "
+        "missing, 1 row(s) whose 'premise' or 'hypothesis' is not text"
+    ), warning
+    numbers = [
+        json.dumps({"premise": i, "hypothesis": "h", "gold": "same" if i % 2 else "other"})
+        for i in range(6)
+    ]
     (tmp_path / "numbers.jsonl").write_text("\n".join(numbers) + "\n")
-    with pytest.raises(DataError, match=r"numbers.jsonl': the column 'premise' holds numbers, not text; "
-                                        r"set task.text_columns"):
+    with pytest.raises(
+        DataError,
+        match=r"numbers.jsonl': the column 'premise' holds numbers, not text; "
+        r"set task.text_columns",
+    ):
         load_task(_files_task(tmp_path, "numbers.jsonl", "numbers.jsonl"))
 
 
@@ -342,21 +444,28 @@ def test_a_label_outside_the_task_labels_is_an_error(tmp_path):
     rows[3]["gold"] = "maybe"
     _write(tmp_path / "train.csv", rows)
     task = _files_task(tmp_path, "train.csv", "train.csv", labels=["other", "same"])
-    with pytest.raises(DataError, match=r"train.csv' line 5: the gold 'maybe' is not one of "
-                                        r"task.labels \(other, same\)"):
+    with pytest.raises(
+        DataError,
+        match=r"train.csv' line 5: the gold 'maybe' is not one of "
+        r"task.labels \(other, same\)",
+    ):
         load_task(task)  # line 5: the header is line 1
     # labels from the training file: the eval file's own label is an error, naming it
     rows[3]["gold"] = "same"
     _write(tmp_path / "train.jsonl", rows)
     _write(tmp_path / "dev.jsonl", [dict(rows[0], gold="maybe")])
-    with pytest.raises(DataError, match=r"dev.jsonl' line 1: the gold 'maybe' is not one of task.labels"):
+    with pytest.raises(
+        DataError, match=r"dev.jsonl' line 1: the gold 'maybe' is not one of task.labels"
+    ):
         load_task(_files_task(tmp_path, "train.jsonl", "dev.jsonl", labels=[]))
     # the GLUE presets too: SST-2's labels are 0 and 1
     (tmp_path / "sst").mkdir()
     (tmp_path / "sst" / "train.tsv").write_text("sentence\tlabel\nfine\t1\nbad\tnegative\n")
     sst = _task("sst2")
     sst.data_dir = str(tmp_path / "sst")
-    with pytest.raises(DataError, match=r"line 3: the label 'negative' is not one of task.labels \(0, 1\)"):
+    with pytest.raises(
+        DataError, match=r"line 3: the label 'negative' is not one of task.labels \(0, 1\)"
+    ):
         load_task(sst)
 
 
@@ -365,9 +474,13 @@ def test_own_files_errors_name_the_setting(tmp_path):
     from mlmkit.errors import ConfigError
 
     _write(tmp_path / "train.csv", _pairs(4))
-    with pytest.raises(DataError, match=r"task.eval_file: '.*dev.csv' does not exist; set task.eval_file"):
+    with pytest.raises(
+        DataError, match=r"task.eval_file: '.*dev.csv' does not exist; set task.eval_file"
+    ):
         load_task(_files_task(tmp_path, "train.csv", "dev.csv"))
-    with pytest.raises(DataError, match=r"no column 'gold2' \(columns: premise, hypothesis, gold, score\)"):
+    with pytest.raises(
+        DataError, match=r"no column 'gold2' \(columns: premise, hypothesis, gold, score\)"
+    ):
         load_task(_files_task(tmp_path, "train.csv", "train.csv", label_column="gold2"))
     _write(tmp_path / "one.csv", [dict(r, gold="same") for r in _pairs(4)])
     with pytest.raises(DataError, match=r"every example has the gold 'same'.*task.kind=regression"):
@@ -376,7 +489,10 @@ def test_own_files_errors_name_the_setting(tmp_path):
         TaskConfig(name="files", hub_path=None, train_file=None, eval_file=None, labels=[])
     with pytest.raises(ConfigError, match=r"task.metrics: accuracy scores classes"):
         TaskConfig(kind="regression", labels=[])
-    assert FinetuneConfig(checkpoint="x").pooling == "mean" and FinetuneConfig(checkpoint="x").save_model
+    assert (
+        FinetuneConfig(checkpoint="x").pooling == "mean"
+        and FinetuneConfig(checkpoint="x").save_model
+    )
 
 
 def _predict(*args) -> list[dict]:
@@ -387,10 +503,20 @@ def _predict(*args) -> list[dict]:
 
 
 def _finetune_files(trained_run, out, train, dev, *settings, label: str = "gold"):
-    return run_finetune(f"checkpoint={trained_run}", "task=files", f"task.train_file={train}",
-                        f"task.eval_file={dev}", "task.text_columns=[premise,hypothesis]",
-                        f"task.label_column={label}", "epochs=1", "max_seq_length=64", "batch_size=8",
-                        "precision=no", f"hydra.run.dir={out}", *settings)
+    return run_finetune(
+        f"checkpoint={trained_run}",
+        "task=files",
+        f"task.train_file={train}",
+        f"task.eval_file={dev}",
+        "task.text_columns=[premise,hypothesis]",
+        f"task.label_column={label}",
+        "epochs=1",
+        "max_seq_length=64",
+        "batch_size=8",
+        "precision=no",
+        f"hydra.run.dir={out}",
+        *settings,
+    )
 
 
 def _eval_predictions(out) -> list[dict]:
@@ -398,10 +524,15 @@ def _eval_predictions(out) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_own_csv_pairs_give_a_plain_model_dir_that_predict_and_pipeline_serve(trained_run, tmp_path):
+def test_own_csv_pairs_give_a_plain_model_dir_that_predict_and_pipeline_serve(
+    trained_run, tmp_path
+):
     from transformers import AutoModelForSequenceClassification, pipeline
 
-    train, dev = _write(tmp_path / "train.csv", _pairs(40)), _write(tmp_path / "dev.csv", _pairs(12, seed=1))
+    train, dev = (
+        _write(tmp_path / "train.csv", _pairs(40)),
+        _write(tmp_path / "dev.csv", _pairs(12, seed=1)),
+    )
     out = tmp_path / "ft"
     proc = _finetune_files(trained_run, out, train, dev, "pooling=cls")
     result = json.loads((out / "results.json").read_text())
@@ -409,9 +540,14 @@ def test_own_csv_pairs_give_a_plain_model_dir_that_predict_and_pipeline_serve(tr
     assert result["model"] == str(out / "model") and f"the model: {out / 'model'}" in proc.stdout
     assert "task.labels from" in proc.stdout + proc.stderr
     config = json.loads((out / "model" / "config.json").read_text())
-    assert config["id2label"] == {"0": "other", "1": "same"} and config["label2id"] == {"other": 0, "same": 1}
+    assert config["id2label"] == {"0": "other", "1": "same"} and config["label2id"] == {
+        "other": 0,
+        "same": 1,
+    }
     assert config["mlmkit_task"]["text_columns"] == ["premise", "hypothesis"]
-    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()
+    assert (out / "model" / "model.safetensors").is_file() and (
+        out / "model" / "tokenizer.json"
+    ).is_file()
     evaluated = _eval_predictions(out)
     assert [e["label"] for e in evaluated] == [r["gold"] for r in _pairs(12, seed=1)]
     predicted = _predict(out / "model", "--file", dev)
@@ -421,9 +557,13 @@ def test_own_csv_pairs_give_a_plain_model_dir_that_predict_and_pipeline_serve(tr
     model = AutoModelForSequenceClassification.from_pretrained(out / "model")
     assert type(model).__name__ == "BertForSequenceClassification"
     classify = pipeline("text-classification", model=str(out / "model"))
-    served = classify([{"text": r["premise"], "text_pair": r["hypothesis"]} for r in _pairs(12, seed=1)])
+    served = classify(
+        [{"text": r["premise"], "text_pair": r["hypothesis"]} for r in _pairs(12, seed=1)]
+    )
     assert [s["label"] for s in served] == [p["label"] for p in predicted]
-    assert [s["score"] for s in served] == pytest.approx([p["probability"] for p in predicted], abs=1e-5)
+    assert [s["score"] for s in served] == pytest.approx(
+        [p["probability"] for p in predicted], abs=1e-5
+    )
 
 
 @pytest.mark.slow
@@ -432,11 +572,19 @@ def test_predict_serves_a_mean_pooled_model_as_it_was_evaluated(trained_run, tmp
 
     from mlmkit.evaluation.predict import load_classifier
 
-    train, dev = _write(tmp_path / "train.jsonl", _pairs(40)), _write(tmp_path / "dev.jsonl", _pairs(12, seed=1))
+    train, dev = (
+        _write(tmp_path / "train.jsonl", _pairs(40)),
+        _write(tmp_path / "dev.jsonl", _pairs(12, seed=1)),
+    )
     out = tmp_path / "ft"
-    _finetune_files(trained_run, out, train, dev, "task.labels=[same,other]")  # pooling=mean: the default
+    _finetune_files(
+        trained_run, out, train, dev, "task.labels=[same,other]"
+    )  # pooling=mean: the default
     config = json.loads((out / "model" / "config.json").read_text())
-    assert config["classifier_pooling"] == "mean" and config["id2label"] == {"0": "same", "1": "other"}
+    assert config["classifier_pooling"] == "mean" and config["id2label"] == {
+        "0": "same",
+        "1": "other",
+    }
     evaluated = _eval_predictions(out)
     texts = [t for r in _pairs(12, seed=1) for t in (r["premise"], r["hypothesis"])]
     predicted = _predict(out, *texts)  # the run dir stands for its model/; the texts two by two
@@ -444,8 +592,9 @@ def test_predict_serves_a_mean_pooled_model_as_it_was_evaluated(trained_run, tmp
     assert [p["text"] for p in predicted][0] == texts[:2]
     # what transformers' auto class would do instead: [CLS] pooling, other logits
     model, tokenizer, _ = load_classifier(out)
-    enc = tokenizer(texts[0::2], texts[1::2], padding=True, truncation=True, max_length=64,
-                    return_tensors="pt")
+    enc = tokenizer(
+        texts[0::2], texts[1::2], padding=True, truncation=True, max_length=64, return_tensors="pt"
+    )
     with torch.no_grad():
         mean = model(**enc).logits
         cls = AutoModelForSequenceClassification.from_pretrained(out / "model").eval()(**enc).logits
@@ -456,7 +605,10 @@ def test_predict_serves_a_mean_pooled_model_as_it_was_evaluated(trained_run, tmp
 
 @pytest.mark.slow
 def test_a_regression_file_predicts_the_scores_it_was_evaluated_with(trained_run, tmp_path):
-    train, dev = _write(tmp_path / "train.csv", _pairs(40)), _write(tmp_path / "dev.csv", _pairs(12, seed=1))
+    train, dev = (
+        _write(tmp_path / "train.csv", _pairs(40)),
+        _write(tmp_path / "dev.csv", _pairs(12, seed=1)),
+    )
     out = tmp_path / "ft"
     proc = _finetune_files(trained_run, out, train, dev, "task.kind=regression", label="score")
     result = json.loads((out / "results.json").read_text())
@@ -465,4 +617,6 @@ def test_a_regression_file_predicts_the_scores_it_was_evaluated_with(trained_run
     evaluated = _eval_predictions(out)
     assert [e["label"] for e in evaluated] == [r["score"] for r in _pairs(12, seed=1)]
     predicted = _predict(out / "model", "--file", dev)
-    assert [p["score"] for p in predicted] == pytest.approx([e["prediction"] for e in evaluated], abs=1e-4)
+    assert [p["score"] for p in predicted] == pytest.approx(
+        [e["prediction"] for e in evaluated], abs=1e-4
+    )

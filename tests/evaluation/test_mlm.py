@@ -32,8 +32,12 @@ def test_metric_modules_load_offline_and_compute(monkeypatch):
     got = mcc.compute(predictions=[1, 0, 1, 1], references=[1, 0, 0, 1])["matthews_correlation"]
     assert got == pytest.approx(2 / math.sqrt(12))
     assert mcc.compute(predictions=[1, 1, 1], references=[1, 0, 1])["matthews_correlation"] == 0.0
-    assert mcc.compute(predictions=[0, 1, 2], references=[0, 1, 2])["matthews_correlation"] == pytest.approx(1.0)
-    assert mcc.compute(predictions=[1, 0], references=[0, 1])["matthews_correlation"] == pytest.approx(-1.0)
+    assert mcc.compute(predictions=[0, 1, 2], references=[0, 1, 2])[
+        "matthews_correlation"
+    ] == pytest.approx(1.0)
+    assert mcc.compute(predictions=[1, 0], references=[0, 1])[
+        "matthews_correlation"
+    ] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="ships"):
         load_metric("bleu")
 
@@ -44,32 +48,72 @@ def test_evaluate_reproduces_the_runs_eval_events(trained_run, cache_dir, tmp_pa
     by_step = {e["step"]: e for e in events(trained_run, "eval")}
     for target, step in [(trained_run, 30), (trained_run / "checkpoints" / "step_0000015", 15)]:
         out = tmp_path / f"eval-{step}.json"
-        proc = run_eval(f"checkpoint={target}", f"paths.cache_dir={cache_dir}", f"output={out}",
-                        "precision=bf16")
+        proc = run_eval(
+            f"checkpoint={target}",
+            f"paths.cache_dir={cache_dir}",
+            f"output={out}",
+            "precision=bf16",
+        )
         result = json.loads(out.read_text())
         logged = by_step[step]
         assert result["tokens"] == logged["eval_tokens"]
         assert result["loss"] == pytest.approx(logged["eval_loss"], rel=1e-4)
-        assert result["accuracy"] == pytest.approx(logged["eval_accuracy"], abs=2 / result["tokens"])
-        assert result["top5_accuracy"] == pytest.approx(logged["eval_top5_accuracy"], abs=2 / result["tokens"])
+        assert result["accuracy"] == pytest.approx(
+            logged["eval_accuracy"], abs=2 / result["tokens"]
+        )
+        assert result["top5_accuracy"] == pytest.approx(
+            logged["eval_top5_accuracy"], abs=2 / result["tokens"]
+        )
         assert "perplexity" in proc.stdout and "top5_accuracy" in proc.stdout
 
 
 @pytest.mark.slow
 def test_evaluate_any_files_on_one_and_two_processes(trained_run, cache_dir, tmp_path):
     text = tmp_path / "other.txt"
-    text.write_text("\n\n".join(f"The function number {i} returns the value of its argument "
-                                f"and raises an error when the argument is missing." for i in range(300)))
+    text.write_text(
+        "\n\n".join(
+            f"The function number {i} returns the value of its argument "
+            f"and raises an error when the argument is missing."
+            for i in range(300)
+        )
+    )
     one, two = tmp_path / "one.json", tmp_path / "two.json"
-    run_eval(f"checkpoint={trained_run}", f"files=[{text}]", f"paths.cache_dir={cache_dir}",
-             f"output={one}", "precision=no")
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", free_port(),
-                "--multi_gpu", "--num_processes", "2"]
+    run_eval(
+        f"checkpoint={trained_run}",
+        f"files=[{text}]",
+        f"paths.cache_dir={cache_dir}",
+        f"output={one}",
+        "precision=no",
+    )
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--main_process_port",
+        free_port(),
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+    ]
     proc = subprocess.run(
-        launcher + ["-m", "mlmkit", "eval", *EVAL_ARGS, f"checkpoint={trained_run}", f"files=[{text}]",
-                    f"paths.cache_dir={cache_dir}", f"output={two}", "precision=no"],
-        cwd=ROOT, env={**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1"},
-        capture_output=True, text=True, timeout=600)
+        launcher
+        + [
+            "-m",
+            "mlmkit",
+            "eval",
+            *EVAL_ARGS,
+            f"checkpoint={trained_run}",
+            f"files=[{text}]",
+            f"paths.cache_dir={cache_dir}",
+            f"output={two}",
+            "precision=no",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert a["blocks"] > 8 and a["tokens"] == b["tokens"]
@@ -98,18 +142,32 @@ def test_document_isolated_run_and_its_evaluation(tmp_path, cache_dir):
     corpus = tmp_path / "own.txt"  # the run's own corpus, not the built-in one eval defaults to
     corpus.write_text("\n\n".join(topics[key].strip() for key in sorted(topics)[:60]))
     run = tmp_path / "run"
-    run_train(run, cache_dir, "data=files", f"data.train_files=[{corpus}]", "data.packing=documents",
-              "train.max_steps=20", "train.eval_every=20", "train.save_every=0")
+    run_train(
+        run,
+        cache_dir,
+        "data=files",
+        f"data.train_files=[{corpus}]",
+        "data.packing=documents",
+        "train.max_steps=20",
+        "train.eval_every=20",
+        "train.save_every=0",
+    )
     logged = events(run, "eval")[-1]
     assert logged["step"] == 20 and math.isfinite(logged["eval_loss"])
     figures = {}
     for packing in ("the run's", "documents", "concatenate"):
         out = tmp_path / f"eval-{packing.replace(chr(39), '')}.json".replace(" ", "-")
-        proc = run_eval(f"checkpoint={run / 'final'}", f"paths.cache_dir={cache_dir}", f"output={out}",
-                        *([] if packing == "the run's" else [f"data.packing={packing}"]))
+        proc = run_eval(
+            f"checkpoint={run / 'final'}",
+            f"paths.cache_dir={cache_dir}",
+            f"output={out}",
+            *([] if packing == "the run's" else [f"data.packing={packing}"]),
+        )
         figures[packing] = json.loads(out.read_text())
         scored = next(line for line in proc.stdout.splitlines() if line.startswith("Scored "))
-        assert scored.startswith(f"Scored the run's validation split (data.train_files=['{corpus}']"), scored
+        assert scored.startswith(
+            f"Scored the run's validation split (data.train_files=['{corpus}']"
+        ), scored
     assert figures["the run's"]["tokens"] == logged["eval_tokens"]
     assert figures["the run's"]["loss"] == pytest.approx(logged["eval_loss"], rel=1e-6)
     assert "data.packing=documents" in figures["the run's"]["data"]

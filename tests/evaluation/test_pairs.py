@@ -16,14 +16,26 @@ from mlmkit.evaluation.pairs import pair_accuracy, pseudo_log_likelihoods, read_
 from mlmkit.model.architectures import parts_of
 from mlmkit.model.bert import build_model
 
-SENTENCES = ["The function returns the value.", "Hi", "The function returns the value.",  # scored once
-             "A much longer sentence, with a good many more words in it than any of the others.",
-             "Lists are sorted."]
+SENTENCES = [
+    "The function returns the value.",
+    "Hi",
+    "The function returns the value.",  # scored once
+    "A much longer sentence, with a good many more words in it than any of the others.",
+    "Lists are sorted.",
+]
 ARCHITECTURES = {
-    "bert": ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128),
-    "modernbert": ModelConfig(architecture="modernbert", num_hidden_layers=2, hidden_size=64,
-                              num_attention_heads=4, intermediate_size=96, local_attention=16,
-                              global_attn_every_n_layers=2),
+    "bert": ModelConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128
+    ),
+    "modernbert": ModelConfig(
+        architecture="modernbert",
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=96,
+        local_attention=16,
+        global_attn_every_n_layers=2,
+    ),
 }
 
 
@@ -46,7 +58,9 @@ def reference_plls(model, tokenizer, sentences, max_length: int) -> list[float]:
     model.eval()
     totals = []
     for sentence in sentences:
-        enc = tokenizer(sentence, truncation=True, max_length=max_length, return_special_tokens_mask=True)
+        enc = tokenizer(
+            sentence, truncation=True, max_length=max_length, return_special_tokens_mask=True
+        )
         total = 0.0
         for position, special in enumerate(enc["special_tokens_mask"]):
             if special:
@@ -54,13 +68,16 @@ def reference_plls(model, tokenizer, sentences, max_length: int) -> list[float]:
             ids = torch.tensor([enc["input_ids"]])
             ids[0, position] = tokenizer.mask_token_id
             with torch.no_grad():
-                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, position]
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[
+                    0, position
+                ]
             total += torch.log_softmax(logits.float(), dim=-1)[enc["input_ids"][position]].item()
         totals.append(total)
     return totals
 
 
 # ---- pseudo-log-likelihoods -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("architecture", ["bert", "modernbert", "trained"])
 def test_batched_scores_equal_one_masked_copy_at_a_time(tokenizer, trained_run, architecture):
@@ -81,7 +98,8 @@ def test_batched_scores_equal_one_masked_copy_at_a_time(tokenizer, trained_run, 
     assert got == pytest.approx(expected, abs=1e-4)
     assert got[0] == got[2] and all(s < 0 for s in got)
     assert pseudo_log_likelihoods(model, tokenizer, SENTENCES, batch_size=512)[:3] == pytest.approx(
-        reference_plls(model, tokenizer, SENTENCES[:3], max_length=128), abs=1e-4)
+        reference_plls(model, tokenizer, SENTENCES[:3], max_length=128), abs=1e-4
+    )
 
 
 def test_bf16_autocast_scores_near_the_fp32_ones(trained_run):
@@ -106,10 +124,10 @@ def unigram_model(tokenizer, favoured: dict[str, float]):
         norm.weight.zero_()
         norm.bias.zero_()
         bias = parts_of(model).output_bias(model)
-        bias[:len(tokenizer)] = 0.0
+        bias[: len(tokenizer)] = 0.0
         for word, value in favoured.items():
             bias[tokenizer.convert_tokens_to_ids(word)] = value
-    return model, torch.log_softmax(bias[:len(tokenizer)].detach(), dim=-1)
+    return model, torch.log_softmax(bias[: len(tokenizer)].detach(), dim=-1)
 
 
 def test_a_model_that_prefers_a_word_prefers_the_sentences_with_it(tokenizer):
@@ -128,8 +146,11 @@ def test_a_model_that_prefers_a_word_prefers_the_sentences_with_it(tokenizer):
 def test_swapping_the_sentences_of_every_pair_turns_a_into_one_minus_a(tokenizer):
     model = tiny_model(tokenizer)
     words = ["function", "method", "string", "file", "value", "list", "class", "number"]
-    pairs = [(f"the {a} is near the {b} .", f"the {b} is near the {a} .")
-             for a in words[:4] for b in words[4:]]
+    pairs = [
+        (f"the {a} is near the {b} .", f"the {b} is near the {a} .")
+        for a in words[:4]
+        for b in words[4:]
+    ]
     pairs.append(("a tie : the same sentence .", "a tie : the same sentence ."))
     forward = score_pairs(model, tokenizer, pairs)
     swapped = score_pairs(model, tokenizer, [(b, a) for a, b in pairs])
@@ -140,6 +161,7 @@ def test_swapping_the_sentences_of_every_pair_turns_a_into_one_minus_a(tokenizer
 
 
 # ---- reading the files ------------------------------------------------------------------------
+
 
 def write_jsonl(path, pairs, good="sentence_good", bad="sentence_bad"):
     path.write_text("".join(json.dumps({good: g, bad: b, "UID": "x"}) + "\n" for g, b in pairs))
@@ -152,29 +174,57 @@ def write_tsv(path, pairs, header=("id", "good", "bad")):
     return path
 
 
-PAIRS = [("Many girls were insulting themselves.", "Many girls were insulting herself."),
-         ('He said "yes" to them.', 'He said "yes" to themselves.')]
+PAIRS = [
+    ("Many girls were insulting themselves.", "Many girls were insulting herself."),
+    ('He said "yes" to them.', 'He said "yes" to themselves.'),
+]
 
 
 def test_jsonl_and_tsv_files_are_read(tmp_path):
     path = write_jsonl(tmp_path / "blimp.jsonl", PAIRS)
     path.write_text(path.read_text() + "\n")  # a blank line is skipped
     assert read_pairs(path) == PAIRS
-    assert read_pairs(write_jsonl(tmp_path / "own.jsonl", PAIRS, "ok", "not_ok"), "ok", "not_ok") == PAIRS
+    assert (
+        read_pairs(write_jsonl(tmp_path / "own.jsonl", PAIRS, "ok", "not_ok"), "ok", "not_ok")
+        == PAIRS
+    )
     # a quote is text, not a quoting character (csv.QUOTE_NONE)
     assert read_pairs(write_tsv(tmp_path / "pairs.tsv", PAIRS), "good", "bad") == PAIRS
 
 
-@pytest.mark.parametrize("case,message,error", [
-    ("missing", r"files: '.*absent.jsonl' does not exist; set files=\[\.\.\.\] to JSONL or TSV", DataError),
-    ("empty", r"files: '.*empty.jsonl' holds no pairs; write one pair a line", DataError),
-    ("no field", r"'.*nofield.jsonl' line 2 has no 'sentence_bad' \(a JSON string\); set bad_field", DataError),
-    ("no column", r"'.*nocolumn.tsv' has no column 'sentence_good' in its header line \(it has 'id', "
-                  r"'good', 'bad'\); set good_field", DataError),
-    ("bad json", r"'.*broken.jsonl' line 1 is not valid JSON \(.*\); write one JSON object per line", DataError),
-    ("short row", r"'.*short.tsv' line 4 has 2 tab-separated fields and its header 3", DataError),
-    ("other type", r"files: '.*pairs.txt' is neither a .jsonl nor a .tsv file", ConfigError),
-])
+@pytest.mark.parametrize(
+    "case,message,error",
+    [
+        (
+            "missing",
+            r"files: '.*absent.jsonl' does not exist; set files=\[\.\.\.\] to JSONL or TSV",
+            DataError,
+        ),
+        ("empty", r"files: '.*empty.jsonl' holds no pairs; write one pair a line", DataError),
+        (
+            "no field",
+            r"'.*nofield.jsonl' line 2 has no 'sentence_bad' \(a JSON string\); set bad_field",
+            DataError,
+        ),
+        (
+            "no column",
+            r"'.*nocolumn.tsv' has no column 'sentence_good' in its header line \(it has 'id', "
+            r"'good', 'bad'\); set good_field",
+            DataError,
+        ),
+        (
+            "bad json",
+            r"'.*broken.jsonl' line 1 is not valid JSON \(.*\); write one JSON object per line",
+            DataError,
+        ),
+        (
+            "short row",
+            r"'.*short.tsv' line 4 has 2 tab-separated fields and its header 3",
+            DataError,
+        ),
+        ("other type", r"files: '.*pairs.txt' is neither a .jsonl nor a .tsv file", ConfigError),
+    ],
+)
 def test_unreadable_files_are_one_sentence_naming_the_file(tmp_path, case, message, error):
     if case == "missing":
         path = tmp_path / "absent.jsonl"
@@ -190,7 +240,9 @@ def test_unreadable_files_are_one_sentence_naming_the_file(tmp_path, case, messa
         path = tmp_path / "broken.jsonl"
         path.write_text('{"sentence_good": "A cat.", "sentence_bad": "A cats."\n')
     elif case == "short row":
-        path = write_tsv(tmp_path / "short.tsv", PAIRS, header=("id", "sentence_good", "sentence_bad"))
+        path = write_tsv(
+            tmp_path / "short.tsv", PAIRS, header=("id", "sentence_good", "sentence_bad")
+        )
         path.write_text(path.read_text() + "2\tonly one\n")
     else:
         path = tmp_path / "pairs.txt"
@@ -219,6 +271,7 @@ def test_eval_pairs_settings_are_checked():
 
 # ---- the command ------------------------------------------------------------------------------
 
+
 def run_eval_pairs(*overrides: str):
     return run_cli("eval-pairs", *overrides)
 
@@ -226,21 +279,43 @@ def run_eval_pairs(*overrides: str):
 def test_eval_pairs_on_a_trained_run_and_random_weights(trained_run, tmp_path):
     from mlmkit.training.runtime import cpu_has_bf16
 
-    agreement = [(f"The {n} {v}s here.", f"The {n} {v} here.") for n in ("man", "dog", "city")
-                 for v in ("stay", "work", "wait")]
+    agreement = [
+        (f"The {n} {v}s here.", f"The {n} {v} here.")
+        for n in ("man", "dog", "city")
+        for v in ("stay", "work", "wait")
+    ]
     anaphor = PAIRS + [("The boys saw themselves.", "The boys saw himself.")]
     jsonl = write_jsonl(tmp_path / "agreement.jsonl", agreement)
-    tsv = write_tsv(tmp_path / "anaphor.tsv", anaphor, header=("id", "sentence_good", "sentence_bad"))
+    tsv = write_tsv(
+        tmp_path / "anaphor.tsv", anaphor, header=("id", "sentence_good", "sentence_bad")
+    )
     for init, precision in (("pretrained", "no"), ("random", "bf16")):
         out = tmp_path / f"{init}.json"
-        proc = run_eval_pairs(f"checkpoint={trained_run}", f"files=[{jsonl},{tsv}]", f"init={init}",
-                              f"output={out}", "batch_size=64", f"precision={precision}")
+        proc = run_eval_pairs(
+            f"checkpoint={trained_run}",
+            f"files=[{jsonl},{tsv}]",
+            f"init={init}",
+            f"output={out}",
+            "batch_size=64",
+            f"precision={precision}",
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
-        assert set(result) == {"checkpoint", "init", "files", "accuracy", "pairs", "precision", "seconds"}
+        assert set(result) == {
+            "checkpoint",
+            "init",
+            "files",
+            "accuracy",
+            "pairs",
+            "precision",
+            "seconds",
+        }
         assert result["precision"] == precision
         assert (result["checkpoint"], result["init"]) == (str(trained_run / "final"), init)
-        assert {name: f["pairs"] for name, f in result["files"].items()} == {str(jsonl): 9, str(tsv): 3}
+        assert {name: f["pairs"] for name, f in result["files"].items()} == {
+            str(jsonl): 9,
+            str(tsv): 3,
+        }
         assert result["pairs"] == 12
         accuracies = [f["accuracy"] for f in result["files"].values()]
         assert all(0.0 <= a <= 1.0 for a in accuracies)
@@ -248,7 +323,10 @@ def test_eval_pairs_on_a_trained_run_and_random_weights(trained_run, tmp_path):
         lines = proc.stdout.strip().splitlines()
         if precision == "bf16" and not cpu_has_bf16():  # said once, naming the setting
             warning = lines.pop(0)
-            assert warning.startswith("bf16 emulated on this CPU") and "set precision=auto or no" in warning
+            assert (
+                warning.startswith("bf16 emulated on this CPU")
+                and "set precision=auto or no" in warning
+            )
         assert len(lines) == 3, proc.stdout  # a line per file, and the summary
         assert lines[0] == f"{jsonl}: accuracy {accuracies[0]:.4f} over 9 pairs"
         assert lines[2].endswith(f"accuracy {result['accuracy']:.4f} over 12 pairs in 2 files")
@@ -263,7 +341,10 @@ def test_eval_pairs_errors_and_help(trained_run, tmp_path):
         pairs = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
         proc = run_eval_pairs(f"checkpoint={trained_run}", f"files=[{pairs}]", "precision=fp16")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        assert proc.stderr.strip() == "Error: precision=fp16 needs a CUDA GPU; use bf16 or no on this machine."
+        assert (
+            proc.stderr.strip()
+            == "Error: precision=fp16 needs a CUDA GPU; use bf16 or no on this machine."
+        )
     with pytest.raises(ConfigError, match="precision"):
         PairsEvalConfig(checkpoint="x", files=["a.tsv"], precision="fp8")
     shown = run_eval_pairs("--help")

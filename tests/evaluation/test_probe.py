@@ -34,18 +34,29 @@ def test_the_regression_finds_a_separable_direction_and_not_one_in_noise():
     figures = fit_and_score(x, y, dx, dy, n_classes=2)
     assert figures["probe_accuracy"] > 0.97 and figures["probe_train_accuracy"] > 0.97
     # labels drawn apart from the vectors: nothing to find, chance on the dev set
-    noise = fit_and_score(x, torch.randint(0, 2, (600,), generator=torch.Generator().manual_seed(2)),
-                          dx, dy, n_classes=2)
+    noise = fit_and_score(
+        x,
+        torch.randint(0, 2, (600,), generator=torch.Generator().manual_seed(2)),
+        dx,
+        dy,
+        n_classes=2,
+    )
     assert 0.38 < noise["probe_accuracy"] < 0.62
-    assert noise["probe_l2"] >= figures["probe_l2"]  # the held-out fifth asks for more penalty on noise
+    assert (
+        noise["probe_l2"] >= figures["probe_l2"]
+    )  # the held-out fifth asks for more penalty on noise
 
 
 def test_sentence_vectors_do_not_depend_on_batching_or_padding(tokenizer):
     model = _model(tokenizer)
     model.eval()
     encode, device = encode_with(model.base_model)
-    texts = [["a short one"], ["a much longer sentence that needs more tokens than the others do"],
-             ["two"], ["the third sentence, of middling length"]]
+    texts = [
+        ["a short one"],
+        ["a much longer sentence that needs more tokens than the others do"],
+        ["two"],
+        ["the third sentence, of middling length"],
+    ]
     together = sentence_vectors(encode, tokenizer, texts, batch_size=3)
     alone = torch.cat([sentence_vectors(encode, tokenizer, [t], batch_size=1) for t in texts])
     assert together.shape == (4, model.config.hidden_size)
@@ -61,10 +72,16 @@ def test_a_training_objective_gives_its_encoders_states_without_labels(tokenizer
 
     model = _model(tokenizer)
     objective = MaskedLM(model).eval()
-    enc = tokenizer(["a sentence to encode", "and a second, longer sentence to encode"], padding=True,
-                    return_tensors="pt")
-    states = objective(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                       token_type_ids=enc["token_type_ids"])["last_hidden_state"]
+    enc = tokenizer(
+        ["a sentence to encode", "and a second, longer sentence to encode"],
+        padding=True,
+        return_tensors="pt",
+    )
+    states = objective(
+        input_ids=enc["input_ids"],
+        attention_mask=enc["attention_mask"],
+        token_type_ids=enc["token_type_ids"],
+    )["last_hidden_state"]
     torch.testing.assert_close(states, model.base_model(**enc).last_hidden_state)
 
 
@@ -73,7 +90,10 @@ def test_a_probe_scores_an_encoder_in_eval_mode_and_leaves_its_mode(tmp_path, to
     probe = probe_for_run(ProbeConfig(every=1, task=TaskConfig(data_dir=str(folder))))
     model = _model(tokenizer, hidden_dropout_prob=0.5)  # dropout would make the states random
     model.train()
-    first, again = probe.score(model.base_model, tokenizer), probe.score(model.base_model, tokenizer)
+    first, again = (
+        probe.score(model.base_model, tokenizer),
+        probe.score(model.base_model, tokenizer),
+    )
     assert model.training
     assert first["probe_accuracy"] == again["probe_accuracy"]
     assert first["probe_train_accuracy"] == again["probe_train_accuracy"]
@@ -81,14 +101,18 @@ def test_a_probe_scores_an_encoder_in_eval_mode_and_leaves_its_mode(tmp_path, to
 
 def test_a_probe_reads_its_task_and_refuses_what_it_cannot_use(tmp_path):
     folder = _write_task(tmp_path / "task")
-    probe = probe_for_run(ProbeConfig(every=5, task=TaskConfig(data_dir=str(folder)), max_train_samples=60))
+    probe = probe_for_run(
+        ProbeConfig(every=5, task=TaskConfig(data_dir=str(folder)), max_train_samples=60)
+    )
     assert len(probe.train_texts) == 60 and len(probe.eval_texts) == 40 and probe.n_classes == 2
     assert probe_for_run(ProbeConfig(every=0)) is None  # no probe asked for: no data read
     with pytest.raises(DataError, match=r"probe\.task\.data_dir"):  # the setting's name in a run
         probe_for_run(ProbeConfig(every=5, task=TaskConfig(data_dir=str(tmp_path / "absent"))))
     with pytest.raises(ConfigError, match="regression task; a probe classifies"):
         ProbeConfig(every=5, task=TaskConfig(kind="regression", labels=[], metrics=[]))
-    (folder / "one.tsv").write_text("sentence\tlabel\nonly good\t1\nstill good\t1\n", encoding="utf-8")
+    (folder / "one.tsv").write_text(
+        "sentence\tlabel\nonly good\t1\nstill good\t1\n", encoding="utf-8"
+    )
     with pytest.raises(ConfigError, match="hold one class"):
         LinearProbe.from_task(TaskConfig(data_dir=str(folder), train_file="one.tsv"))
 
@@ -101,8 +125,15 @@ def test_a_run_probes_its_random_init_every_n_steps_and_at_the_end(tmp_path, cac
 
     folder = _write_task(tmp_path / "task")
     run = tmp_path / "run"
-    run_train(run, cache_dir, "train.max_steps=12", "train.eval_every=6", "logger=none",
-              "probe.every=5", f"probe.task.data_dir={folder}")
+    run_train(
+        run,
+        cache_dir,
+        "train.max_steps=12",
+        "train.eval_every=6",
+        "logger=none",
+        "probe.every=5",
+        f"probe.task.data_dir={folder}",
+    )
     probes = events(run, "probe")
     assert [p["step"] for p in probes] == [0, 5, 10, 12]  # the random init, every 5, the last step
     for p in probes:
@@ -116,15 +147,30 @@ def test_a_run_probes_its_random_init_every_n_steps_and_at_the_end(tmp_path, cac
     with Image.open(run / "curves.png") as im:
         assert im.size == (1800, 800)
     # a resume probes on from where it was, not its random init again
-    run_train(run, cache_dir, "train.max_steps=16", "train.eval_every=6", "logger=none",
-              "probe.every=5", f"probe.task.data_dir={folder}", "train.resume=auto")
+    run_train(
+        run,
+        cache_dir,
+        "train.max_steps=16",
+        "train.eval_every=6",
+        "logger=none",
+        "probe.every=5",
+        f"probe.task.data_dir={folder}",
+        "train.resume=auto",
+    )
     assert [p["step"] for p in events(run, "probe")] == [0, 5, 10, 12, 15, 16]
 
 
 def test_a_missing_probe_task_is_refused_before_the_run_writes_anything(tmp_path, cache_dir):
     run = tmp_path / "run"
-    proc = run_train(run, cache_dir, "train.max_steps=2", "logger=none", "probe.every=1",
-                     f"probe.task.data_dir={tmp_path / 'nowhere'}", check=False)
+    proc = run_train(
+        run,
+        cache_dir,
+        "train.max_steps=2",
+        "logger=none",
+        "probe.every=1",
+        f"probe.task.data_dir={tmp_path / 'nowhere'}",
+        check=False,
+    )
     assert proc.returncode != 0
     assert "probe.task.data_dir" in proc.stderr and "Traceback" not in proc.stderr
     # nothing but Hydra's record of the command line (.hydra/, written before any run starts)

@@ -15,7 +15,10 @@ from runs import run_cli
 
 from mlmkit.errors import DataError
 
-HIGH, LOW = 4.0, 1.0  # a pair's query finds its document at a gold score >= HIGH; < LOW: distractors
+HIGH, LOW = (
+    4.0,
+    1.0,
+)  # a pair's query finds its document at a gold score >= HIGH; < LOW: distractors
 
 
 def stsb_pairs() -> list[tuple[str, str, str, float]]:
@@ -46,9 +49,11 @@ def write_beir(folder: Path, pairs, split: str = "test") -> dict[str, list[str]]
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (folder / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": f"q{i}", "text": a}) + "\n" for i, (_, a, _, _) in high))
+        "".join(json.dumps({"_id": f"q{i}", "text": a}) + "\n" for i, (_, a, _, _) in high)
+    )
     (folder / "qrels" / f"{split}.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i, _ in high))
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i, _ in high)
+    )
     return {"queries": [f"q{i}" for i, _ in high], "documents": [d["_id"] for d in docs]}
 
 
@@ -61,6 +66,7 @@ def beir(tmp_path_factory) -> SimpleNamespace:
 
 
 # ---- the reader -------------------------------------------------------------------------------
+
 
 def test_a_beir_folder_is_read_with_titles_before_texts(beir):
     from mlmkit.evaluation.retrieval import read_beir
@@ -80,16 +86,22 @@ def test_qrels_scores_of_zero_are_not_relevant_and_ids_may_be_numbers(tmp_path):
     from mlmkit.evaluation.retrieval import read_beir
 
     (tmp_path / "qrels").mkdir()
-    (tmp_path / "corpus.jsonl").write_text('{"_id": 1, "text": "A man plays a cello."}\n\n'
-                                           '{"_id": "2", "text": "A cat sleeps."}\n')
-    (tmp_path / "queries.jsonl").write_text('{"_id": "a", "text": "cello"}\n{"_id": "b", "text": "cat"}\n')
-    (tmp_path / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\na\t1\t2\nb\t2\t0\na\t2\t0\n")
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"_id": 1, "text": "A man plays a cello."}\n\n{"_id": "2", "text": "A cat sleeps."}\n'
+    )
+    (tmp_path / "queries.jsonl").write_text(
+        '{"_id": "a", "text": "cello"}\n{"_id": "b", "text": "cat"}\n'
+    )
+    (tmp_path / "qrels" / "dev.tsv").write_text(
+        "query-id\tcorpus-id\tscore\na\t1\t2\nb\t2\t0\na\t2\t0\n"
+    )
     data = read_beir(tmp_path, "dev")
     assert data.corpus == {"1": "A man plays a cello.", "2": "A cat sleeps."}
     assert data.relevant == {"a": {"1"}}  # b has no relevant document: BEIR leaves it out
 
 
 # ---- the metric wiring: stand-in embedders whose figures are known ----------------------------
+
 
 def one_hot_embedder(data, second: str | None = None):
     """texts -> vectors: each document a one-hot vector of its own, each query its relevant
@@ -126,9 +138,13 @@ def test_perfect_embeddings_score_one(beir):
     data = read_beir(beir.folder)
     embed_texts, calls = one_hot_embedder(data)
     scores = retrieval_scores(embed_texts, data, batch_size=32)
-    assert scores == {"queries": len(beir.queries), "documents": len(beir.documents),
-                      "ndcg@10": pytest.approx(1.0), "recall@100": pytest.approx(1.0),
-                      "mrr@10": pytest.approx(1.0)}
+    assert scores == {
+        "queries": len(beir.queries),
+        "documents": len(beir.documents),
+        "ndcg@10": pytest.approx(1.0),
+        "recall@100": pytest.approx(1.0),
+        "mrr@10": pytest.approx(1.0),
+    }
     assert sum(calls) == len(beir.queries) + len(beir.documents)  # every text embedded once
 
 
@@ -168,6 +184,7 @@ def test_documents_past_the_cutoffs_count_for_nothing(beir):
 
 # ---- the model: the vectors of final/'s sentence-transformers embedder -------------------------
 
+
 def test_the_embeddings_are_those_of_the_exported_sentence_embedder(trained_run, beir):
     pytest.importorskip("sentence_transformers")
     import torch
@@ -179,9 +196,12 @@ def test_the_embeddings_are_those_of_the_exported_sentence_embedder(trained_run,
     texts = [p[2] for p in beir.pairs[:20]]
     texts.append(" ".join(p[1] for p in beir.pairs[:30]))  # longer than the 64 tokens kept
     embed_texts, resolved, length = model_embedder(
-        RetrievalEvalConfig(checkpoint=str(trained_run), data_dir=str(beir.folder)))
+        RetrievalEvalConfig(checkpoint=str(trained_run), data_dir=str(beir.folder))
+    )
     assert resolved == trained_run / "final" and length == 64  # final/'s sentence_bert_config.json
-    expected = SentenceTransformer(str(resolved), device="cpu").encode(texts, convert_to_tensor=True)
+    expected = SentenceTransformer(str(resolved), device="cpu").encode(
+        texts, convert_to_tensor=True
+    )
     torch.testing.assert_close(embed_texts(texts), expected.cpu(), rtol=1e-4, atol=1e-5)
 
 
@@ -203,6 +223,7 @@ def test_the_tokens_kept_follow_the_setting_final_and_the_run(trained_run, tmp_p
 
 # ---- the command --------------------------------------------------------------------------------
 
+
 def run_eval_retrieval(*overrides: str):
     return run_cli("eval-retrieval", *overrides)
 
@@ -211,20 +232,42 @@ def test_eval_retrieval_on_a_trained_run_and_random_weights(trained_run, beir, t
     figures = {}
     for init in ("pretrained", "random"):
         out = tmp_path / f"{init}.json"
-        proc = run_eval_retrieval(f"checkpoint={trained_run}", f"data_dir={beir.folder}",
-                                  f"init={init}", f"output={out}")
+        proc = run_eval_retrieval(
+            f"checkpoint={trained_run}", f"data_dir={beir.folder}", f"init={init}", f"output={out}"
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         figures[init] = result = json.loads(out.read_text())
-        assert set(result) == {"checkpoint", "init", "data_dir", "split", "pooling", "max_seq_length",
-                               "queries", "documents", "ndcg@10", "recall@100", "mrr@10", "seconds"}
+        assert set(result) == {
+            "checkpoint",
+            "init",
+            "data_dir",
+            "split",
+            "pooling",
+            "max_seq_length",
+            "queries",
+            "documents",
+            "ndcg@10",
+            "recall@100",
+            "mrr@10",
+            "seconds",
+        }
         assert (result["queries"], result["documents"]) == (len(beir.queries), len(beir.documents))
         assert (result["init"], result["split"], result["max_seq_length"]) == (init, "test", 64)
         assert result["checkpoint"] == str(trained_run / "final")
         lines = proc.stdout.strip().splitlines()
         assert len(lines) == 1, proc.stdout  # one line: the figures
-        printed = dict(zip(("ndcg@10", "recall@100", "mrr@10"),
-                           map(float, [lines[0].split(f"{name} ")[1][:6]
-                                       for name in ("nDCG@10", "recall@100", "MRR@10")])))
+        printed = dict(
+            zip(
+                ("ndcg@10", "recall@100", "mrr@10"),
+                map(
+                    float,
+                    [
+                        lines[0].split(f"{name} ")[1][:6]
+                        for name in ("nDCG@10", "recall@100", "MRR@10")
+                    ],
+                ),
+            )
+        )
         for name, value in printed.items():
             assert 0.0 <= value <= 1.0 and value == pytest.approx(result[name], abs=5e-5)
         assert f"{len(beir.queries)} queries, {len(beir.documents)} documents" in lines[0]
@@ -245,19 +288,35 @@ def _damage(folder: Path, case: str) -> None:
         query_id = qrels.read_text().splitlines()[1].split("\t")[0]
         qrels.write_text(qrels.read_text() + f"{query_id}\tnot-a-doc\t1\n")
     elif case == "none relevant":
-        qrels.write_text("".join(line.replace("\t1\n", "\t0\n") for line in qrels.read_text()
-                                 .splitlines(keepends=True)))
+        qrels.write_text(
+            "".join(
+                line.replace("\t1\n", "\t0\n")
+                for line in qrels.read_text().splitlines(keepends=True)
+            )
+        )
 
 
-@pytest.mark.parametrize("case,message", [
-    ("no corpus", r"corpus.jsonl' does not exist; set data_dir to a BEIR-format folder"),
-    ("no qrels", r"test.tsv' does not exist; set split to one of dev"),
-    ("bad json", r"corpus.jsonl' line 3 is not valid JSON \(.*\); write one JSON object per line"),
-    ("unknown id", r"test.tsv' line \d+ names the corpus-id 'not-a-doc', which corpus.jsonl lacks; "
-                   r"add that document or remove the row"),
-    ("none relevant", r"test.tsv' marks no document relevant to any query; give relevant documents "
-                      r"a score above 0"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("no corpus", r"corpus.jsonl' does not exist; set data_dir to a BEIR-format folder"),
+        ("no qrels", r"test.tsv' does not exist; set split to one of dev"),
+        (
+            "bad json",
+            r"corpus.jsonl' line 3 is not valid JSON \(.*\); write one JSON object per line",
+        ),
+        (
+            "unknown id",
+            r"test.tsv' line \d+ names the corpus-id 'not-a-doc', which corpus.jsonl lacks; "
+            r"add that document or remove the row",
+        ),
+        (
+            "none relevant",
+            r"test.tsv' marks no document relevant to any query; give relevant documents "
+            r"a score above 0",
+        ),
+    ],
+)
 def test_malformed_folders_are_one_sentence(beir, tmp_path, trained_run, case, message):
     from mlmkit.evaluation.retrieval import read_beir
 

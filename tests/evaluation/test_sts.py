@@ -13,8 +13,12 @@ from runs import python_run, run_cli, run_finetune, run_train
 from mlmkit.errors import DataError
 from mlmkit.evaluation.correlation import pearson, ranks, spearman
 
-SENTENCES = ["A man is playing a guitar.", "Someone plays the guitar.",
-             "The function returns the value of its argument.", "A cat sits on the mat."]
+SENTENCES = [
+    "A man is playing a guitar.",
+    "Someone plays the guitar.",
+    "The function returns the value of its argument.",
+    "A cat sits on the mat.",
+]
 
 
 def run_eval_sts(*overrides: str, check: bool = True):
@@ -28,8 +32,14 @@ def run_eval_sts(*overrides: str, check: bool = True):
 def sts_run(tmp_path_factory, cache_dir) -> Path:
     """A tiny run with a final/ export and a checkpoint at step 10."""
     run = tmp_path_factory.mktemp("sts") / "run"
-    run_train(run, cache_dir, "train.max_steps=20", "train.eval_every=10", "train.save_every=10",
-              "train.keep_last=2")
+    run_train(
+        run,
+        cache_dir,
+        "train.max_steps=20",
+        "train.eval_every=10",
+        "train.save_every=10",
+        "train.keep_last=2",
+    )
     return run
 
 
@@ -44,6 +54,7 @@ def sts_line(i: int, a: str, b: str, score: str) -> str:
 
 
 # ---- metrics ---------------------------------------------------------------------------------
+
 
 def test_correlations_match_their_definitions():
     assert ranks([3, 1, 3, 2]).tolist() == [3.5, 1.0, 3.5, 2.0]  # ties share their mean rank
@@ -72,6 +83,7 @@ def test_pearson_and_spearman_metric_modules_load_offline():
 
 # ---- data ------------------------------------------------------------------------------------
 
+
 def _stsb_task(data_dir: Path | None = None):
     from .test_finetune import _task
 
@@ -86,28 +98,45 @@ def test_stsb_tsv_files_are_read_as_pairs_with_scores():
     dev_file = shared_file("glue/STS-B/dev.tsv")
     train, dev = load_task(_stsb_task(dev_file.parent))
     assert len(dev) == 1500 and len(train) == 4249
-    assert dev[0] == {"text": ["A man is playing the cello.", "A man seated is playing the cello."],
-                      "label": 4.25}
+    assert dev[0] == {
+        "text": ["A man is playing the cello.", "A man seated is playing the cello."],
+        "label": 4.25,
+    }
     assert all(0.0 <= e["label"] <= 5.0 and len(e["text"]) == 2 for e in train + dev)
 
 
 def test_a_header_line_of_the_column_names_is_skipped(tmp_path):
     from mlmkit.evaluation.finetune import read_tsv
 
-    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    )
     folder = sts_files(tmp_path, [header, sts_line(0, "A b.", "C d.", "1.5")])
     assert read_tsv(folder / "dev.tsv", _stsb_task()) == [{"text": ["A b.", "C d."], "label": 1.5}]
 
 
-@pytest.mark.parametrize("case,lines,message", [
-    ("missing", None, r"dev.tsv' does not exist; set task.data_dir"),
-    ("empty", [], r"dev.tsv' is empty"),
-    ("columns", ["A man sings.\tA man is singing.\t4.0"],
-     r"has 3 tab-separated columns in its first line, but stsb files have 10"),
-    ("range", [sts_line(0, "A b.", "C d.", "2.0"), sts_line(1, "A b.", "C d.", "5.4")],
-     r"dev.tsv' line 2: the score '5.4' is outside task.label_range \[0.0, 5.0\]"),
-    ("number", [sts_line(0, "A b.", "C d.", "high")], r"line 1: the score 'high' is not a number"),
-])
+@pytest.mark.parametrize(
+    "case,lines,message",
+    [
+        ("missing", None, r"dev.tsv' does not exist; set task.data_dir"),
+        ("empty", [], r"dev.tsv' is empty"),
+        (
+            "columns",
+            ["A man sings.\tA man is singing.\t4.0"],
+            r"has 3 tab-separated columns in its first line, but stsb files have 10",
+        ),
+        (
+            "range",
+            [sts_line(0, "A b.", "C d.", "2.0"), sts_line(1, "A b.", "C d.", "5.4")],
+            r"dev.tsv' line 2: the score '5.4' is outside task.label_range \[0.0, 5.0\]",
+        ),
+        (
+            "number",
+            [sts_line(0, "A b.", "C d.", "high")],
+            r"line 1: the score 'high' is not a number",
+        ),
+    ],
+)
 def test_bad_sts_files_are_one_sentence(tmp_path, case, lines, message):
     from mlmkit.evaluation.finetune import load_split
 
@@ -142,8 +171,14 @@ def test_regression_loss_of_the_mean_pooling_model():
 
     from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, num_labels=1)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=1,
+    )
     torch.manual_seed(0)
     model = MeanPoolBertForSequenceClassification(config).eval()
     ids = torch.tensor([[2, 7, 9, 3], [2, 5, 6, 3]])
@@ -174,15 +209,19 @@ def test_sentence_transformers_loads_final_as_a_mean_pooling_embedder(sts_run):
 
     final = sts_run / "final"
     modules = json.loads((final / "modules.json").read_text())
-    assert [(m["path"], m["type"].rsplit(".", 1)[-1]) for m in modules] == [("", "Transformer"),
-                                                                           ("1_Pooling", "Pooling")]
+    assert [(m["path"], m["type"].rsplit(".", 1)[-1]) for m in modules] == [
+        ("", "Transformer"),
+        ("1_Pooling", "Pooling"),
+    ]
     pooling = json.loads((final / "1_Pooling" / "config.json").read_text())
     assert pooling["word_embedding_dimension"] == 32 and pooling["pooling_mode_mean_tokens"]
     assert not pooling["pooling_mode_cls_token"]
     assert json.loads((final / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
     assert 'SentenceTransformer("path/to/this/dir")' in (final / "README.md").read_text()
 
-    proc = python_run("-c", ST_SCRIPT, final, json.dumps(SENTENCES), cwd=final, timeout=300)  # a process that never imported mlmkit
+    proc = python_run(
+        "-c", ST_SCRIPT, final, json.dumps(SENTENCES), cwd=final, timeout=300
+    )  # a process that never imported mlmkit
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["max_seq_length"] == 64 and got["dimension"] == 32
@@ -204,6 +243,7 @@ def test_sentence_transformers_loads_final_as_a_mean_pooling_embedder(sts_run):
 
 
 # ---- zero-shot and fine-tuned STS-B ------------------------------------------------------------
+
 
 def test_eval_sts_on_a_run_dir_and_a_checkpoint(sts_run, tmp_path):
     data_dir = shared_file("glue/STS-B/dev.tsv").parent
@@ -244,9 +284,17 @@ def test_eval_sts_python_api_matches_sentence_transformers_pooling(sts_run):
 def test_finetune_stsb_reports_pearson_and_spearman(sts_run, tmp_path):
     data_dir = shared_file("glue/STS-B/dev.tsv").parent
     out = tmp_path / "stsb"
-    proc = run_finetune(f"checkpoint={sts_run}", "task=stsb", f"task.data_dir={data_dir}",
-                        "max_train_samples=64", "epochs=1", "max_seq_length=64", "batch_size=16",
-                        f"hydra.run.dir={out}", "save_model=true")
+    proc = run_finetune(
+        f"checkpoint={sts_run}",
+        "task=stsb",
+        f"task.data_dir={data_dir}",
+        "max_train_samples=64",
+        "epochs=1",
+        "max_seq_length=64",
+        "batch_size=16",
+        f"hydra.run.dir={out}",
+        "save_model=true",
+    )
     result = json.loads((out / "results.json").read_text())
     assert result["task"] == "stsb" and result["eval_examples"] == 1500
     assert result["steps"] == 4 and result["train_examples"] == 64

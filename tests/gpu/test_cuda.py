@@ -15,9 +15,16 @@ from mlmkit.model.bert import MaskedLM, build_model
 
 pytestmark = pytest.mark.gpu
 
-MODERN = ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
-                     intermediate_size=96, local_attention=16, global_attn_every_n_layers=3,
-                     max_position_embeddings=512)
+MODERN = ModelConfig(
+    architecture="modernbert",
+    num_hidden_layers=3,
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=96,
+    local_attention=16,
+    global_attn_every_n_layers=3,
+    max_position_embeddings=512,
+)
 
 
 def _cuda(batch):
@@ -37,8 +44,11 @@ def test_sdpa_gives_eagers_loss_in_bf16(tokenizer, architecture, rows):
     losses = []
     for attn in ("eager", "sdpa"):
         torch.manual_seed(0)
-        model = (build_model(MODERN, tokenizer, attn_implementation=attn) if architecture == "modernbert"
-                 else _model(tokenizer, attn_implementation=attn))
+        model = (
+            build_model(MODERN, tokenizer, attn_implementation=attn)
+            if architecture == "modernbert"
+            else _model(tokenizer, attn_implementation=attn)
+        )
         losses.append(_loss(model, batch))
     assert torch.isfinite(losses[1])
     torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=1e-2)
@@ -53,8 +63,11 @@ def _prepared(tokenizer, precision):
 
     accelerator = Accelerator(mixed_precision=precision)
     objective = MaskedLM(_model(tokenizer))
-    optimizer = build_optimizer(objective, SimpleNamespace(weight_decay=0.01, lr=1e-3, beta1=0.9, beta2=0.98,
-                                                           eps=1e-6), "cuda")
+    optimizer = build_optimizer(
+        objective,
+        SimpleNamespace(weight_decay=0.01, lr=1e-3, beta1=0.9, beta2=0.98, eps=1e-6),
+        "cuda",
+    )
     return (accelerator, *accelerator.prepare(objective, optimizer))
 
 

@@ -19,13 +19,22 @@ from mlmkit.training.doctor import HostReads
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("flash_attn") is None,
-                       reason="needs a CUDA GPU and the flash-attn package"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or importlib.util.find_spec("flash_attn") is None,
+        reason="needs a CUDA GPU and the flash-attn package",
+    ),
 ]
 
-MODERN = ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
-                     intermediate_size=96, local_attention=16, global_attn_every_n_layers=3,
-                     max_position_embeddings=512)
+MODERN = ModelConfig(
+    architecture="modernbert",
+    num_hidden_layers=3,
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=96,
+    local_attention=16,
+    global_attn_every_n_layers=3,
+    max_position_embeddings=512,
+)
 LENGTHS = (40, 97, 130, 61, 12, 128)
 
 
@@ -62,7 +71,9 @@ def test_a_flattened_batch_runs_flash_attn_varlen_without_waiting_for_the_host(t
     padded = to_device(TrainingCollate(collator)(rows), torch.device("cuda"))
     flat = to_device(TrainingCollate(collator, varlen=True)(rows), torch.device("cuda"))
     padded.pop("layout"), flat.pop("layout")
-    assert flat["input_ids"].shape == (1, sum(n + 2 for n in LENGTHS)) and isinstance(flat["max_length_q"], int)
+    assert flat["input_ids"].shape == (1, sum(n + 2 for n in LENGTHS)) and isinstance(
+        flat["max_length_q"], int
+    )
     sdpa_loss, _ = _step(MaskedLM(_model(tokenizer, config, "sdpa")), padded)
     flash = MaskedLM(_model(tokenizer, config, "flash_attention_2"))
     flash_loss, flat_waits = _step(flash, flat)

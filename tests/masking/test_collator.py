@@ -48,8 +48,9 @@ def test_share_chosen_and_80_10_10_split(tokenizer):
 
 
 def test_specials_never_chosen_and_random_tokens_not_special(tokenizer):
-    collator = MLMCollator(tokenizer, mlm_probability=0.9, mask_replace_prob=0.0,
-                           random_replace_prob=1.0, seed=1)
+    collator = MLMCollator(
+        tokenizer, mlm_probability=0.9, mask_replace_prob=0.0, random_replace_prob=1.0, seed=1
+    )
     examples = _examples(tokenizer, n=200)
     batch = collator(examples)
     original = torch.tensor([e["input_ids"] for e in examples])
@@ -62,8 +63,10 @@ def test_specials_never_chosen_and_random_tokens_not_special(tokenizer):
 
 def test_padding_never_chosen_and_attention_mask(tokenizer):
     collator = MLMCollator(tokenizer, mlm_probability=0.5, seed=2, pad_to_multiple_of=8)
-    examples = [{"input_ids": [tokenizer.cls_token_id] + [100 + i] * n + [tokenizer.sep_token_id]}
-                for i, n in enumerate([3, 10, 29])]
+    examples = [
+        {"input_ids": [tokenizer.cls_token_id] + [100 + i] * n + [tokenizer.sep_token_id]}
+        for i, n in enumerate([3, 10, 29])
+    ]
     batch = collator(examples)
     assert batch["input_ids"].shape == (3, 32)  # 31 rounded up to a multiple of 8
     lengths = torch.tensor([5, 12, 31])
@@ -117,12 +120,17 @@ def test_input_not_modified(tokenizer):
     assert torch.equal(ids, before)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"mlm_probability": 0.0}, {"mlm_probability": 1.0}, {"mlm_probability": -0.1},
-    {"mask_replace_prob": 0.8, "random_replace_prob": 0.3},
-    {"mask_replace_prob": 1.2, "random_replace_prob": 0.0},
-    {"pad_to_multiple_of": 0},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mlm_probability": 0.0},
+        {"mlm_probability": 1.0},
+        {"mlm_probability": -0.1},
+        {"mask_replace_prob": 0.8, "random_replace_prob": 0.3},
+        {"mask_replace_prob": 1.2, "random_replace_prob": 0.0},
+        {"pad_to_multiple_of": 0},
+    ],
+)
 def test_invalid_settings_refused(tokenizer, kwargs):
     with pytest.raises(ConfigError):
         MLMCollator(tokenizer, **kwargs)
@@ -140,8 +148,12 @@ def test_batches_are_the_same_with_or_without_workers(tokenizer):
     def batches(workers, skip=0):
         sampler = EpochBatchSampler(len(rows), 8, rank=0, world=1, seed=3)
         sampler.epoch, sampler.skip = 1, skip
-        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, num_workers=workers,
-                                             collate_fn=MLMCollator(tokenizer, seed=0))
+        loader = torch.utils.data.DataLoader(
+            ds,
+            batch_sampler=sampler,
+            num_workers=workers,
+            collate_fn=MLMCollator(tokenizer, seed=0),
+        )
         return [b["input_ids"] for b in loader]
 
     plain, with_workers, resumed = batches(0), batches(2), batches(0, skip=3)

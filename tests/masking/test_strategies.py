@@ -60,8 +60,14 @@ def test_share_split_and_specials(tokenizer, rows, strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_padding_never_chosen(tokenizer, strategy):
-    rows = [{"input_ids": [tokenizer.cls_token_id] + list(range(200, 200 + n)) + [tokenizer.sep_token_id]}
-            for n in (5, 40, 90)]
+    rows = [
+        {
+            "input_ids": [tokenizer.cls_token_id]
+            + list(range(200, 200 + n))
+            + [tokenizer.sep_token_id]
+        }
+        for n in (5, 40, 90)
+    ]
     batch = MLMCollator(tokenizer, mlm_probability=0.5, seed=1, strategy=strategy)(rows)
     pad = batch["attention_mask"] == 0
     assert pad.any()
@@ -86,7 +92,9 @@ def test_words_are_chosen_whole_with_one_decision(tokenizer, rows, strategy):
             if any(flags):
                 multi_token_words += 1
                 split_words += not all(flags)
-                kinds = {("mask" if inputs[p] == tokenizer.mask_token_id else "other") for p in positions}
+                kinds = {
+                    ("mask" if inputs[p] == tokenizer.mask_token_id else "other") for p in positions
+                }
                 assert len(kinds) == 1  # the 80-10-10 decision is made for the whole word
     assert multi_token_words > 20 and split_words == 0
 
@@ -122,7 +130,11 @@ def test_fixed_count_is_exact_and_constant_for_packed_rows(tokenizer, rows):
     per_row = (batch["labels"] != IGNORE_INDEX).sum(dim=1)
     assert (per_row == round(0.15 * 126)).all()  # ...yet each predicts exactly the same count
     padded = MLMCollator(tokenizer, mlm_probability=0.5, seed=4, strategy="fixed")(
-        [{"input_ids": [tokenizer.cls_token_id] + [300] * n + [tokenizer.sep_token_id]} for n in (4, 10)])
+        [
+            {"input_ids": [tokenizer.cls_token_id] + [300] * n + [tokenizer.sep_token_id]}
+            for n in (4, 10)
+        ]
+    )
     assert (padded["labels"] != IGNORE_INDEX).sum(dim=1).tolist() == [2, 5]
 
 
@@ -173,18 +185,24 @@ def test_bad_strategy_settings(tokenizer):
 
 # -- scripts written without spaces ---------------------------------------------------------------
 
-THAI = ["มนุษย์ทั้งหลายเกิดมามีอิสระและเสมอภาคกันในเกียรติศักดิ์และสิทธิ",
-        "ทุกคนมีสิทธิในการดำรงชีวิตเสรีภาพและความมั่นคงแห่งตัวตน",
-        "บุคคลใดจะถูกเหนี่ยวรั้งในภาวะทาสหรือภาวะจำยอมไม่ได้"]
-CHINESE = ["人人生而自由，在尊严和权利上一律平等。他们赋有理性和良心，并应以兄弟关系的精神相对待。",
-           "人人有权享有生命、自由和人身安全。任何人不得使为奴隶或奴役；一切形式的奴隶制度和奴隶买卖，均应予以禁止。"]
+THAI = [
+    "มนุษย์ทั้งหลายเกิดมามีอิสระและเสมอภาคกันในเกียรติศักดิ์และสิทธิ",
+    "ทุกคนมีสิทธิในการดำรงชีวิตเสรีภาพและความมั่นคงแห่งตัวตน",
+    "บุคคลใดจะถูกเหนี่ยวรั้งในภาวะทาสหรือภาวะจำยอมไม่ได้",
+]
+CHINESE = [
+    "人人生而自由，在尊严和权利上一律平等。他们赋有理性和良心，并应以兄弟关系的精神相对待。",
+    "人人有权享有生命、自由和人身安全。任何人不得使为奴隶或奴役；一切形式的奴隶制度和奴隶买卖，均应予以禁止。",
+]
 
 
 def _unspaced_rows(algorithm: str, texts: list[str], n: int = 300):
     from mlmkit.config import TokenizerConfig
     from mlmkit.data.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(TokenizerConfig(algorithm=algorithm, vocab_size=200, min_frequency=1), iter(texts * 20))
+    tok = train_tokenizer(
+        TokenizerConfig(algorithm=algorithm, vocab_size=200, min_frequency=1), iter(texts * 20)
+    )
     enc = tok([texts[i % len(texts)] for i in range(n)], add_special_tokens=False)["input_ids"]
     blocks = pack_ids(enc, tok.cls_token_id, tok.sep_token_id, 64)
     return tok, [{"input_ids": b} for b in blocks]
@@ -199,7 +217,9 @@ def test_a_clause_without_spaces_is_cut_into_words_of_at_most_max_word_tokens(al
     tok, rows = _unspaced_rows(algorithm, THAI)
     uncut = MLMCollator(tok, seed=0, strategy=strategy, max_word_tokens=10**6)
     ids = torch.as_tensor([r["input_ids"] for r in rows])
-    sizes = torch.bincount(uncut._word_ids(ids, uncut.continuation, uncut.special_lookup).reshape(-1))
+    sizes = torch.bincount(
+        uncut._word_ids(ids, uncut.continuation, uncut.special_lookup).reshape(-1)
+    )
     assert sizes.max() >= 10  # the clause is one word of many sub-tokens
 
     collator = MLMCollator(tok, seed=0, strategy=strategy, max_word_tokens=4, mlm_probability=0.15)
@@ -207,7 +227,9 @@ def test_a_clause_without_spaces_is_cut_into_words_of_at_most_max_word_tokens(al
     assert torch.bincount(words).max() <= 4
     shares = []
     for seed in range(4):
-        collator = MLMCollator(tok, seed=seed, strategy=strategy, max_word_tokens=4, mlm_probability=0.15)
+        collator = MLMCollator(
+            tok, seed=seed, strategy=strategy, max_word_tokens=4, mlm_probability=0.15
+        )
         batch = collator(rows)
         chosen = (batch["labels"] != IGNORE_INDEX).reshape(-1)
         real = ~collator.special_lookup[ids].reshape(-1)
@@ -227,7 +249,9 @@ def test_cjk_ideographs_start_words_in_a_unigram_vocabulary():
     tok, rows = _unspaced_rows("unigram", CHINESE, n=40)
     cont = continuation_lookup(tok, len(tok))
     ids = torch.as_tensor([r["input_ids"] for r in rows])
-    ideographs = [i for i in ids.reshape(-1).tolist() if "\u4e00" <= tok.decode([i]).strip()[:1] <= "\u9fff"]
+    ideographs = [
+        i for i in ids.reshape(-1).tolist() if "\u4e00" <= tok.decode([i]).strip()[:1] <= "\u9fff"
+    ]
     assert len(ideographs) > 500 and not cont[ideographs].any()
     collator = MLMCollator(tok, seed=0, strategy="whole_word")
     words = collator._word_ids(ids, collator.continuation, collator.special_lookup)
@@ -248,12 +272,18 @@ def test_masks_drawn_in_the_step_resume_from_the_checkpointed_generator(tokenize
     def collator():
         return MLMCollator(tokenizer, seed=3, strategy=strategy, apply_mask=False)
 
-    batches = [collator()(rows[i * 8:(i + 1) * 8]) for i in range(3)]
+    batches = [collator()(rows[i * 8 : (i + 1) * 8]) for i in range(3)]
 
     def loop_state(c):
         stub = SimpleNamespace(state_dict=dict, load_state_dict=lambda *a: None)
-        return TrainState(SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None), stub, c,
-                          rank=0, world=1, streaming=False)
+        return TrainState(
+            SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None),
+            stub,
+            c,
+            rank=0,
+            world=1,
+            streaming=False,
+        )
 
     first = collator()  # its first draw seeds the step's generator from the collator's (on the CPU)
     drawn = [first.mask_in_step(batches[0]["input_ids"], batches[0]["attention_mask"])]

@@ -11,8 +11,14 @@ from mlmkit.config import ModelConfig
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.bert import MaskedLM, build_model
 
-SMALL = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SMALL = ModelConfig(
+    num_hidden_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=256,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def _batch(tokenizer, n=4, length=32, seed=0):
@@ -112,7 +118,9 @@ def test_accumulated_step_equals_one_big_batch(tokenizer):
     for micro in ([a, b], [both]):
         objective.zero_grad()
         loss_sum, n = forward_backward(accelerator, objective, micro)
-        grads.append({k: p.grad.clone() for k, p in objective.named_parameters() if p.grad is not None})
+        grads.append(
+            {k: p.grad.clone() for k, p in objective.named_parameters() if p.grad is not None}
+        )
         assert int(n) == int((both["labels"] != -100).sum())
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7, msg=name)
@@ -122,7 +130,9 @@ def test_accumulated_step_equals_one_big_batch(tokenizer):
         out = objective(**m)
         (out["loss_sum"] / out["n_tokens"] / 2).backward()
     naive = objective.model.bert.embeddings.word_embeddings.weight.grad
-    assert not torch.allclose(naive, grads[1]["model.bert.embeddings.word_embeddings.weight"], rtol=1e-3)
+    assert not torch.allclose(
+        naive, grads[1]["model.bert.embeddings.word_embeddings.weight"], rtol=1e-3
+    )
 
 
 def test_cpu_bf16_attention_masks_padding_as_sdpa_does(tokenizer):
@@ -148,7 +158,9 @@ def test_sinusoidal_position_init_starts_neighbours_alike(tokenizer):
     tables = {}
     for how in ("sinusoidal", "normal"):
         torch.manual_seed(0)
-        model = build_model(ModelConfig(position_init=how, attention_init="normal", **small), tokenizer)
+        model = build_model(
+            ModelConfig(position_init=how, attention_init="normal", **small), tokenizer
+        )
         tables[how] = model.bert.embeddings.position_embeddings.weight.detach()
     sin = tables["sinusoidal"]
     assert abs(sin.std().item() - 0.02) < 1e-4
@@ -180,7 +192,9 @@ def test_unigram_output_bias_starts_the_model_at_the_corpus_frequencies(tokenize
     smoothed = (counts.double() + 0.5) / (counts.double() + 0.5).sum()
     torch.testing.assert_close(torch.softmax(bias[:n].double(), 0), smoothed, rtol=1e-4, atol=1e-9)
     assert (bias[n:] == PADDED_VOCAB_BIAS).all() and (zero_bias[n:] == PADDED_VOCAB_BIAS).all()
-    assert model.get_output_embeddings().bias is model.cls.predictions.bias  # the decoder's bias too
+    assert (
+        model.get_output_embeddings().bias is model.cls.predictions.bias
+    )  # the decoder's bias too
 
     labels = torch.full_like(text, -100)
     labels[:, 1::3] = text[:, 1::3]
@@ -214,7 +228,10 @@ def test_local_attention_init_starts_heads_on_the_neighbours(tokenizer):
                 for head, shift in ((0, -1), (1, 1)):
                     on = probs[:, head, inside]
                     assert (on.argmax(-1) == inside + shift).float().mean() > 0.6
-                    neighbour, itself = on[:, range(len(inside)), inside + shift], on[:, range(len(inside)), inside]
+                    neighbour, itself = (
+                        on[:, range(len(inside)), inside + shift],
+                        on[:, range(len(inside)), inside],
+                    )
                     assert neighbour.mean() > 0.3 and neighbour.mean() > itself.mean() + 0.1
             untouched = probs[:, 2:] if how == "local" else probs
             assert untouched.max() < 3.0 / length  # BERT's init: near uniform
@@ -229,11 +246,13 @@ def test_local_attention_init_keeps_the_other_heads_and_trains(tokenizer):
         torch.manual_seed(0)
         models[how] = build_model(dataclasses.replace(SMALL, attention_init=how), tokenizer)
     dh = SMALL.hidden_size // SMALL.num_attention_heads  # two local heads reading dims 0 .. dh - 1
-    for (name, a), (_, b) in zip(models["local"].named_parameters(), models["normal"].named_parameters()):
+    for (name, a), (_, b) in zip(
+        models["local"].named_parameters(), models["normal"].named_parameters()
+    ):
         if ".attention.self.query." in name or ".attention.self.key." in name:
-            torch.testing.assert_close(a[2 * dh:], b[2 * dh:])  # heads 2 and 3
+            torch.testing.assert_close(a[2 * dh :], b[2 * dh :])  # heads 2 and 3
             if name.endswith("weight"):  # the biases start at zero in both
-                assert not torch.allclose(a[:2 * dh], b[:2 * dh])
+                assert not torch.allclose(a[: 2 * dh], b[: 2 * dh])
         elif "word_embeddings" in name or "token_type_embeddings" in name:
             assert not a[:, :dh].any() and b[:, :dh].abs().sum() > 0
             torch.testing.assert_close(a[:, dh:], b[:, dh:])
@@ -241,7 +260,7 @@ def test_local_attention_init_keeps_the_other_heads_and_trains(tokenizer):
             torch.testing.assert_close(a, b)
     MaskedLM(models["local"])(**_batch(tokenizer))["loss_sum"].backward()
     for layer in models["local"].bert.encoder.layer:
-        assert layer.attention.self.query.weight.grad[:2 * dh].abs().sum() > 0
+        assert layer.attention.self.query.weight.grad[: 2 * dh].abs().sum() > 0
     assert models["local"].bert.embeddings.word_embeddings.weight.grad[:, :dh].abs().sum() > 0
 
 
@@ -278,17 +297,35 @@ def test_a_loaded_bert_extends_its_position_table_by_copying_the_learned_rows(to
     short = build_model(dataclasses.replace(SMALL, max_position_embeddings=64), tokenizer)
     short.save_pretrained(tmp_path / "short")
     table = short.bert.embeddings.position_embeddings.weight
-    model = build_model(dataclasses.replace(SMALL, init_from=str(tmp_path / "short"), extend_positions_to=160),
-                        tokenizer, max_seq_length=160)
+    model = build_model(
+        dataclasses.replace(SMALL, init_from=str(tmp_path / "short"), extend_positions_to=160),
+        tokenizer,
+        max_seq_length=160,
+    )
     grown = model.bert.embeddings.position_embeddings.weight
     assert grown.shape == (160, 64) and model.config.max_position_embeddings == 160
-    assert torch.equal(grown[:64], table) and torch.equal(grown[64:128], table) and torch.equal(grown[128:], table[:32])
+    assert (
+        torch.equal(grown[:64], table)
+        and torch.equal(grown[64:128], table)
+        and torch.equal(grown[128:], table[:32])
+    )
     ids = _batch(tokenizer, n=2, length=160)["input_ids"]
     assert model(input_ids=ids).logits.shape[:2] == (2, 160)
     model.save_pretrained(tmp_path / "long")
-    assert json.loads((tmp_path / "long" / "config.json").read_text())["max_position_embeddings"] == 160
+    assert (
+        json.loads((tmp_path / "long" / "config.json").read_text())["max_position_embeddings"]
+        == 160
+    )
     with pytest.raises(ConfigError, match="model.extend_positions_to"):  # a length beyond the table
-        build_model(dataclasses.replace(SMALL, init_from=str(tmp_path / "short")), tokenizer, max_seq_length=128)
-    with pytest.raises(ConfigError, match=r"model.extend_positions_to \(32\) is below the 64 positions"):
-        build_model(dataclasses.replace(SMALL, init_from=str(tmp_path / "short"), extend_positions_to=32), tokenizer)
-
+        build_model(
+            dataclasses.replace(SMALL, init_from=str(tmp_path / "short")),
+            tokenizer,
+            max_seq_length=128,
+        )
+    with pytest.raises(
+        ConfigError, match=r"model.extend_positions_to \(32\) is below the 64 positions"
+    ):
+        build_model(
+            dataclasses.replace(SMALL, init_from=str(tmp_path / "short"), extend_positions_to=32),
+            tokenizer,
+        )

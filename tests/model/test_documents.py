@@ -10,17 +10,28 @@ from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.bert import MaskedLM, build_model
 from mlmkit.model.documents import block_diagonal_mask, document_layout
 
-BERT = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+BERT = ModelConfig(
+    num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128
+)
 # a sliding window (2 tokens each side) shorter than the documents, so the local layers' own
 # mask is exercised together with the documents'
-MODERNBERT = ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
-                         intermediate_size=96, local_attention=4, global_attn_every_n_layers=3,
-                         max_position_embeddings=512)
+MODERNBERT = ModelConfig(
+    architecture="modernbert",
+    num_hidden_layers=3,
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=96,
+    local_attention=4,
+    global_attn_every_n_layers=3,
+    max_position_embeddings=512,
+)
 SEP = 3
 
 
 def test_layout_of_a_block():
-    ids = torch.tensor([[2, 10, 11, SEP, 12, 13, 14, SEP, 15, SEP]])  # [CLS] a b [SEP] c d e [SEP] f [SEP]
+    ids = torch.tensor(
+        [[2, 10, 11, SEP, 12, 13, 14, SEP, 15, SEP]]
+    )  # [CLS] a b [SEP] c d e [SEP] f [SEP]
     document, positions = document_layout(ids, SEP)
     assert document.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1, 2, 2]]
     assert positions.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 0, 1]]
@@ -35,7 +46,9 @@ def _block(tokenizer, lengths, seed):
     ids, spans = [tokenizer.cls_token_id], []
     for n in lengths:
         start = len(ids)
-        ids += torch.randint(10, len(tokenizer), (n,), generator=g).tolist() + [tokenizer.sep_token_id]
+        ids += torch.randint(10, len(tokenizer), (n,), generator=g).tolist() + [
+            tokenizer.sep_token_id
+        ]
         spans.append((start, len(ids)))
     return torch.tensor([ids]), spans
 
@@ -48,8 +61,11 @@ def _logits(objective, ids):
     return out["logits"][: ids.size(1) - 1]
 
 
-@pytest.mark.parametrize("preset,attn", [(BERT, "sdpa"), (BERT, "eager"), (MODERNBERT, "sdpa")],
-                         ids=["bert", "bert-eager", "modernbert"])
+@pytest.mark.parametrize(
+    "preset,attn",
+    [(BERT, "sdpa"), (BERT, "eager"), (MODERNBERT, "sdpa")],
+    ids=["bert", "bert-eager", "modernbert"],
+)
 def test_changing_one_document_leaves_the_others_unchanged(tokenizer, preset, attn):
     torch.manual_seed(0)
     model = build_model(preset, tokenizer, attn_implementation=attn).eval()
@@ -58,14 +74,18 @@ def test_changing_one_document_leaves_the_others_unchanged(tokenizer, preset, at
     ids, spans = _block(tokenizer, [9, 12, 7], seed=1)
     other = ids.clone()
     (a, b) = spans[1]
-    other[0, a:b - 1] = _block(tokenizer, [b - 1 - a], seed=2)[0][0, 1:-1]  # doc 2 rewritten, same length
+    other[0, a : b - 1] = _block(tokenizer, [b - 1 - a], seed=2)[0][
+        0, 1:-1
+    ]  # doc 2 rewritten, same length
     assert not torch.equal(ids, other)
     kept = torch.cat([torch.arange(1, spans[0][1]), torch.arange(*spans[2])]) - 1  # docs 1 and 3
     with torch.no_grad():
         before, after = _logits(isolated, ids), _logits(isolated, other)
         torch.testing.assert_close(before[kept], after[kept], rtol=1e-5, atol=1e-5)
         changed = torch.arange(a, b) - 1
-        assert (before[changed] - after[changed]).abs().max() > 1e-2  # doc 2's own logits did change
+        assert (
+            before[changed] - after[changed]
+        ).abs().max() > 1e-2  # doc 2's own logits did change
         # without isolation the same change reaches the other documents
         assert (_logits(shared, ids)[kept] - _logits(shared, other)[kept]).abs().max() > 1e-3
 
@@ -82,8 +102,7 @@ def test_a_document_reads_as_if_it_were_alone(tokenizer, preset):
     a, b = spans[1]
     alone = ids[:, a:b]
     with torch.no_grad():
-        in_block = isolated.parts.encoder(model)(
-            **_inputs(isolated, ids)).last_hidden_state[0, a:b]
+        in_block = isolated.parts.encoder(model)(**_inputs(isolated, ids)).last_hidden_state[0, a:b]
         by_itself = isolated.parts.encoder(model)(input_ids=alone).last_hidden_state[0]
     torch.testing.assert_close(in_block, by_itself, rtol=1e-4, atol=1e-4)
 
@@ -123,7 +142,9 @@ def test_varlen_flash_attention_matches_the_block_diagonal_mask(tokenizer, prese
     for attn in ("sdpa", "flash_attention_2"):
         model.set_attn_implementation(attn)
         with torch.no_grad():
-            out = MaskedLM(model, document_sep_id=tokenizer.sep_token_id).eval()(input_ids=rows, labels=labels)
+            out = MaskedLM(model, document_sep_id=tokenizer.sep_token_id).eval()(
+                input_ids=rows, labels=labels
+            )
         results[attn] = out["logits"].float()
     torch.testing.assert_close(results["sdpa"], results["flash_attention_2"], rtol=0.05, atol=0.1)
 
@@ -142,7 +163,9 @@ def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config,
 
     torch.manual_seed(0)
     model = build_model(config, tokenizer, attn_implementation=attn).eval()
-    batch = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(_ragged(tokenizer, lengths=(9, 20, 31, 14)))
+    batch = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(
+        _ragged(tokenizer, lengths=(9, 20, 31, 14))
+    )
     assert not batch["attention_mask"].all()
     batch["positions"], batch["targets"] = prediction_positions(batch["labels"])
     objective = MaskedLM(model)
@@ -151,14 +174,18 @@ def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config,
         with NoHostReads():
             ours = objective(**batch)["loss_sum"]
         encoder = objective.parts.encoder(model)
-        hidden = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        hidden = encoder(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).last_hidden_state
         hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, batch["positions"])
         from mlmkit.model.kernels import cross_entropy_sum
+
         theirs = cross_entropy_sum(objective.parts.head(model, hidden), batch["targets"])
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
 
 
 # -- a batch the loader flattened for flash-attn's variable-length kernel ----------------------------
+
 
 def _flattened(batch, sep_id=None):
     """``batch`` laid out and flattened as the training loader does for flash-attn."""
@@ -191,7 +218,9 @@ def test_the_layout_by_hand():
     assert flat["labels"][0].tolist().index(10) == 1 and flat["labels"][0].tolist().index(15) == 11
     # documents isolated: the third row holds two
     documents = varlen_layout(mask, sequence_lengths(ids, mask, SEP))
-    assert documents["cu_seq_lens_q"].tolist() == [0, 4, 7, 10, 13] and documents["max_length_q"] == 4
+    assert (
+        documents["cu_seq_lens_q"].tolist() == [0, 4, 7, 10, 13] and documents["max_length_q"] == 4
+    )
     assert documents["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 0, 1, 2]]
 
 
@@ -209,7 +238,9 @@ def test_a_flattened_padded_batch_gives_the_padded_batchs_loss(tokenizer, preset
 
     torch.manual_seed(0)
     model = build_model(preset, tokenizer, attn_implementation="sdpa")
-    padded = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(_ragged(tokenizer, lengths=(9, 20, 31, 14)))
+    padded = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)(
+        _ragged(tokenizer, lengths=(9, 20, 31, 14))
+    )
     padded["positions"], padded["targets"] = prediction_positions(padded["labels"])
     flat = _flattened(padded)
     assert flat["input_ids"].shape == (1, 11 + 22 + 33 + 16)

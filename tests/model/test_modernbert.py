@@ -9,9 +9,17 @@ from mlmkit.config import ModelConfig
 from mlmkit.masking.collator import MLMCollator
 from mlmkit.model.bert import MaskedLM, build_model, count_parameters
 
-SMALL = ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
-                    intermediate_size=96, layer_norm_eps=1e-5, local_attention=16,
-                    global_attn_every_n_layers=3, max_position_embeddings=1024)
+SMALL = ModelConfig(
+    architecture="modernbert",
+    num_hidden_layers=3,
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=96,
+    layer_norm_eps=1e-5,
+    local_attention=16,
+    global_attn_every_n_layers=3,
+    max_position_embeddings=1024,
+)
 
 
 def _batch(tokenizer, n=4, length=48, seed=0):
@@ -34,10 +42,13 @@ def test_the_model_is_a_plain_modernbert(tokenizer):
     assert c.rope_parameters["full_attention"]["rope_theta"] == 160000.0
     assert c.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
     assert (c.pad_token_id, c.cls_token_id, c.sep_token_id) == (
-        tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id)
+        tokenizer.pad_token_id,
+        tokenizer.cls_token_id,
+        tokenizer.sep_token_id,
+    )
     # the vocabulary padded to a multiple of 64, the padding ids never predicted
     assert c.vocab_size % 64 == 0 and len(tokenizer) <= c.vocab_size < len(tokenizer) + 64
-    assert bool((model.decoder.bias[len(tokenizer):] < -1e3).all())
+    assert bool((model.decoder.bias[len(tokenizer) :] < -1e3).all())
     # tied embeddings; no biases but the decoder's; GeGLU (input and gate in one matrix)
     assert model.decoder.weight is model.model.embeddings.tok_embeddings.weight
     biases = [n for n, _ in model.named_parameters() if n.endswith("bias")]
@@ -66,8 +77,11 @@ def test_sparse_head_matches_full_head_loss_and_gradients(tokenizer):
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6, msg=name)
     with torch.no_grad():  # and it equals transformers' own mean cross-entropy over the labels
-        hf = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   labels=batch["labels"]).loss
+        hf = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=batch["labels"],
+        ).loss
     torch.testing.assert_close(l1, hf)
 
 
@@ -139,11 +153,13 @@ def test_a_resume_checks_the_modernbert_shape(tokenizer, tmp_path):
     model.config.save_pretrained(tmp_path)
     ckpt = tmp_path / "checkpoints" / "step_0000010"
     check_model_shape(tmp_path, build_model(SMALL, tokenizer).config, ckpt)  # the same: accepted
-    for change, key in ((dict(local_attention=32), "local_attention"),
-                        (dict(global_attn_every_n_layers=1), "layer_types"),
-                        (dict(global_rope_theta=10000.0), "rope_parameters"),
-                        (dict(intermediate_size=128), "intermediate_size"),
-                        (dict(architecture="bert", layer_norm_eps=1e-12), "model_type")):
+    for change, key in (
+        (dict(local_attention=32), "local_attention"),
+        (dict(global_attn_every_n_layers=1), "layer_types"),
+        (dict(global_rope_theta=10000.0), "rope_parameters"),
+        (dict(intermediate_size=128), "intermediate_size"),
+        (dict(architecture="bert", layer_norm_eps=1e-12), "model_type"),
+    ):
         other = build_model(ModelConfig(**{**SMALL.__dict__, **change}), tokenizer).config
         with pytest.raises(ConfigError, match=f"has {key}="):
             check_model_shape(tmp_path, other, ckpt)
@@ -160,7 +176,9 @@ def test_flash_attention_varlen_equals_sdpa_on_padded_batches_with_windows(token
     from batches import _batches, _ragged
 
     batch = {k: v.cuda() for k, v in _batches(tokenizer, _ragged, n=1, pad8=True)[0].items()}
-    assert batch["attention_mask"] is not None and batch["input_ids"].size(1) > SMALL.local_attention
+    assert (
+        batch["attention_mask"] is not None and batch["input_ids"].size(1) > SMALL.local_attention
+    )
     results = []
     for attn in ("sdpa", "flash_attention_2"):
         torch.manual_seed(0)
@@ -171,7 +189,9 @@ def test_flash_attention_varlen_equals_sdpa_on_padded_batches_with_windows(token
         loss.backward()
         results.append((loss.detach(), model.model.layers[1].attn.Wqkv.weight.grad.float()))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=2e-2, atol=1e-2)
-    cos = torch.nn.functional.cosine_similarity(results[0][1].flatten(), results[1][1].flatten(), dim=0)
+    cos = torch.nn.functional.cosine_similarity(
+        results[0][1].flatten(), results[1][1].flatten(), dim=0
+    )
     assert cos > 0.99
 
 
@@ -183,7 +203,9 @@ def test_a_new_rope_theta_reaches_the_config_and_the_rotary_frequencies(tokenize
     batch = _batch(tokenizer, n=2, length=200)
     with torch.no_grad():
         before = model(input_ids=batch["input_ids"]).logits
-    assert not set_rope_theta(model, SMALL.global_rope_theta, SMALL.local_rope_theta)  # nothing to change
+    assert not set_rope_theta(
+        model, SMALL.global_rope_theta, SMALL.local_rope_theta
+    )  # nothing to change
     assert set_rope_theta(model, 1_000_000.0, SMALL.local_rope_theta)
     assert model.config.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
     assert model.config.rope_parameters["sliding_attention"]["rope_theta"] == SMALL.local_rope_theta

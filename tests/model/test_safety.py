@@ -38,8 +38,11 @@ def _with_auto_map(folder: Path, file: str, marker: Path) -> None:
     """Name custom code in ``file`` (as a Hub repo with its own classes does); the code
     would create ``marker`` if it ever ran."""
     data = json.loads((folder / file).read_text())
-    data["auto_map"] = {"AutoConfig": "custom.Config", "AutoModelForMaskedLM": "custom.Model",
-                        "AutoTokenizer": ["custom.Tokenizer", None]}
+    data["auto_map"] = {
+        "AutoConfig": "custom.Config",
+        "AutoModelForMaskedLM": "custom.Model",
+        "AutoTokenizer": ["custom.Tokenizer", None],
+    }
     (folder / file).write_text(json.dumps(data))
     (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
 
@@ -63,23 +66,35 @@ def test_every_loader_passes_trust_remote_code_false(model_dir, monkeypatch):
         def wrapper(*args, **kwargs):
             calls.append((name, kwargs))
             return real(*args, **kwargs)
+
         return wrapper
 
-    for owner, name in ((AutoConfig, "from_pretrained"), (AutoTokenizer, "from_pretrained"),
-                        (BertForMaskedLM, "from_pretrained"), (transformers, "pipeline")):
-        monkeypatch.setattr(owner, name, spy(f"{getattr(owner, '__name__', owner)}.{name}",
-                                             getattr(owner, name)))
+    for owner, name in (
+        (AutoConfig, "from_pretrained"),
+        (AutoTokenizer, "from_pretrained"),
+        (BertForMaskedLM, "from_pretrained"),
+        (transformers, "pipeline"),
+    ):
+        monkeypatch.setattr(
+            owner, name, spy(f"{getattr(owner, '__name__', owner)}.{name}", getattr(owner, name))
+        )
     out = fill_mask(str(model_dir), "the [MASK] is here.", top_k=3)
     assert len(out) == 3
     load_model_and_tokenizer(model_dir)
     names = {name for name, _ in calls}
-    assert {"AutoConfig.from_pretrained", "AutoTokenizer.from_pretrained",
-            "BertForMaskedLM.from_pretrained", "transformers.pipeline"} <= names, names
+    assert {
+        "AutoConfig.from_pretrained",
+        "AutoTokenizer.from_pretrained",
+        "BertForMaskedLM.from_pretrained",
+        "transformers.pipeline",
+    } <= names, names
     assert all(kwargs.get("trust_remote_code") is False for _, kwargs in calls), calls
 
 
 @pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
-def test_a_dir_naming_custom_code_is_refused_before_transformers_reads_it(model_dir, tmp_path, file):
+def test_a_dir_naming_custom_code_is_refused_before_transformers_reads_it(
+    model_dir, tmp_path, file
+):
     from mlmkit.cli.fill_mask import fill_mask
     from mlmkit.data.tokenizer import load_tokenizer
     from mlmkit.model.bert import load_pretrained
@@ -118,9 +133,11 @@ def test_pickled_weights_are_never_loaded(model_dir, tmp_path, monkeypatch):
         raise AssertionError("torch.load was called on a pickle")
 
     monkeypatch.setattr(torch, "load", no_unpickling)
-    for attempt, setting in ((lambda: load_pretrained(str(folder)), "model.init_from"),
-                             (lambda: load_model_and_tokenizer(folder), "checkpoint"),
-                             (lambda: fill_mask(str(folder), "a [MASK] b"), "model_dir")):
+    for attempt, setting in (
+        (lambda: load_pretrained(str(folder)), "model.init_from"),
+        (lambda: load_model_and_tokenizer(folder), "checkpoint"),
+        (lambda: fill_mask(str(folder), "a [MASK] b"), "model_dir"),
+    ):
         with pytest.raises(ConfigError) as info:
             attempt()
         message = _one_sentence(info.value)

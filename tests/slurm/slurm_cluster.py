@@ -28,7 +28,17 @@ from pathlib import Path
 
 import pytest
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
+DAEMONS = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "scontrol",
+    "squeue",
+    "scancel",
+    "sinfo",
+)
 KILL_WAIT = 10  # seconds between SIGTERM and SIGKILL for a cancelled or timed-out job
 TIME_CHECK = 30  # seconds between slurmctld's looks at time limits (SLURM's PERIODIC_TIMEOUT)
 
@@ -37,8 +47,10 @@ def unavailable() -> str | None:
     """Why a SLURM cluster cannot be started here (None: it can)."""
     missing = [name for name in DAEMONS if shutil.which(name) is None]
     if missing:
-        return (f"SLURM is not installed ({', '.join(missing)} missing); make slurm installs Debian's "
-                "slurm-wlm and munge (as root)")
+        return (
+            f"SLURM is not installed ({', '.join(missing)} missing); make slurm installs Debian's "
+            "slurm-wlm and munge (as root)"
+        )
     if os.geteuid() != 0:
         return "slurmd and munged run as root here, and this is not root"
     return None
@@ -93,10 +105,17 @@ class Cluster:
 
     not_here = staticmethod(not_here)
 
-    def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
         """A SLURM command against this cluster."""
-        proc = subprocess.run(list(args), env={**os.environ, **self.env}, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(
+            list(args),
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
         return proc
@@ -114,17 +133,21 @@ class Cluster:
             if fields.get("JobState") in states:
                 return fields
             assert time.monotonic() < deadline, (
-                f"job {job_id} is {fields.get('JobState')} after {timeout} s, not {states}:\n{self.logs()}")
+                f"job {job_id} is {fields.get('JobState')} after {timeout} s, not {states}:\n{self.logs()}"
+            )
             time.sleep(0.5)
 
     def wait_for_time_check(self) -> None:
         """Return just after slurmctld's next look at time limits (its log says so)."""
+
         def looks() -> int:
             return self.log("slurmctld").count("debug2: Testing job time limits")
 
         seen, deadline = looks(), time.monotonic() + TIME_CHECK + 15
         while looks() == seen:
-            assert time.monotonic() < deadline, f"slurmctld did not look at time limits:\n{self.logs()}"
+            assert time.monotonic() < deadline, (
+                f"slurmctld did not look at time limits:\n{self.logs()}"
+            )
             time.sleep(0.2)
 
     def log(self, daemon: str) -> str:
@@ -133,15 +156,20 @@ class Cluster:
 
     def logs(self) -> str:
         """The end of each daemon's log, for a failure's message."""
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                         for p in sorted(self.folder.glob("*.log")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+            for p in sorted(self.folder.glob("*.log"))
+        )
 
     def cancel_all(self) -> None:
         jobs = self.run("squeue", "-h", "-o", "%A", check=False).stdout.split()
         if jobs:
             self.run("scancel", *jobs, check=False)
         deadline = time.monotonic() + KILL_WAIT + 10
-        while self.run("squeue", "-h", "-o", "%A", check=False).stdout.split() and time.monotonic() < deadline:
+        while (
+            self.run("squeue", "-h", "-o", "%A", check=False).stdout.split()
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
 
 
@@ -152,8 +180,10 @@ def write_config(folder: Path, nodes: list[str]) -> None:
     key.chmod(0o600)
     ctld_port, *node_ports = free_ports(1 + len(nodes))
     cpus = os.cpu_count() or 1
-    node_lines = "\n".join(f"NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} RealMemory=1000 "
-                           "State=UNKNOWN" for name, port in zip(nodes, node_ports))
+    node_lines = "\n".join(
+        f"NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} RealMemory=1000 State=UNKNOWN"
+        for name, port in zip(nodes, node_ports)
+    )
     (folder / "slurm.conf").write_text(f"""\
 ClusterName=mlmkit-test
 SlurmctldHost={nodes[0]}(127.0.0.1)
@@ -196,13 +226,29 @@ def start(cluster: Cluster) -> None:
     folder = cluster.folder
     write_config(folder, cluster.nodes)
     t0 = time.monotonic()
-    subprocess.run(["munged", f"--key-file={folder}/munge.key", f"--socket={folder}/munge.socket",
-                    f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
-                    f"--seed-file={folder}/munged.seed"], check=True, capture_output=True, timeout=30)
-    subprocess.run(["slurmctld", "-f", str(cluster.conf)], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [
+            "munged",
+            f"--key-file={folder}/munge.key",
+            f"--socket={folder}/munge.socket",
+            f"--pid-file={folder}/munged.pid",
+            f"--log-file={folder}/munged.log",
+            f"--seed-file={folder}/munged.seed",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    subprocess.run(
+        ["slurmctld", "-f", str(cluster.conf)], check=True, capture_output=True, timeout=30
+    )
     for node in cluster.nodes:
-        subprocess.run(["slurmd", "-f", str(cluster.conf), "-N", node], check=True, capture_output=True,
-                       timeout=30)
+        subprocess.run(
+            ["slurmd", "-f", str(cluster.conf), "-N", node],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
     deadline = time.monotonic() + 60
     while True:
         states = cluster.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split()[1::2]
@@ -245,7 +291,9 @@ def cluster():
     os.environ["SLURM_CONF"] = str(running.conf)
     try:
         start(running)
-        print(f"\nSLURM cluster of {len(running.nodes)} node(s) started in {running.started_in:.1f} s")
+        print(
+            f"\nSLURM cluster of {len(running.nodes)} node(s) started in {running.started_in:.1f} s"
+        )
         yield running
     finally:
         stop(running)

@@ -23,16 +23,38 @@ import pytest
 from .slurm_cluster import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_SBATCH, SUBMITIT = ROOT / "examples" / "slurm/train.sbatch", ROOT / "examples" / "slurm/submitit.sh"
+TRAIN_SBATCH, SUBMITIT = (
+    ROOT / "examples" / "slurm/train.sbatch",
+    ROOT / "examples" / "slurm/submitit.sh",
+)
 # a tiny model on the built-in corpus, fp32, quiet
-TINY = ["model.num_hidden_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
-        "model.intermediate_size=64", "tokenizer.vocab_size=1000", "tokenizer.max_train_chars=300000",
-        "data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_size=8", "train.progress=false",
-        "optim.warmup_steps=5", "train.eval_every=0", "train.save_every=0", "train.precision=no",
-        "logger=none", "train.log_every=10"]
+TINY = [
+    "model.num_hidden_layers=1",
+    "model.hidden_size=32",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+    "tokenizer.vocab_size=1000",
+    "tokenizer.max_train_chars=300000",
+    "data.max_seq_length=64",
+    "data.max_eval_samples=64",
+    "train.batch_size=8",
+    "train.progress=false",
+    "optim.warmup_steps=5",
+    "train.eval_every=0",
+    "train.save_every=0",
+    "train.precision=no",
+    "logger=none",
+    "train.log_every=10",
+]
 # sbatch options the test nodes can meet (the script asks for 2 nodes of 8 GPUs and 64 CPUs)
 ONE_NODE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1"]
-NOISE = ("Traceback", "RuntimeError", "The above exception", "ChildFailedError", "torch/distributed/elastic")
+NOISE = (
+    "Traceback",
+    "RuntimeError",
+    "The above exception",
+    "ChildFailedError",
+    "torch/distributed/elastic",
+)
 
 
 @pytest.fixture(scope="session")
@@ -51,15 +73,30 @@ def free_port() -> str:
 def job_env(**extra: str) -> dict[str, str]:
     """The environment a job is submitted with (SLURM passes it on): this interpreter, one
     process per node on the CPU, no Hub."""
-    return {**os.environ, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "GPUS_PER_NODE": "1",
-            "ACCELERATE_CONFIG": "cpu_multi_process", "MAIN_PORT": free_port(), **extra}
+    return {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "ACCELERATE_USE_CPU": "1",
+        "GPUS_PER_NODE": "1",
+        "ACCELERATE_CONFIG": "cpu_multi_process",
+        "MAIN_PORT": free_port(),
+        **extra,
+    }
 
 
 def submit(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
     """``bash examples/slurm/train.sbatch <args>`` from ``cwd``: the job id it was given."""
-    proc = subprocess.run(["bash", str(TRAIN_SBATCH), *args], cwd=cwd, env=env or job_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(TRAIN_SBATCH), *args],
+        cwd=cwd,
+        env=env or job_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     found = re.fullmatch(r"Submitted batch job (\d+)\n", proc.stdout)
     assert found, proc.stdout + proc.stderr
@@ -119,7 +156,9 @@ def weights(model_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_run(slurm, tmp_path, cache_dir):
+def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_run(
+    slurm, tmp_path, cache_dir
+):
     """SLURM's own warning: a 1-minute time limit and ``--signal=USR1@5``. slurmctld sends the
     signal at its first look at time limits 25 s or more into the job (it looks every 30 s);
     the job, submitted just after a look, trains until the next one, saves a checkpoint, exits
@@ -159,7 +198,9 @@ def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_r
 def test_scancel_of_a_running_job_leaves_a_checkpoint(slurm, tmp_path, cache_dir):
     """``scancel``: SIGTERM to every process of the job, SIGKILL KillWait later; the run saves a
     checkpoint first and says so once."""
-    job = submit(tmp_path, *ONE_NODE, *TINY, f"paths.cache_dir={cache_dir}", "train.max_steps=100000")
+    job = submit(
+        tmp_path, *ONE_NODE, *TINY, f"paths.cache_dir={cache_dir}", "train.max_steps=100000"
+    )
     run = tmp_path / "outputs" / f"slurm-{job}"
     wait_for_training(slurm, job, run)
     slurm.run("scancel", job)
@@ -168,8 +209,10 @@ def test_scancel_of_a_running_job_leaves_a_checkpoint(slurm, tmp_path, cache_dir
     assert fields["JobState"] == "CANCELLED" and fields["Restarts"] == "0", log[-5000:]
     (checkpoint,) = (run / "checkpoints").glob("step_*")
     stopped = [line for line in log.splitlines() if line.startswith("Stopped by")]
-    assert stopped == [f"Stopped by SIGTERM at step {int(checkpoint.name[5:])} after saving a checkpoint; "
-                       "continue with train.resume=auto in the same hydra.run.dir."], log[-5000:]
+    assert stopped == [
+        f"Stopped by SIGTERM at step {int(checkpoint.name[5:])} after saving a checkpoint; "
+        "continue with train.resume=auto in the same hydra.run.dir."
+    ], log[-5000:]
     assert "requeueing" not in log
     assert_clean(log)
 
@@ -179,10 +222,20 @@ def test_train_sbatch_trains_on_two_nodes_through_the_multi_node_config(slurm, t
     """The script's own layout: ``--nodes=2``, one launcher per node (srun), the packaged
     multi_node accelerate config, one rank per node, the first node's name as the rendezvous."""
     if len(slurm.nodes) < 2:
-        slurm.not_here("this machine's name does not resolve to an address of its own, so the cluster has one node")
+        slurm.not_here(
+            "this machine's name does not resolve to an address of its own, so the cluster has one node"
+        )
     env = job_env(ACCELERATE_CONFIG="multi_node")
-    job = submit(tmp_path, "--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", *TINY,
-                 f"paths.cache_dir={cache_dir}", "train.max_steps=30", env=env)
+    job = submit(
+        tmp_path,
+        "--nodes=2",
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        "train.max_steps=30",
+        env=env,
+    )
     fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), timeout=300)
     log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
     assert fields["JobState"] == "COMPLETED" and fields["NumNodes"] == "2", log[-5000:]
@@ -190,7 +243,9 @@ def test_train_sbatch_trains_on_two_nodes_through_the_multi_node_config(slurm, t
     assert "| 2 process(es) on cpu |" in (run / "train.log").read_text()
     assert [e["step"] for e in events(run)] == [10, 20, 30]
     assert (run / "final" / "model.safetensors").is_file()
-    assert (run / "accelerate.yaml").read_text() == (ROOT / "conf" / "accelerate" / "multi_node.yaml").read_text()
+    assert (run / "accelerate.yaml").read_text() == (
+        ROOT / "conf" / "accelerate" / "multi_node.yaml"
+    ).read_text()
     assert_clean(log)
 
 
@@ -199,11 +254,28 @@ def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_di
     """``bash examples/slurm/submitit.sh optim.lr=1e-3,3e-3``: Hydra's submitit_slurm launcher
     submits a job per value (an array), waits for them, and each trains in its run dir."""
     sweep = tmp_path / "sweep"
-    fit = ["hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"]
-    proc = subprocess.run(["bash", str(SUBMITIT), "optim.lr=1e-3,3e-3", *TINY, *fit,
-                           f"paths.cache_dir={cache_dir}", "train.max_steps=20", f"hydra.sweep.dir={sweep}"],
-                          cwd=tmp_path, env=job_env(PARTITION="test"), capture_output=True, text=True,
-                          timeout=400)
+    fit = [
+        "hydra.launcher.gpus_per_node=0",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=10",
+    ]
+    proc = subprocess.run(
+        [
+            "bash",
+            str(SUBMITIT),
+            "optim.lr=1e-3,3e-3",
+            *TINY,
+            *fit,
+            f"paths.cache_dir={cache_dir}",
+            "train.max_steps=20",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=job_env(PARTITION="test"),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     for num, lr in enumerate(("0.001", "0.003")):  # as the sweeper writes them
         run = sweep / str(num)
@@ -221,7 +293,9 @@ def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_di
 
 
 @pytest.mark.slow
-def test_a_mistake_and_a_killed_rank_each_end_a_job_log_with_one_sentence(slurm, tmp_path, cache_dir):
+def test_a_mistake_and_a_killed_rank_each_end_a_job_log_with_one_sentence(
+    slurm, tmp_path, cache_dir
+):
     """Two jobs at once: one with a setting that does not exist (refused by every rank before
     any work) and one whose rank is killed with SIGKILL while it trains (as the kernel's
     out-of-memory killer does). Each log: the run's lines once, one sentence, no traceback."""
@@ -231,13 +305,18 @@ def test_a_mistake_and_a_killed_rank_each_end_a_job_log_with_one_sentence(slurm,
     run = tmp_path / "outputs" / f"slurm-{killed}"
     wait_for_training(slurm, killed, run)
     os.kill(int((run / ".lock").read_text().split()[0]), 9)  # the rank: it holds the run dir
-    for job, last in ((mistake, "Error: Could not override 'train.bach_size'"), (killed, "Rank 0 (pid ")):
+    for job, last in (
+        (mistake, "Error: Could not override 'train.bach_size'"),
+        (killed, "Rank 0 (pid "),
+    ):
         fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=120)
         log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
         assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0", log[-5000:]
         own = [line for line in log.splitlines() if not line.startswith(("srun:", "slurmstepd"))]
         assert own[-1].startswith(last), log[-5000:]  # the ending sentence, last of mlmkit's lines
-        assert sum(line.startswith(("Error:", "Rank ", "Stopped by")) for line in own) == 1, log[-5000:]
+        assert sum(line.startswith(("Error:", "Rank ", "Stopped by")) for line in own) == 1, log[
+            -5000:
+        ]
         assert not [noise for noise in NOISE if noise in log], log[-5000:]
     assert fields["ExitCode"] == "137:0" and "was killed by SIGKILL" in own[-1], (fields, own[-1])
     assert own.count(next(line for line in own if "Budget: " in line)) == 1  # the run's lines once

@@ -59,7 +59,9 @@ class _WritesState:
         torch.save({"m": torch.zeros(30_000)}, Path(path) / "optimizer.bin")  # 120 kB
 
 
-@pytest.mark.parametrize("limit", [20_000, 80_000])  # the weights, or the optimizer state, too large
+@pytest.mark.parametrize(
+    "limit", [20_000, 80_000]
+)  # the weights, or the optimizer state, too large
 def test_full_disk_in_safetensors_or_torch_keeps_the_previous_checkpoint(tmp_path, limit):
     ckpt_dir = tmp_path / "checkpoints"
     save_checkpoint(_WritesState(), ckpt_dir, 10, {"step": 10}, keep_last=2)
@@ -73,4 +75,3 @@ def test_full_disk_in_safetensors_or_torch_keeps_the_previous_checkpoint(tmp_pat
     assert "(from step_0000010, which is intact)." in message and "\n" not in message
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_0000010"]  # no partial folder
     assert {p.name: p.read_bytes() for p in (ckpt_dir / "step_0000010").iterdir()} == before
-

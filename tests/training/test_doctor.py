@@ -14,7 +14,9 @@ from mlmkit.training.doctor import format_report, run_doctor
 
 
 def _doctor(tmp_path, *overrides, steps=4):
-    cfg = compose([*TINY, "data=builtin", f"paths.cache_dir={tmp_path.parent / 'doctor-cache'}", *overrides])
+    cfg = compose(
+        [*TINY, "data=builtin", f"paths.cache_dir={tmp_path.parent / 'doctor-cache'}", *overrides]
+    )
     return run_doctor(cfg, steps=steps, warmup=2, max_seconds=20)
 
 
@@ -27,9 +29,26 @@ def test_a_sound_run_gets_a_full_report_and_no_finding(tmp_path, capsys):
 
     out = tmp_path / "doctor.json"
     # bert-mini (its own sizes): a step long enough beside its batches' loading (about 3%)
-    assert main(["doctor", "model=bert-mini", "tokenizer.vocab_size=1000", "tokenizer.max_train_chars=300000",
-                 "data.max_seq_length=64", "data.max_eval_samples=64", "train.batch_size=32", "data=builtin",
-                 f"paths.cache_dir={tmp_path.parent / 'doctor-cache'}", "--steps", "6", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "doctor",
+                "model=bert-mini",
+                "tokenizer.vocab_size=1000",
+                "tokenizer.max_train_chars=300000",
+                "data.max_seq_length=64",
+                "data.max_eval_samples=64",
+                "train.batch_size=32",
+                "data=builtin",
+                f"paths.cache_dir={tmp_path.parent / 'doctor-cache'}",
+                "--steps",
+                "6",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["findings"] == [] and "findings: none" in printed
@@ -46,9 +65,16 @@ def test_a_sound_run_gets_a_full_report_and_no_finding(tmp_path, capsys):
 
 
 def test_a_modernbert_run_reports_its_window_kernel(tmp_path):
-    report = _doctor(tmp_path, "model=modernbert-tiny", "model.num_hidden_layers=3", "model.hidden_size=64",
-                     "model.num_attention_heads=2", "model.intermediate_size=96", "model.local_attention=16",
-                     "model.global_attn_every_n_layers=3")
+    report = _doctor(
+        tmp_path,
+        "model=modernbert-tiny",
+        "model.num_hidden_layers=3",
+        "model.hidden_size=64",
+        "model.num_attention_heads=2",
+        "model.intermediate_size=96",
+        "model.local_attention=16",
+        "model.global_attn_every_n_layers=3",
+    )
     assert "ModernBERT's local layers (window)" in report["attention"]["kernels"]
     # a 64-wide model's step is so short that its batches' loading can pass the data-wait limit on
     # a slow machine (10% seen): that finding is a matter of timing, tested on its own below
@@ -70,11 +96,18 @@ def test_a_slow_loader_and_padding_are_found(tmp_path, monkeypatch):
     from mlmkit.data.sources import builtin_documents
 
     # one sentence a line: short rows of many lengths, padded to the longest of each batch
-    sentences = [s.strip() + "." for doc in builtin_documents()[:200] for s in doc.split(". ") if s.strip()]
+    sentences = [
+        s.strip() + "." for doc in builtin_documents()[:200] for s in doc.split(". ") if s.strip()
+    ]
     lines = tmp_path / "sentences.txt"
     lines.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    report = _doctor(tmp_path, "data=files", f"data.train_files=[{lines}]", "data.txt_sample_by=line",
-                     "data.packing=line_by_line")
+    report = _doctor(
+        tmp_path,
+        "data=files",
+        f"data.train_files=[{lines}]",
+        "data.txt_sample_by=line",
+        "data.packing=line_by_line",
+    )
     assert _finding(report, "waits for batches") and _finding(report, "train.num_workers")
     assert _finding(report, "are padding") and _finding(report, "data.packing=concatenate")
     assert report["rehearsal"]["padding_share"] > 0.1
@@ -115,17 +148,33 @@ def test_gpu_findings_follow_their_causes():
 
     cuda = torch.device("cuda")
     padded = compose(["data.packing=line_by_line"])
-    kernels = {"padded rows (key-padding mask)": {"taken": "memory-efficient"},
-               "packed rows, no mask": {"taken": "flash"}}
+    kernels = {
+        "padded rows (key-padding mask)": {"taken": "memory-efficient"},
+        "packed rows, no mask": {"taken": "flash"},
+    }
     [finding] = kernel_findings(padded, cuda, {"implementation": "sdpa", "kernels": kernels})
     assert "memory-efficient kernel, not flash" in finding and "data.packing=concatenate" in finding
     assert kernel_findings(compose([]), cuda, {"implementation": "sdpa", "kernels": kernels}) == []
-    assert kernel_findings(padded, cuda, {"implementation": "flash_attention_2", "kernels": kernels}) == []
-    assert kernel_findings(padded, torch.device("cpu"), {"implementation": "sdpa", "kernels": kernels}) == []
-    sound = {"finite": True, "loss": 5.0, "data_wait_share": 0.01, "padding_share": 0.0,
-             "host_reads_per_step": 0.0, "mfu": 0.45}
+    assert (
+        kernel_findings(padded, cuda, {"implementation": "flash_attention_2", "kernels": kernels})
+        == []
+    )
+    assert (
+        kernel_findings(padded, torch.device("cpu"), {"implementation": "sdpa", "kernels": kernels})
+        == []
+    )
+    sound = {
+        "finite": True,
+        "loss": 5.0,
+        "data_wait_share": 0.01,
+        "padding_share": 0.0,
+        "host_reads_per_step": 0.0,
+        "mfu": 0.45,
+    }
     assert rehearsal_findings(compose(["model=bert-base"]), cuda, sound) == []
-    [finding] = rehearsal_findings(compose(["model=bert-base"]), cuda, {**sound, "host_reads_per_step": 2.0})
+    [finding] = rehearsal_findings(
+        compose(["model=bert-base"]), cuda, {**sound, "host_reads_per_step": 2.0}
+    )
     assert "wait for the GPU 2.0 times" in finding
     [finding] = rehearsal_findings(compose(["model=bert-base"]), cuda, {**sound, "mfu": 0.1})
     assert "below half of the 40%" in finding and "train.batch_size" in finding
@@ -161,7 +210,9 @@ def test_the_fp32_reference_runs_without_tf32_and_the_flags_come_back(tokenizer,
 
     monkeypatch.setattr(doctor, "_outputs", outputs)
     try:
-        matmul.allow_tf32 = cudnn.allow_tf32 = True  # as runtime.apply_speed_settings leaves them on a GPU
+        matmul.allow_tf32 = cudnn.allow_tf32 = (
+            True  # as runtime.apply_speed_settings leaves them on a GPU
+        )
         with doctor.exact_fp32():
             assert (matmul.allow_tf32, cudnn.allow_tf32) == (False, False)
         assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
@@ -175,12 +226,22 @@ def test_the_fp32_reference_runs_without_tf32_and_the_flags_come_back(tokenizer,
 
         cudnn.allow_tf32 = True
         batches = _batches(tokenizer, _ragged, n=1, drop_mask=False)
-        report = doctor.parity_report(_model(tokenizer), batches, torch.device("cpu"), "sdpa",
-                                      torch.bfloat16, tokenizer.sep_token_id)
+        report = doctor.parity_report(
+            _model(tokenizer),
+            batches,
+            torch.device("cpu"),
+            "sdpa",
+            torch.bfloat16,
+            tokenizer.sep_token_id,
+        )
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = saved
     fp32 = [flags for dtype, *flags in seen if dtype is None]
     mixed = [flags for dtype, *flags in seen if dtype is not None]
-    assert len(fp32) >= 3 and all(flags == [False, False] for flags in fp32)  # reference, eager, sdpa, ...
-    assert mixed and all(flags == [True, True] for flags in mixed)  # the run's own precision, as it runs
+    assert len(fp32) >= 3 and all(
+        flags == [False, False] for flags in fp32
+    )  # reference, eager, sdpa, ...
+    assert mixed and all(
+        flags == [True, True] for flags in mixed
+    )  # the run's own precision, as it runs
     assert report["checks"]["sdpa, fp32"]["ok"] and report["documents"]["ok"]

@@ -30,16 +30,26 @@ HOLD = (
 
 def _holder(run_dir) -> subprocess.Popen:
     """Another process that holds the run dir's lock until it is killed."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert line.strip() == "held", line + proc.communicate()[1][-2000:]
     return proc
 
 
 def _refused_in_another_process(run_dir) -> bool:
-    proc = subprocess.run([sys.executable, "-c", HOLD, str(run_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", HOLD, str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return proc.stdout.startswith("refused") and "hydra.run.dir" in proc.stdout
 
 
@@ -49,7 +59,9 @@ def test_a_second_process_is_refused_until_the_holder_is_killed(tmp_path):
         with pytest.raises(ConfigError) as info:
             lock.acquire(tmp_path)
         message = str(info.value)
-        assert f"is in use by another run (pid {holder.pid} on host {socket.gethostname()})" in message
+        assert (
+            f"is in use by another run (pid {holder.pid} on host {socket.gethostname()})" in message
+        )
         assert "hydra.run.dir" in message and message.count(". ") == 0  # one sentence
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -74,7 +86,9 @@ def test_a_command_refused_after_locking_leaves_the_lock_file_as_it_was(tmp_path
     (old / lock.LOCK_FILE).write_bytes(b"1234 elsewhere\n")
     for folder in (new, old):
         lock.acquire(folder)
-        assert (folder / lock.LOCK_FILE).read_text().split()[0] == str(os.getpid())  # named while held
+        assert (folder / lock.LOCK_FILE).read_text().split()[0] == str(
+            os.getpid()
+        )  # named while held
         lock.release(folder)
     assert not (new / lock.LOCK_FILE).exists()
     assert (old / lock.LOCK_FILE).read_bytes() == b"1234 elsewhere\n"
@@ -88,10 +102,15 @@ def test_a_command_refused_after_locking_leaves_the_lock_file_as_it_was(tmp_path
 
 def _locked_in_another_process(run_dir) -> bool:
     code = "import sys; from pathlib import Path; from mlmkit.training import lock; lock.acquire(Path(sys.argv[1]))"
-    return subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=ROOT, timeout=60).returncode == 0
+    return (
+        subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=ROOT, timeout=60).returncode
+        == 0
+    )
 
 
-def test_a_lock_taken_on_a_file_removed_meanwhile_is_taken_again_on_the_new_one(tmp_path, monkeypatch):
+def test_a_lock_taken_on_a_file_removed_meanwhile_is_taken_again_on_the_new_one(
+    tmp_path, monkeypatch
+):
     """A process that opened the lock file just before a refused command removed it locks the
     file at the path, never the removed one (two runs would otherwise both hold the dir)."""
     opened = []

@@ -6,8 +6,14 @@ from mlmkit.config import ModelConfig, OptimConfig
 from mlmkit.model.bert import build_model
 from mlmkit.training.optim import lr_lambda, param_groups
 
-SMALL = ModelConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256,
-                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SMALL = ModelConfig(
+    num_hidden_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    intermediate_size=256,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def test_no_weight_decay_on_bias_and_layernorm(tokenizer):
@@ -29,4 +35,3 @@ def test_schedules():
     cos = OptimConfig(warmup_steps=0, schedule="cosine", min_lr_ratio=0.1)
     assert abs(lr_lambda(50, cos, 100) - 0.55) < 1e-9 and abs(lr_lambda(100, cos, 100) - 0.1) < 1e-9
     assert lr_lambda(70, OptimConfig(warmup_steps=5, schedule="constant"), 100) == 1.0
-

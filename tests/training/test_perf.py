@@ -21,6 +21,7 @@ from mlmkit.training.perf import (
 
 # -- the FLOPs formula ------------------------------------------------------------------
 
+
 def test_flops_formula_by_hand():
     # bert-base, seq 128, 15% predicted: 3 x (12 x (8h^2 + 4hi + 4sh) + 0.15 x (2h^2 + 2hV))
     h, i, s, v = 768, 3072, 128, 30522
@@ -42,7 +43,9 @@ def test_flops_formula_matches_counted_matmuls(tokenizer):
         out = objective(**batch)
         out["loss_sum"].backward()
     counted = counter.get_total_flops()
-    formula = tokens * model_flops_per_token(model.config, batch["input_ids"].size(1), rows / tokens)
+    formula = tokens * model_flops_per_token(
+        model.config, batch["input_ids"].size(1), rows / tokens
+    )
     assert counted == pytest.approx(formula, rel=0.01)
 
 
@@ -53,13 +56,26 @@ def test_modernbert_flops_count_the_geglu_and_the_local_windows(tokenizer):
     from torch.utils.flop_counter import FlopCounterMode
 
     h, i, s, v = 768, 1152, 512, 50368  # modernbert-base: 22 layers, 7 of them global
-    expected = 3 * (22 * (8 * h * h + 6 * h * i) + 4 * h * (7 * s + 15 * 128) + 0.15 * (2 * h * h + 2 * h * v))
-    assert train_flops_per_token(22, h, i, v, s, 0.15, ffn_matrices=3, local_layers=15,
-                                 local_window=128) == pytest.approx(expected)
-    model = _model(tokenizer, attn_implementation="eager", architecture="modernbert", num_hidden_layers=3,
-                   intermediate_size=96, local_attention=16)  # global, local, local
+    expected = 3 * (
+        22 * (8 * h * h + 6 * h * i) + 4 * h * (7 * s + 15 * 128) + 0.15 * (2 * h * h + 2 * h * v)
+    )
+    assert train_flops_per_token(
+        22, h, i, v, s, 0.15, ffn_matrices=3, local_layers=15, local_window=128
+    ) == pytest.approx(expected)
+    model = _model(
+        tokenizer,
+        attn_implementation="eager",
+        architecture="modernbert",
+        num_hidden_layers=3,
+        intermediate_size=96,
+        local_attention=16,
+    )  # global, local, local
     batch = _batches(tokenizer, _packed, n=1)[0]
-    rows, tokens, seq = batch["positions"].numel(), batch["input_ids"].numel(), batch["input_ids"].size(1)
+    rows, tokens, seq = (
+        batch["positions"].numel(),
+        batch["input_ids"].numel(),
+        batch["input_ids"].size(1),
+    )
     with FlopCounterMode(display=False) as counter:
         out = MaskedLM(model)(**batch)
         out["loss_sum"].backward()
@@ -71,8 +87,13 @@ def test_modernbert_flops_count_the_geglu_and_the_local_windows(tokenizer):
 def test_throughput_meter_and_peak_memory():
     from transformers import BertConfig
 
-    config = BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=256)
+    config = BertConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+    )
     meter = ThroughputMeter(config, reference_flops=1e12)
     f = meter.figures({32: 200}, masked=960, seconds=2.0)  # 200 full rows of 32 tokens
     assert f["tokens_per_s"] == 3200 and f["masked_tokens_per_s"] == 480
@@ -133,8 +154,10 @@ def test_mfu_reference_bounds_the_models_own_matmuls_on_this_cpu(preset):
     from mlmkit.training import perf
     from mlmkit.training.runtime import resolve_precision
 
-    hidden, ffn, vocab, tokens = {"test-tiny": (32, 64, 1024, 8 * 64),
-                                  "bert-mini": (256, 1024, 8192, 32 * 128)}[preset]
+    hidden, ffn, vocab, tokens = {
+        "test-tiny": (32, 64, 1024, 8 * 64),
+        "bert-mini": (256, 1024, 8192, 32 * 128),
+    }[preset]
     config = BertConfig(hidden_size=hidden, intermediate_size=ffn, vocab_size=vocab)
     shapes = perf.model_matmul_shapes(config, tokens, round(0.15 * tokens))
     assert (tokens, hidden, ffn) in shapes and (round(0.15 * tokens), hidden, vocab) in shapes
@@ -171,13 +194,22 @@ def test_emulated_bf16_is_never_timed_and_is_named(monkeypatch, caplog):
     monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)
     timed = []
     real = perf._best_rate
-    monkeypatch.setattr(perf, "_best_rate", lambda products, *a, **k: (
-        timed.extend(fn().dtype for _, fn in products), real(products, *a, **k))[1])
+    monkeypatch.setattr(
+        perf,
+        "_best_rate",
+        lambda products, *a, **k: (
+            timed.extend(fn().dtype for _, fn in products),
+            real(products, *a, **k),
+        )[1],
+    )
     perf.reference_rate.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="mlmkit"):
             assert runtime.resolve_precision("bf16", use_cpu=True) == "bf16"
-        assert "bf16 emulated on this CPU" in caplog.text and "train.precision=auto or no" in caplog.text
+        assert (
+            "bf16 emulated on this CPU" in caplog.text
+            and "train.precision=auto or no" in caplog.text
+        )
         assert runtime.resolve_precision("auto", use_cpu=True) == "no"
         rate, how = perf.reference_rate(torch.device("cpu"), "bf16", ((64, 32, 32),))
     finally:
@@ -191,8 +223,13 @@ def test_mfu_never_reads_above_one_when_the_run_beats_its_reference(caplog):
 
     from transformers import BertConfig
 
-    config = BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=256)
+    config = BertConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+    )
     meter = ThroughputMeter(config, reference_flops=1e6)  # far below what any step reaches
     with caplog.at_level(logging.WARNING, logger="mlmkit"):
         first = meter.figures({32: 200}, masked=960, seconds=2.0)
@@ -226,7 +263,9 @@ def test_the_measured_rate_is_stored_once_per_machine_and_settings(monkeypatch, 
     assert again == first and f"stored in {tmp_path / 'matmul_rates'}" in how and len(calls) == 1
     assert rate(shapes=((64, 32, 256),))[0] == 2e11  # other products: measured anew
     isa = os.environ.get("ATEN_CPU_CAPABILITY")  # avx2 under .ci/as-avx2
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default" if isa == "avx2" else "avx2")  # another rate
+    monkeypatch.setenv(
+        "ATEN_CPU_CAPABILITY", "default" if isa == "avx2" else "avx2"
+    )  # another rate
     assert rate()[0] == 3e11
     if isa is None:
         monkeypatch.delenv("ATEN_CPU_CAPABILITY")
@@ -241,11 +280,17 @@ def test_the_measured_rate_is_stored_once_per_machine_and_settings(monkeypatch, 
 
 # -- MFU of real tokens, each attending within its own block ---------------------------------------
 
+
 def _bert_config():
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=256)
+    return BertConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+    )
 
 
 def test_model_flops_count_real_tokens_and_each_blocks_own_attention():
@@ -255,14 +300,21 @@ def test_model_flops_count_real_tokens_and_each_blocks_own_attention():
 
     config = _bert_config()
     h, i, v, layers = 64, 256, 1024, 2
-    by_hand = 3 * (26 * layers * (8 * h * h + 4 * h * i) + 4 * h * layers * 250 + 6 * (2 * h * h + 2 * h * v))
+    by_hand = 3 * (
+        26 * layers * (8 * h * h + 4 * h * i) + 4 * h * layers * 250 + 6 * (2 * h * h + 2 * h * v)
+    )
     assert by_hand == 18_226_176
     assert model_train_flops(config, {5: 1, 9: 1, 12: 1}, predicted=6) == pytest.approx(by_hand)
     # the padded count it replaces: 48 positions, each attending to all 16
     padded = model_train_flops(config, {16: 3}, predicted=6)
-    assert padded == pytest.approx(48 * model_flops_per_token(config, 16, 6 / 48)) and padded > 1.7 * by_hand
+    assert (
+        padded == pytest.approx(48 * model_flops_per_token(config, 16, 6 / 48))
+        and padded > 1.7 * by_hand
+    )
     # a block of 16 holding documents of 4, 7 and 5 tokens, isolated: 16 + 49 + 25 = 90 pairs
-    documents = 3 * (16 * layers * (8 * h * h + 4 * h * i) + 4 * h * layers * 90 + 6 * (2 * h * h + 2 * h * v))
+    documents = 3 * (
+        16 * layers * (8 * h * h + 4 * h * i) + 4 * h * layers * 90 + 6 * (2 * h * h + 2 * h * v)
+    )
     assert model_train_flops(config, {4: 1, 7: 1, 5: 1}, predicted=6) == pytest.approx(documents)
 
 
@@ -273,11 +325,20 @@ def test_modernbert_local_layers_count_their_window_within_each_block():
 
     from mlmkit.training.perf import model_train_flops
 
-    config = ModernBertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                              intermediate_size=96, global_attn_every_n_layers=3, local_attention=4)
+    config = ModernBertConfig(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=96,
+        global_attn_every_n_layers=3,
+        local_attention=4,
+    )
     assert list(config.layer_types).count("sliding_attention") == 2
     h, i, v = 64, 96, 1024
-    by_hand = 3 * (11 * 3 * (8 * h * h + 6 * h * i) + 4 * h * (73 + 2 * 41) + 2 * (2 * h * h + 2 * h * v))
+    by_hand = 3 * (
+        11 * 3 * (8 * h * h + 6 * h * i) + 4 * h * (73 + 2 * 41) + 2 * (2 * h * h + 2 * h * v)
+    )
     assert model_train_flops(config, {3: 1, 8: 1}, predicted=2) == pytest.approx(by_hand)
 
 
@@ -299,12 +360,24 @@ def test_the_meter_counts_real_tokens_per_second_and_the_blocks_flops():
 
 # -- the chips' datasheet peaks --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,tflops", [
-    ("NVIDIA H200", 989), ("NVIDIA H200 NVL", 835), ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756),
-    ("NVIDIA H100 NVL", 835), ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A10G", 70),
-    ("NVIDIA GeForce RTX 4090", 165), ("NVIDIA GeForce RTX 3090", 71), ("NVIDIA GH200 480GB", 989),
-    ("NVIDIA A10", 125), ("Tesla T4", None),
-])
+
+@pytest.mark.parametrize(
+    "name,tflops",
+    [
+        ("NVIDIA H200", 989),
+        ("NVIDIA H200 NVL", 835),
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA A10G", 70),
+        ("NVIDIA GeForce RTX 4090", 165),
+        ("NVIDIA GeForce RTX 3090", 71),
+        ("NVIDIA GH200 480GB", 989),
+        ("NVIDIA A10", 125),
+        ("Tesla T4", None),
+    ],
+)
 def test_real_device_names_find_their_chips_peak(name, tflops):
     from mlmkit.training.perf import chip_peak
 
@@ -324,6 +397,7 @@ def test_the_peak_of_the_cuda_device_is_looked_up_by_its_name(monkeypatch):
 
 
 # -- an implausible measured rate --------------------------------------------------------------------
+
 
 def test_an_implausible_rate_is_never_stored_and_is_measured_again(monkeypatch, tmp_path):
     """A busy machine measured 0.04 TFLOP/s (printed as 0.0) and every later run inherited it:
@@ -363,7 +437,9 @@ def test_an_implausible_rate_is_never_stored_and_is_measured_again(monkeypatch, 
     assert stored(shapes)[::2] == (2.1e12, True) and len(calls) == 7
 
 
-def test_a_run_says_its_mfu_is_unreliable_against_an_implausible_rate(monkeypatch, tmp_path, tokenizer):
+def test_a_run_says_its_mfu_is_unreliable_against_an_implausible_rate(
+    monkeypatch, tmp_path, tokenizer
+):
     from accelerate.state import AcceleratorState
     from runs import TINY
 
@@ -371,10 +447,18 @@ def test_a_run_says_its_mfu_is_unreliable_against_an_implausible_rate(monkeypatc
     from mlmkit.training import perf
     from mlmkit.training.trainer import Trainer
 
-    monkeypatch.setattr(perf, "reference_rate", lambda device, precision, shapes=(): (3e10, "measured"))
+    monkeypatch.setattr(
+        perf, "reference_rate", lambda device, precision, shapes=(): (3e10, "measured")
+    )
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    cfg = compose([*TINY, "data=builtin", f"paths.cache_dir={tmp_path / 'cache'}",
-                   f"tokenizer.name_or_path={tmp_path / 'tokenizer'}"])
+    cfg = compose(
+        [
+            *TINY,
+            "data=builtin",
+            f"paths.cache_dir={tmp_path / 'cache'}",
+            f"tokenizer.name_or_path={tmp_path / 'tokenizer'}",
+        ]
+    )
     try:
         Trainer(cfg, tmp_path / "run")
     finally:

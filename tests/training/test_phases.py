@@ -12,8 +12,10 @@ from mlmkit.errors import ConfigError
 from mlmkit.training.budget import Budget
 from mlmkit.training.phases import BatchRamp, PhasePlan, begun_phases
 
-BERT_90_10 = ("phases=[{name:short,share:0.9},{name:long,share:0.1,schedule:rewarm,warmup_steps:10,"
-              "set:{data:{max_seq_length:512},train.batch_size:8}}]")
+BERT_90_10 = (
+    "phases=[{name:short,share:0.9},{name:long,share:0.1,schedule:rewarm,warmup_steps:10,"
+    "set:{data:{max_seq_length:512},train.batch_size:8}}]"
+)
 
 
 def _plan(*overrides: str, max_steps: int = 1000) -> PhasePlan:
@@ -22,9 +24,15 @@ def _plan(*overrides: str, max_steps: int = 1000) -> PhasePlan:
 
 
 def test_each_phase_holds_the_run_settings_with_its_own_and_the_earlier_phases_changes():
-    cfg = compose(["model=bert-mini", "data.max_seq_length=128", "phases=[{name:a,share:0.5},"
-                   "{name:b,share:0.3,set:{data.max_seq_length:512,masking.mlm_probability:0.3}},"
-                   "{name:c,share:0.2,set:{masking:{mlm_probability:0.15}}}]"])
+    cfg = compose(
+        [
+            "model=bert-mini",
+            "data.max_seq_length=128",
+            "phases=[{name:a,share:0.5},"
+            "{name:b,share:0.3,set:{data.max_seq_length:512,masking.mlm_probability:0.3}},"
+            "{name:c,share:0.2,set:{masking:{mlm_probability:0.15}}}]",
+        ]
+    )
     a, b, c = cfg.phase_configs()
     assert (a.data.max_seq_length, a.masking.mlm_probability) == (128, cfg.masking.mlm_probability)
     assert (b.data.max_seq_length, b.masking.mlm_probability) == (512, 0.3)
@@ -32,19 +40,46 @@ def test_each_phase_holds_the_run_settings_with_its_own_and_the_earlier_phases_c
     assert cfg.data.max_seq_length == 128 and all(p.phases == [] for p in (a, b, c))
 
 
-@pytest.mark.parametrize("phases,words", [
-    ("[{name:a,share:0.9},{name:b,share:0.2}]", "add up to 1.1"),
-    ("[{name:a,share:0.5},{name:a,share:0.5}]", "must differ"),
-    ("[{name:'a b',share:1.0}]", "names a folder"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,schedule:cosine}]", "choose one of continue, rewarm"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,set:{model.hidden_size:256}}]", "cannot change between phases"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,set:{data.streaming:true}}]", "cannot change between phases"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,set:{tokenizer.vocab_size:100}}]", "cannot change between phases"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,set:{data.max_seq_lenth:100}}]", "data.max_seq_lenth is not a setting"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,set:{data.max_seq_length:1024}}]", "phases[1] (b): data.max_seq_length (1024)"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,set:{masking.mlm_probability:1.5}}]", "phases[1] (b): masking.mlm_probability"),
-    ("[{name:a,share:0.5},{name:b,share:0.5,set:{model.global_rope_theta:160000}}]", "ModernBERT setting"),
-])
+@pytest.mark.parametrize(
+    "phases,words",
+    [
+        ("[{name:a,share:0.9},{name:b,share:0.2}]", "add up to 1.1"),
+        ("[{name:a,share:0.5},{name:a,share:0.5}]", "must differ"),
+        ("[{name:'a b',share:1.0}]", "names a folder"),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,schedule:cosine}]",
+            "choose one of continue, rewarm",
+        ),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,set:{model.hidden_size:256}}]",
+            "cannot change between phases",
+        ),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,set:{data.streaming:true}}]",
+            "cannot change between phases",
+        ),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,set:{tokenizer.vocab_size:100}}]",
+            "cannot change between phases",
+        ),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,set:{data.max_seq_lenth:100}}]",
+            "data.max_seq_lenth is not a setting",
+        ),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,set:{data.max_seq_length:1024}}]",
+            "phases[1] (b): data.max_seq_length (1024)",
+        ),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,set:{masking.mlm_probability:1.5}}]",
+            "phases[1] (b): masking.mlm_probability",
+        ),
+        (
+            "[{name:a,share:0.5},{name:b,share:0.5,set:{model.global_rope_theta:160000}}]",
+            "ModernBERT setting",
+        ),
+    ],
+)
 def test_a_phase_list_that_cannot_run_is_refused_in_one_sentence_naming_the_setting(phases, words):
     with pytest.raises(ConfigError) as info:
         compose(["model=bert-mini", f"phases={phases}"])
@@ -53,8 +88,13 @@ def test_a_phase_list_that_cannot_run_is_refused_in_one_sentence_naming_the_sett
 
 
 def test_modernbert_phases_may_raise_the_rope_theta():
-    cfg = compose(["model=modernbert-tiny", "phases=[{name:a,share:0.5},{name:b,share:0.5,"
-                   "set:{model.global_rope_theta:160000,data.max_seq_length:512}}]"])
+    cfg = compose(
+        [
+            "model=modernbert-tiny",
+            "phases=[{name:a,share:0.5},{name:b,share:0.5,"
+            "set:{model.global_rope_theta:160000,data.max_seq_length:512}}]",
+        ]
+    )
     assert cfg.phase_configs()[1].model.global_rope_theta == 160000
 
 
@@ -79,8 +119,13 @@ def test_an_ended_phase_keeps_its_span_when_the_budget_grows():
 
 def test_learning_rate_of_each_schedule():
     lr_steps = "optim.warmup_steps=100"
-    plan = _plan(lr_steps, "optim.schedule=linear", "phases=[{name:a,share:0.5},{name:b,share:0.3,schedule:rewarm,"
-                 "warmup_steps:10,lr:5e-4},{name:c,share:0.2,schedule:decay,lr:5e-4}]", "optim.lr=1e-3")
+    plan = _plan(
+        lr_steps,
+        "optim.schedule=linear",
+        "phases=[{name:a,share:0.5},{name:b,share:0.3,schedule:rewarm,"
+        "warmup_steps:10,lr:5e-4},{name:c,share:0.2,schedule:decay,lr:5e-4}]",
+        "optim.lr=1e-3",
+    )
     plan.begin(0, 0, 0.0)
     budget = plan.budget
     # continue: the run's own schedule (100 warmup steps, then linear decay over the run)
@@ -92,17 +137,26 @@ def test_learning_rate_of_each_schedule():
     assert plan.lr_factor(510) < 0.5 and plan.lr_factor(799) == pytest.approx(0.0, abs=1e-9)
     # decay: from the phase's rate down to optim.min_lr_ratio, 1-sqrt by default
     plan.begin(800, 0, 0.0)
-    assert plan.lr_factor(800) == pytest.approx(0.5 * (1 - (1 / 200) ** 0.5))  # the share its first step ends at
+    assert plan.lr_factor(800) == pytest.approx(
+        0.5 * (1 - (1 / 200) ** 0.5)
+    )  # the share its first step ends at
     assert plan.lr_factor(999) == pytest.approx(0.0, abs=1e-9)
-    constant = _plan("optim.lr=1e-3", "phases=[{name:a,share:0.5},{name:b,share:0.5,schedule:constant,lr:2e-4}]")
+    constant = _plan(
+        "optim.lr=1e-3", "phases=[{name:a,share:0.5},{name:b,share:0.5,schedule:constant,lr:2e-4}]"
+    )
     constant.begin(0, 0, 0.0)
     constant.begin(500, 0, 0.0)
     assert constant.lr_factor(500) == constant.lr_factor(999) == pytest.approx(0.2)
 
 
 def test_a_token_budget_splits_phases_by_tokens():
-    cfg = compose(["train.max_steps=null", "train.max_tokens=10000",
-                   "phases=[{name:a,share:0.25},{name:b,share:0.75}]"])
+    cfg = compose(
+        [
+            "train.max_steps=null",
+            "train.max_tokens=10000",
+            "phases=[{name:a,share:0.25},{name:b,share:0.75}]",
+        ]
+    )
     budget = Budget(cfg.optim, cfg.train.max_steps, cfg.train.max_tokens)
     plan = PhasePlan(cfg, budget)
     plan.begin(0, 0, 0.0)
@@ -115,14 +169,25 @@ def test_a_token_budget_splits_phases_by_tokens():
 def test_a_resume_keeps_the_phases_that_began(tmp_path):
     ckpt = Path(tmp_path / "step_0000900")
     cfg = compose([BERT_90_10])
-    saved = {"starts": [{"name": "short", "set": {}, "step": 0, "tokens": 0, "elapsed": 0.0},
-                        {"name": "long", "set": {"data.max_seq_length": 512, "train.batch_size": 8},
-                         "step": 900, "tokens": 10, "elapsed": 1.0}]}
+    saved = {
+        "starts": [
+            {"name": "short", "set": {}, "step": 0, "tokens": 0, "elapsed": 0.0},
+            {
+                "name": "long",
+                "set": {"data.max_seq_length": 512, "train.batch_size": 8},
+                "step": 900,
+                "tokens": 10,
+                "elapsed": 1.0,
+            },
+        ]
+    }
     assert [s["name"] for s in begun_phases(cfg, saved, ckpt)] == ["short", "long"]
     assert begun_phases(cfg, None, None) == []  # a new run
     # an unphased checkpoint was in the first phase, with the run's own settings
     assert begun_phases(cfg, None, ckpt)[0]["name"] == "short"
-    changed = compose(["phases=[{name:short,share:0.9},{name:long,share:0.1,set:{data.max_seq_length:256}}]"])
+    changed = compose(
+        ["phases=[{name:short,share:0.9},{name:long,share:0.1,set:{data.max_seq_length:256}}]"]
+    )
     with pytest.raises(ConfigError, match="phase 1 of step_0000900 was 'long'"):
         begun_phases(changed, saved, ckpt)
     with pytest.raises(ConfigError, match="phases lists 1"):
@@ -144,28 +209,50 @@ def test_the_batch_warmup_grows_the_accumulation_and_the_rate_with_it():
 
 def test_the_published_recipes_compose_with_their_phases():
     bert = compose(["recipe=bert"])
-    assert (bert.model.name, bert.optim.lr, bert.optim.warmup_steps, bert.train.global_batch_size,
-            bert.train.max_steps, bert.masking.mlm_probability, bert.model.hidden_dropout_prob,
-            bert.model.attention_init, bert.model.output_bias_init) == (
-        "bert-base", 1e-4, 10000, 256, 1_000_000, 0.15, 0.1, "normal", "zero")
+    assert (
+        bert.model.name,
+        bert.optim.lr,
+        bert.optim.warmup_steps,
+        bert.train.global_batch_size,
+        bert.train.max_steps,
+        bert.masking.mlm_probability,
+        bert.model.hidden_dropout_prob,
+        bert.model.attention_init,
+        bert.model.output_bias_init,
+    ) == ("bert-base", 1e-4, 10000, 256, 1_000_000, 0.15, 0.1, "normal", "zero")
     assert [(p.name, p.share) for p in bert.phases] == [("seq128", 0.9), ("seq512", 0.1)]
     assert [c.data.max_seq_length for c in bert.phase_configs()] == [128, 512]
-    assert compose(["recipe=bert", "model=bert-mini"]).model.name == "bert-mini"  # the command line wins
+    assert (
+        compose(["recipe=bert", "model=bert-mini"]).model.name == "bert-mini"
+    )  # the command line wins
     modern = compose(["recipe=modernbert"])
     stable, extension, decay = modern.phase_configs()
     assert (stable.data.max_seq_length, stable.model.global_rope_theta) == (1024, 10000.0)
-    assert (extension.data.max_seq_length, extension.model.global_rope_theta, extension.train.global_batch_size) == (
-        8192, 160000.0, 576)
+    assert (
+        extension.data.max_seq_length,
+        extension.model.global_rope_theta,
+        extension.train.global_batch_size,
+    ) == (8192, 160000.0, 576)
     assert [p.schedule for p in modern.phases] == ["continue", "constant", "decay"]
     tokens = [p.share * modern.train.max_tokens / 1e9 for p in modern.phases]
     assert tokens == pytest.approx([1719, 250, 50], abs=0.5)
-    assert (modern.masking.mlm_probability, modern.train.batch_warmup_start, modern.optim.beta2) == (0.3, 768, 0.98)
+    assert (
+        modern.masking.mlm_probability,
+        modern.train.batch_warmup_start,
+        modern.optim.beta2,
+    ) == (0.3, 768, 0.98)
 
 
-@pytest.mark.parametrize("setting,words", [
-    ("train.batch_warmup_tokens=1000", "set train.batch_warmup_tokens=0"),
-    ("phases=[{name:a,share:0.5},{name:b,share:0.5,set:{train.batch_size:2}}]", "no phase may set train.batch_size"),
-])
+@pytest.mark.parametrize(
+    "setting,words",
+    [
+        ("train.batch_warmup_tokens=1000", "set train.batch_warmup_tokens=0"),
+        (
+            "phases=[{name:a,share:0.5},{name:b,share:0.5,set:{train.batch_size:2}}]",
+            "no phase may set train.batch_size",
+        ),
+    ],
+)
 def test_under_deepspeed_a_batch_that_would_change_is_refused(setting, words):
     """DeepSpeed fixes its micro-batch when its engine starts (the engine check, as accelerate
     reports DeepSpeed)."""
@@ -174,9 +261,13 @@ def test_under_deepspeed_a_batch_that_would_change_is_refused(setting, words):
     from mlmkit.training.setup import check_engine
 
     accelerator = SimpleNamespace(
-        num_processes=1, distributed_type=SimpleNamespace(value="DEEPSPEED"),
-        state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config={})))
+        num_processes=1,
+        distributed_type=SimpleNamespace(value="DEEPSPEED"),
+        state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config={})),
+    )
     cfg = compose(["train.batch_size=4", setting])
     with pytest.raises(ConfigError, match=words):
         check_engine(accelerator, cfg.phase_configs()[0] if cfg.phases else cfg, cfg.phases)
-    assert check_engine(accelerator, compose(["train.batch_size=4"])) == 1  # the run's own batch passes
+    assert (
+        check_engine(accelerator, compose(["train.batch_size=4"])) == 1
+    )  # the run's own batch passes

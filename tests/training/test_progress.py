@@ -19,8 +19,14 @@ class Budget:
 
 
 def test_durations_read_as_people_write_them():
-    assert [duration(s) for s in (0, 45, 60, 725, 3600, 12_000)] == ["0s", "45s", "1m00s", "12m05s",
-                                                                    "1h00m", "3h20m"]
+    assert [duration(s) for s in (0, 45, 60, 725, 3600, 12_000)] == [
+        "0s",
+        "45s",
+        "1m00s",
+        "12m05s",
+        "1h00m",
+        "3h20m",
+    ]
 
 
 class Clock:
@@ -42,8 +48,12 @@ def test_off_a_terminal_a_plain_line_comes_every_interval_with_the_time_left(mon
             shown.show(loss=f"{5 - step}.000")
             shown.update(step)
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and all("\r" not in line for line in lines)  # every other step: 20 s apart
-    assert lines[0].startswith("progress: 20% of the budget, step 2, loss 3.000; 20s so far, about 1m20s left")
+    assert len(lines) == 2 and all(
+        "\r" not in line for line in lines
+    )  # every other step: 20 s apart
+    assert lines[0].startswith(
+        "progress: 20% of the budget, step 2, loss 3.000; 20s so far, about 1m20s left"
+    )
 
 
 def test_a_resumed_run_counts_the_time_left_from_its_own_pace(monkeypatch, caplog):
@@ -53,7 +63,11 @@ def test_a_resumed_run_counts_the_time_left_from_its_own_pace(monkeypatch, caplo
     clock.now = 30
     with caplog.at_level(logging.INFO, logger="mlmkit"):
         shown.update(6)
-    assert caplog.records[0].getMessage().endswith("60% of the budget, step 6; 30s so far, about 2m00s left")
+    assert (
+        caplog.records[0]
+        .getMessage()
+        .endswith("60% of the budget, step 6; 30s so far, about 2m00s left")
+    )
 
 
 @pytest.mark.parametrize("enabled", [True, False])

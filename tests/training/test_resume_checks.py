@@ -21,13 +21,16 @@ def _changed(**sections) -> Config:
     return cfg
 
 
-@pytest.mark.parametrize("section,values,setting", [
-    ("model", {"num_hidden_layers": 4}, "model.num_hidden_layers"),
-    ("tokenizer", {"lowercase": False}, "tokenizer.lowercase"),
-    ("data", {"packing": "line_by_line"}, "data.packing"),
-    ("data", {"train_files": ["other.txt"]}, "data.train_files"),
-    ("train", {"seed": 7}, "train.seed"),
-])
+@pytest.mark.parametrize(
+    "section,values,setting",
+    [
+        ("model", {"num_hidden_layers": 4}, "model.num_hidden_layers"),
+        ("tokenizer", {"lowercase": False}, "tokenizer.lowercase"),
+        ("data", {"packing": "line_by_line"}, "data.packing"),
+        ("data", {"train_files": ["other.txt"]}, "data.train_files"),
+        ("train", {"seed": 7}, "train.seed"),
+    ],
+)
 def test_a_change_the_checkpoint_depends_on_is_refused(section, values, setting):
     saved = asdict(Config())
     with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
@@ -35,16 +38,27 @@ def test_a_change_the_checkpoint_depends_on_is_refused(section, values, setting)
 
 
 def test_changes_a_resume_may_make_are_listed():
-    cfg = _changed(optim={"lr": 5e-4}, train={"max_steps": 9000, "batch_size": 16, "progress": False},
-                   model={"attn_implementation": "eager", "position_init": "normal", "attention_init": "normal",
-                          "output_bias_init": "zero"},
-                   paths={"cache_dir": "/elsewhere"})
+    cfg = _changed(
+        optim={"lr": 5e-4},
+        train={"max_steps": 9000, "batch_size": 16, "progress": False},
+        model={
+            "attn_implementation": "eager",
+            "position_init": "normal",
+            "attention_init": "normal",
+            "output_bias_init": "zero",
+        },
+        paths={"cache_dir": "/elsewhere"},
+    )
     changes = check_settings(cfg, asdict(Config()), Path("step_0000010"))
-    assert changes == ["model.attention_init local -> normal",
-                       "model.attn_implementation auto -> eager", "model.output_bias_init unigram -> zero",
-                       "model.position_init sinusoidal -> normal",
-                       "optim.lr 0.001 -> 0.0005",
-                       "train.batch_size 32 -> 16", "train.max_steps 3000 -> 9000"]
+    assert changes == [
+        "model.attention_init local -> normal",
+        "model.attn_implementation auto -> eager",
+        "model.output_bias_init unigram -> zero",
+        "model.position_init sinusoidal -> normal",
+        "optim.lr 0.001 -> 0.0005",
+        "train.batch_size 32 -> 16",
+        "train.max_steps 3000 -> 9000",
+    ]
     assert check_settings(cfg, None, Path("step_0000010")) == []  # a checkpoint without settings
 
 
@@ -57,7 +71,10 @@ def test_settings_come_from_the_newest_readable_loop_state(tmp_path):
 
 def test_optimizer_settings_are_re_applied_over_the_restored_ones():
     model = torch.nn.Linear(4, 4)
-    groups = [{"params": [model.weight], "weight_decay": 0.01}, {"params": [model.bias], "weight_decay": 0.0}]
+    groups = [
+        {"params": [model.weight], "weight_decay": 0.01},
+        {"params": [model.bias], "weight_decay": 0.0},
+    ]
     optimizer = torch.optim.AdamW(groups, lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
     restored = scheduler.state_dict()

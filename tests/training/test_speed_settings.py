@@ -22,6 +22,7 @@ from mlmkit.model.kernels import (
 
 # -- the sparse head --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("examples", [_packed, _ragged], ids=["packed", "padded"])
 def test_sparse_head_with_positions_from_the_dataloader_equals_full_head(tokenizer, examples):
     """Loss and gradients of the head at the chosen positions (indices computed in the
@@ -32,11 +33,20 @@ def test_sparse_head_with_positions_from_the_dataloader_equals_full_head(tokeniz
     results = []
     for sparse, extra in ((True, {}), (False, {})):
         model.zero_grad()
-        inputs = batch if sparse else {k: v for k, v in batch.items() if k not in ("positions", "targets")}
+        inputs = (
+            batch
+            if sparse
+            else {k: v for k, v in batch.items() if k not in ("positions", "targets")}
+        )
         out = MaskedLM(model, sparse_prediction=sparse)(**inputs, **extra)
         (out["loss_sum"] / out["n_tokens"]).backward()
-        results.append((out["loss_sum"].detach(), int(out["n_tokens"]),
-                        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        results.append(
+            (
+                out["loss_sum"].detach(),
+                int(out["n_tokens"]),
+                {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            )
+        )
     (l1, n1, g1), (l2, n2, g2) = results
     assert n1 == n2 == int((batch["labels"] != IGNORE_INDEX).sum())
     torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-4)
@@ -50,11 +60,16 @@ def test_prediction_positions_are_bucketed_and_ignored_beyond_the_chosen(tokeniz
     labels[0, 3], labels[2, 7], labels[3, 31] = 5, 6, 7
     positions, targets = prediction_positions(labels)
     assert positions.numel() == 64 and targets.numel() == 64
-    assert positions[:3].tolist() == [3, 2 * 32 + 7, 3 * 32 + 31] and targets[:3].tolist() == [5, 6, 7]
+    assert positions[:3].tolist() == [3, 2 * 32 + 7, 3 * 32 + 31] and targets[:3].tolist() == [
+        5,
+        6,
+        7,
+    ]
     assert (targets[3:] == IGNORE_INDEX).all()
 
 
 # -- attention ----------------------------------------------------------------------------
+
 
 def test_padded_batch_reaches_sdpa_as_a_boolean_mask_and_packed_without_one(tokenizer, monkeypatch):
     seen = []
@@ -83,11 +98,14 @@ def test_pad_to_multiple_of_only_pads_batches_that_need_padding(tokenizer):
 
 # -- each speed setting leaves a short run's loss where the plain run has it -------------
 
+
 def test_vocab_padding_keeps_the_tokenizer_and_the_loss(tokenizer):
     plain = _model(tokenizer, pad_vocab_multiple=1)
     padded = _model(tokenizer, pad_vocab_multiple=64)
     v = plain.config.vocab_size
-    assert v == padded_vocab_size(tokenizer) and padded.config.vocab_size == padded_vocab_size(tokenizer, 64)
+    assert v == padded_vocab_size(tokenizer) and padded.config.vocab_size == padded_vocab_size(
+        tokenizer, 64
+    )
     assert padded.config.vocab_size % 64 == 0 and padded.config.vocab_size > v
     # the same weights; the extra rows keep their own
     state = plain.state_dict()
@@ -107,8 +125,17 @@ def test_vocab_padding_keeps_the_tokenizer_and_the_loss(tokenizer):
     assert (padded.cls.predictions.bias[v:] < -1e3).all()
 
 
-@pytest.mark.parametrize("setting", ["sparse_head", "bf16", "pad_to_multiple_of_8", "no_full_mask",
-                                     "fused_adamw", "cpu_bf16_attention"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "sparse_head",
+        "bf16",
+        "pad_to_multiple_of_8",
+        "no_full_mask",
+        "fused_adamw",
+        "cpu_bf16_attention",
+    ],
+)
 def test_speed_setting_keeps_the_loss(tokenizer, setting):
     """Five AdamW steps with one speed setting on, from the same weights and batches, end at
     the loss of the plain run (fp32, full head, explicit masks, no extra padding)."""
@@ -131,17 +158,29 @@ def test_speed_setting_keeps_the_loss(tokenizer, setting):
             assert extra > 0
             labels = F.pad(b["labels"], (0, extra), value=IGNORE_INDEX)
             positions, targets = prediction_positions(labels)
-            batches.append({"input_ids": F.pad(b["input_ids"], (0, extra), value=tokenizer.pad_token_id),
-                            "attention_mask": F.pad(b["attention_mask"], (0, extra), value=0),
-                            "labels": labels, "positions": positions, "targets": targets})
+            batches.append(
+                {
+                    "input_ids": F.pad(b["input_ids"], (0, extra), value=tokenizer.pad_token_id),
+                    "attention_mask": F.pad(b["attention_mask"], (0, extra), value=0),
+                    "labels": labels,
+                    "positions": positions,
+                    "targets": targets,
+                }
+            )
         sparse = True
     elif setting == "no_full_mask":
         batches = _batches(tokenizer, examples)
         assert "attention_mask" not in batches[0]
     plain = _train(MaskedLM(_model(tokenizer), sparse_prediction=False), plain_batches)
-    attn = {"attn_implementation": register_cpu_attention()} if setting == "cpu_bf16_attention" else {}
-    fast = _train(MaskedLM(_model(tokenizer, **attn), sparse_prediction=sparse), batches,
-                  autocast=autocast, fused=fused)
+    attn = (
+        {"attn_implementation": register_cpu_attention()} if setting == "cpu_bf16_attention" else {}
+    )
+    fast = _train(
+        MaskedLM(_model(tokenizer, **attn), sparse_prediction=sparse),
+        batches,
+        autocast=autocast,
+        fused=fused,
+    )
     assert plain[-1] < plain[0]  # the run learns, so the comparison means something
     assert fast == pytest.approx(plain, rel=rel)
 
@@ -165,7 +204,9 @@ def test_compiled_encoder_keeps_the_loss_and_the_parameter_names(tokenizer, tmp_
 
 
 @pytest.mark.parametrize("architecture", ["bert", "modernbert"])
-def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(tokenizer, architecture, monkeypatch):
+def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(
+    tokenizer, architecture, monkeypatch
+):
     """train.compile=true compiles each encoder layer, so transformers builds the attention mask
     outside the traced code: an all-ones mask reaches SDPA as None (its flash kernel stays open),
     as it does uncompiled; a padded batch still gets its mask. (Compiling the whole encoder
@@ -182,7 +223,11 @@ def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(tokeni
     monkeypatch.setattr(F, "scaled_dot_product_attention", record)
     torch._dynamo.reset()
     # a window wider than the rows: it hides nothing, and ModernBERT's local layers need no mask either
-    extra = {"architecture": "modernbert", "local_attention": 128} if architecture == "modernbert" else {}
+    extra = (
+        {"architecture": "modernbert", "local_attention": 128}
+        if architecture == "modernbert"
+        else {}
+    )
     model = _model(tokenizer, **extra)
     compile_encoder(model, backend="eager")
     layers = model.config.num_hidden_layers
@@ -191,12 +236,15 @@ def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(tokeni
         assert "attention_mask" in batch  # all ones for the packed rows
         seen.clear()
         with torch.no_grad():  # the encoder as transformers runs it, given a 2-D mask
-            parts_of(model).encoder(model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            parts_of(model).encoder(model)(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            )
         assert len(seen) == layers and set(seen) == {not masked}, (rows.__name__, seen)
     torch._dynamo.reset()
 
 
 # -- the GPU path -------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_flash_attention_varlen_equals_sdpa_on_padded_batches(tokenizer):
@@ -215,10 +263,13 @@ def test_flash_attention_varlen_equals_sdpa_on_padded_batches(tokenizer):
 
 # -- the CPU kernels (mlmkit.model.kernels) -----------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_blockwise_cross_entropy_equals_torch(dtype):
     g = torch.Generator().manual_seed(0)
-    logits = (torch.randn(37, 301, generator=g) * 4).to(dtype)  # 37 rows: not a multiple of the block
+    logits = (torch.randn(37, 301, generator=g) * 4).to(
+        dtype
+    )  # 37 rows: not a multiple of the block
     targets = torch.randint(0, 301, (37,), generator=g)
     targets[[3, 20, 36]] = IGNORE_INDEX
     a = logits.clone().requires_grad_()
@@ -236,7 +287,9 @@ def test_blockwise_cross_entropy_equals_torch(dtype):
 
 def test_cpu_bf16_attention_is_sdpa_forward_with_a_more_exact_backward():
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 24, 16, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    q, k, v = (
+        torch.randn(2, 4, 24, 16, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3)
+    )
     grad = torch.randn(2, 24, 4, 16, generator=g).to(torch.bfloat16)
     module = torch.nn.Module()
     ours, _ = cpu_sdpa_attention_forward(module, q, k, v, None, scaling=0.25)
@@ -256,9 +309,13 @@ def test_cpu_bf16_attention_is_sdpa_forward_with_a_more_exact_backward():
 def test_cpu_bf16_attention_leaves_masks_and_inference_to_sdpa(monkeypatch):
     calls = []
     original = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention",
-                        lambda *a, **kw: calls.append(kw.get("attn_mask", a[3] if len(a) > 3 else None))
-                        or original(*a, **kw))
+    monkeypatch.setattr(
+        F,
+        "scaled_dot_product_attention",
+        lambda *a, **kw: (
+            calls.append(kw.get("attn_mask", a[3] if len(a) > 3 else None)) or original(*a, **kw)
+        ),
+    )
     q = torch.randn(1, 2, 8, 4).to(torch.bfloat16)
     module = torch.nn.Module()
     mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
@@ -292,15 +349,18 @@ print(applied, min(faults[1:]))
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc; this is not glibc")
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc; this is not glibc"
+)
 def test_reused_cpu_memory_takes_no_new_page_faults_for_a_block_made_every_step():
     """glibc maps a block over 32 MB anew at every allocation, so each step faults its pages
     in again (12,288 for 48 MB in 4 KB pages); with ``reuse_freed_memory`` the second and
     later allocations reuse the freed block."""
     out = {}
     for mode in ("default", "reuse"):
-        proc = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         applied, faults = proc.stdout.split()
         out[mode] = (applied == "True", int(faults))

@@ -27,14 +27,17 @@ class Objective(nn.Module):
 
     def forward(self, input_ids, labels, **_):
         logits = self.head(self.embed(input_ids))
-        loss = nn.functional.cross_entropy(logits.view(-1, 16), labels.view(-1), ignore_index=-100,
-                                           reduction="sum")
+        loss = nn.functional.cross_entropy(
+            logits.view(-1, 16), labels.view(-1), ignore_index=-100, reduction="sum"
+        )
         return {"loss_sum": loss * float("nan") if self.poison else loss}
 
 
 def _batch():
     ids = torch.arange(12).view(3, 4) % 16
-    return [{"input_ids": ids, "labels": torch.where(ids % 3 == 0, ids, torch.full_like(ids, -100))}]
+    return [
+        {"input_ids": ids, "labels": torch.where(ids % 3 == 0, ids, torch.full_like(ids, -100))}
+    ]
 
 
 @pytest.fixture
@@ -44,8 +47,11 @@ def parts():
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True)
     objective = Objective()
-    optimizer = build_optimizer(objective, SimpleNamespace(weight_decay=0.01, lr=1e-2, beta1=0.9,
-                                                           beta2=0.999, eps=1e-8), "cpu")
+    optimizer = build_optimizer(
+        objective,
+        SimpleNamespace(weight_decay=0.01, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8),
+        "cpu",
+    )
     objective, optimizer = accelerator.prepare(objective, optimizer)
     yield accelerator, objective, optimizer
     from accelerate.state import AcceleratorState
@@ -59,7 +65,9 @@ def test_a_nonfinite_step_is_skipped_on_the_device_without_a_host_read(parts):
     objective.poison = True
     before = {k: v.clone() for k, v in objective.state_dict().items()}
     with NoHostReads():
-        result = optimizer_step(accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0)
+        result = optimizer_step(
+            accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0
+        )
         skips = SkipCount()
         skips.add(result.ok)
     assert isinstance(result.ok, torch.Tensor) and not bool(result.ok)
@@ -67,12 +75,18 @@ def test_a_nonfinite_step_is_skipped_on_the_device_without_a_host_read(parts):
         assert torch.equal(v, before[k]), k  # weights untouched, weight decay included
     # the optimizer's moments and step count stay as if the step had not happened
     for state in optimizer.optimizer.state.values():
-        assert float(state["step"]) == 0.0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+        assert (
+            float(state["step"]) == 0.0
+            and not state["exp_avg"].any()
+            and not state["exp_avg_sq"].any()
+        )
     assert not hasattr(optimizer.optimizer, "found_inf")
     objective.poison = False
     optimizer.zero_grad()
     with NoHostReads():
-        result = optimizer_step(accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0)
+        result = optimizer_step(
+            accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0
+        )
     assert bool(result.ok)
     assert not torch.equal(objective.head.weight, before["head.weight"])
     assert all(float(s["step"]) == 1.0 for s in optimizer.optimizer.state.values())
@@ -117,6 +131,7 @@ def test_skipped_steps_are_counted_on_the_device_and_read_at_settle():
 
 # -- FSDP2 under accelerate < 1.16: the clipping returns a DTensor norm --------------------------
 
+
 @pytest.fixture
 def one_rank_group():
     """A one-process gloo group and its CPU mesh (what FSDP2 shards over), torn down after."""
@@ -152,18 +167,25 @@ def test_a_dtensor_gradient_norm_is_read_as_a_plain_tensor(one_rank_group):
     objective = Objective()
     fully_shard(objective, mesh=one_rank_group)
     assert isinstance(objective.head.weight, DTensor)
-    optimizer = build_optimizer(objective, SimpleNamespace(weight_decay=0.01, lr=1e-2, beta1=0.9,
-                                                           beta2=0.999, eps=1e-8), "cpu")
+    optimizer = build_optimizer(
+        objective,
+        SimpleNamespace(weight_decay=0.01, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8),
+        "cpu",
+    )
     assert skips_on_device(optimizer)
     objective(**_batch()[0])["loss_sum"].backward()
-    assert isinstance(accelerator.clip_grad_norm_(objective.parameters(), 1.0), DTensor)  # the old return
+    assert isinstance(
+        accelerator.clip_grad_norm_(objective.parameters(), 1.0), DTensor
+    )  # the old return
     optimizer.zero_grad()
 
     skips, results = SkipCount(), []
     for poison in (False, True, False):
         objective.poison = poison
         before = objective.head.weight.full_tensor().clone()
-        result = optimizer_step(accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0)
+        result = optimizer_step(
+            accelerator, objective, optimizer, 1e-2, _batch(), max_grad_norm=1.0
+        )
         optimizer.zero_grad(set_to_none=True)
         skips.add(result.ok)
         results.append(result)
@@ -177,12 +199,15 @@ def test_a_dtensor_gradient_norm_is_read_as_a_plain_tensor(one_rank_group):
 
 # -- DeepSpeed: the engine steps inside the backward ----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def deepspeed_on_cpu():
     """A factory of (accelerator, engine, optimizer) under accelerate's DeepSpeed ZeRO-2 on one CPU
     process (DeepSpeed's CPU accelerator, as tests/engine_on_cpu.py switches to it). The module's
     engines share one process group (DeepSpeed keeps a clone of the first), torn down at the end."""
-    pytest.importorskip("deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')")
+    pytest.importorskip(
+        "deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')"
+    )
     import socket
 
     import torch.distributed as dist
@@ -203,13 +228,18 @@ def deepspeed_on_cpu():
         plugin = DeepSpeedPlugin(zero_stage=2, gradient_clipping=1.0)
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 3
         if precision == "bf16":
-            plugin.deepspeed_config["bf16"] = {"enabled": True, "check_grad_overflow": check_grad_overflow}
+            plugin.deepspeed_config["bf16"] = {
+                "enabled": True,
+                "check_grad_overflow": check_grad_overflow,
+            }
         plugin.set_mixed_precision(precision)
         for state in (PartialState(), accelerator.state):
             state.distributed_type = DistributedType.DEEPSPEED
         accelerator.state.deepspeed_plugins = {"default": plugin}
         plugin.select(_from_accelerator_state=True)
-        accelerator.deepspeed_engine_wrapped = None  # as Accelerator.__init__ starts it under DeepSpeed
+        accelerator.deepspeed_engine_wrapped = (
+            None  # as Accelerator.__init__ starts it under DeepSpeed
+        )
         torch.manual_seed(0)
         objective = Objective()
         optimizer = torch.optim.AdamW(objective.parameters(), lr=1e-2)
@@ -218,8 +248,14 @@ def deepspeed_on_cpu():
         made.append(engine)
         return accelerator, engine, optimizer
 
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
@@ -233,9 +269,14 @@ def deepspeed_on_cpu():
                 dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("precision,check", [("bf16", True), ("no", True), ("bf16", False)],
-                         ids=["bf16", "fp32", "bf16-unchecked"])
-def test_under_deepspeed_the_step_reports_what_the_engine_did(deepspeed_on_cpu, caplog, precision, check):
+@pytest.mark.parametrize(
+    "precision,check",
+    [("bf16", True), ("no", True), ("bf16", False)],
+    ids=["bf16", "fp32", "bf16-unchecked"],
+)
+def test_under_deepspeed_the_step_reports_what_the_engine_did(
+    deepspeed_on_cpu, caplog, precision, check
+):
     """accelerate's DeepSpeed backward steps the engine, so mlmkit's own skip could skip nothing:
     a step counts as skipped exactly when the engine skipped it (ZeRO checks the gradient in fp32,
     and in bf16 unless ``bf16.check_grad_overflow`` is false, as older DeepSpeed's bf16 did not,
@@ -252,7 +293,9 @@ def test_under_deepspeed_the_step_reports_what_the_engine_did(deepspeed_on_cpu, 
         skipped_before = engine.skipped_steps
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="mlmkit"):
-            result = optimizer_step(accelerator, engine, optimizer, 1e-2, _batch(), max_grad_norm=1.0)
+            result = optimizer_step(
+                accelerator, engine, optimizer, 1e-2, _batch(), max_grad_norm=1.0
+            )
         skips.add(result.ok)
         engine_skipped = engine.skipped_steps > skipped_before
         assert result.ok is (not engine_skipped)

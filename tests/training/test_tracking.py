@@ -13,18 +13,28 @@ from mlmkit.training.tracking import flat_hparams, log_with
 
 
 def test_flat_hparams():
-    flat = flat_hparams({"model": {"hidden_size": 32, "init_from": None},
-                         "data": {"train_files": ["a.txt"]}, "seed": 0})
-    assert flat == {"model.hidden_size": 32, "model.init_from": "None",
-                    "data.train_files": "['a.txt']", "seed": 0}
+    flat = flat_hparams(
+        {
+            "model": {"hidden_size": 32, "init_from": None},
+            "data": {"train_files": ["a.txt"]},
+            "seed": 0,
+        }
+    )
+    assert flat == {
+        "model.hidden_size": 32,
+        "model.init_from": "None",
+        "data.train_files": "['a.txt']",
+        "seed": 0,
+    }
 
 
 def test_missing_tracker_package_is_one_sentence(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     with pytest.raises(ConfigError, match=r"logger=wandb needs the wandb package.*logger=none"):
         log_with(LoggerConfig(name="wandb"))
     with pytest.raises(ConfigError, match="not a tracker"):
@@ -69,9 +79,18 @@ def test_tracker_receives_events_and_config(tracker, tmp_path, cache_dir, monkey
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
-    run_train(run, cache_dir, "train.max_steps=10", "train.eval_every=5", "train.save_every=10",
-              f"logger={tracker}", "logger.offline=true")
-    losses, has_config = {"tensorboard": _tensorboard, "wandb": _wandb, "mlflow": _mlflow}[tracker](run)
+    run_train(
+        run,
+        cache_dir,
+        "train.max_steps=10",
+        "train.eval_every=5",
+        "train.save_every=10",
+        f"logger={tracker}",
+        "logger.offline=true",
+    )
+    losses, has_config = {"tensorboard": _tensorboard, "wandb": _wandb, "mlflow": _mlflow}[tracker](
+        run
+    )
     expected = {e["step"]: e["loss"] for e in events(run, "train")}
     assert sorted(losses) == sorted(expected) == [5, 10]
     for step, loss in expected.items():

@@ -17,8 +17,17 @@ from mlmkit.training.trainer import Trainer
 
 @pytest.fixture
 def trainer(tmp_path, cache_dir):
-    cfg = compose([*TINY, "train.max_steps=12", "train.log_every=4", "train.eval_every=6", "train.save_every=6",
-                   "logger=none", f"paths.cache_dir={cache_dir}"])
+    cfg = compose(
+        [
+            *TINY,
+            "train.max_steps=12",
+            "train.log_every=4",
+            "train.eval_every=6",
+            "train.save_every=6",
+            "logger=none",
+            f"paths.cache_dir={cache_dir}",
+        ]
+    )
     made = Trainer(cfg, tmp_path / "run")
     yield made
     setup.stop_logging()
@@ -35,12 +44,18 @@ def test_the_parts_are_built_and_the_jobs_fall_due_on_their_intervals(trainer):
     due = {}
     for step in range(1, 13):
         trainer.state.step = step
-        due[step] = (trainer.log_due(last=False), trainer.eval_due(last=False), trainer.probe_due(last=False))
+        due[step] = (
+            trainer.log_due(last=False),
+            trainer.eval_due(last=False),
+            trainer.probe_due(last=False),
+        )
     assert [s for s, (log, _, _) in due.items() if log] == [4, 8, 12]
     assert [s for s, (_, ev, _) in due.items() if ev] == [6, 12]
     assert not any(probe for _, _, probe in due.values())  # no probe set
     trainer.state.step = 5
-    assert trainer.log_due(last=True) and trainer.eval_due(last=True)  # the last step does every job
+    assert trainer.log_due(last=True) and trainer.eval_due(
+        last=True
+    )  # the last step does every job
 
 
 def test_steps_count_in_the_state_and_the_budget_ends_the_run(trainer):
@@ -49,7 +64,9 @@ def test_steps_count_in_the_state_and_the_budget_ends_the_run(trainer):
         result = train_step(trainer)
     trainer.end_fit()
     assert trainer.state.step == 12 and trainer.state.tokens_seen == 12 * 8 * 64
-    assert torch.isfinite(result.loss_sum) and trainer.window.blocks  # the window counts until a log
+    assert (
+        torch.isfinite(result.loss_sum) and trainer.window.blocks
+    )  # the window counts until a log
 
 
 def test_a_due_checkpoint_waits_while_steps_are_skipped_but_the_last_one_is_saved(trainer, caplog):

@@ -29,8 +29,12 @@ def test_eval_masks_fixed_by_seed_not_by_batch_size(tokenizer):
     assert len(a) == 38 and len(b) == 10  # 300 rows: 37 x 8 + 4, 9 x 32 + 12
     for key in ("input_ids", "labels"):
         assert torch.equal(torch.cat([x[key] for x in a]), torch.cat([x[key] for x in b]))
-    other = fixed_eval_batches(ds, tokenizer, MaskingConfig(eval_seed=99, eval_min_masked_tokens=0), batch_size=8)
-    assert not torch.equal(torch.cat([x["labels"] for x in a]), torch.cat([x["labels"] for x in other]))
+    other = fixed_eval_batches(
+        ds, tokenizer, MaskingConfig(eval_seed=99, eval_min_masked_tokens=0), batch_size=8
+    )
+    assert not torch.equal(
+        torch.cat([x["labels"] for x in a]), torch.cat([x["labels"] for x in other])
+    )
 
 
 def _chosen(batches) -> int:
@@ -45,10 +49,14 @@ def test_a_small_validation_set_is_masked_again_until_10k_tokens_are_chosen(toke
     assert len(many) == draws * len(one) and draws == -(-10_000 // _chosen(one))
     assert _chosen(many) >= 10_000
     # the first draw is the single-draw masks; each further one is another seed's
-    assert torch.equal(torch.cat([b["labels"] for b in many[:len(one)]]), torch.cat([b["labels"] for b in one]))
-    second = torch.cat([b["labels"] for b in many[len(one):2 * len(one)]])
+    assert torch.equal(
+        torch.cat([b["labels"] for b in many[: len(one)]]), torch.cat([b["labels"] for b in one])
+    )
+    second = torch.cat([b["labels"] for b in many[len(one) : 2 * len(one)]])
     assert not torch.equal(second, torch.cat([b["labels"] for b in one]))
-    capped = fixed_eval_batches(_dataset(tokenizer, n=10), tokenizer, MaskingConfig(), batch_size=32)
+    capped = fixed_eval_batches(
+        _dataset(tokenizer, n=10), tokenizer, MaskingConfig(), batch_size=32
+    )
     assert len(capped) == 8  # at most 8 draws of a tiny set
 
 
@@ -63,13 +71,20 @@ def test_accuracy_comes_with_its_standard_error():
             logits = torch.zeros(targets.numel(), 5)
             logits[:, 1] = 1.0
             valid = targets != -100
-            return {"targets": targets, "logits": logits, "loss_sum": torch.tensor(0.0),
-                    "n_tokens": valid.sum()}
+            return {
+                "targets": targets,
+                "logits": logits,
+                "loss_sum": torch.tensor(0.0),
+                "n_tokens": valid.sum(),
+            }
 
     labels = torch.full((4, 10), -100)
     labels[:, :5] = torch.tensor([1, 1, 2, 3, 4])  # 20 chosen, 8 right
-    batch = {"input_ids": torch.zeros(4, 10, dtype=torch.long), "labels": labels,
-             "attention_mask": torch.ones(4, 10)}
+    batch = {
+        "input_ids": torch.zeros(4, 10, dtype=torch.long),
+        "labels": labels,
+        "attention_mask": torch.ones(4, 10),
+    }
     figures = evaluate(Accelerator(cpu=True), Guess(), [batch])
     assert figures["eval_accuracy"] == 0.4 and figures["eval_tokens"] == 20
     assert figures["eval_accuracy_stderr"] == pytest.approx((0.4 * 0.6 / 20) ** 0.5)
@@ -95,19 +110,25 @@ def test_metrics_log_truncates_only_later_events(tmp_path):
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"event": "train", "st')  # a line cut by a kill
     log.truncate_after(10)
-    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [0, 5, 10]
 
 
 def test_eval_masks_do_not_depend_on_the_training_strategy(tokenizer):
     ds = _dataset(tokenizer)
     base = fixed_eval_batches(ds, tokenizer, MaskingConfig(), batch_size=16)
-    for masking in (MaskingConfig(strategy="span", mlm_probability=0.4),
-                    MaskingConfig(strategy="whole_word", mask_replace_prob=1.0, random_replace_prob=0.0),
-                    MaskingConfig(strategy="fixed", mlm_probability_end=0.3)):
+    for masking in (
+        MaskingConfig(strategy="span", mlm_probability=0.4),
+        MaskingConfig(strategy="whole_word", mask_replace_prob=1.0, random_replace_prob=0.0),
+        MaskingConfig(strategy="fixed", mlm_probability_end=0.3),
+    ):
         other = fixed_eval_batches(ds, tokenizer, masking, batch_size=16)
-        assert all(torch.equal(x["labels"], y["labels"]) and torch.equal(x["input_ids"], y["input_ids"])
-                   for x, y in zip(base, other))
+        assert all(
+            torch.equal(x["labels"], y["labels"]) and torch.equal(x["input_ids"], y["input_ids"])
+            for x, y in zip(base, other)
+        )
 
 
 class _Ranks:
@@ -132,16 +153,21 @@ class _CountingModel(torch.nn.Module):
         chosen = labels != -100
         targets = labels[chosen]
         logits = torch.nn.functional.one_hot(input_ids[chosen] % 11, 11).float()
-        return {"loss_sum": logits[:, 0].sum() + targets.numel(), "n_tokens": chosen.sum(),
-                "logits": logits, "targets": targets % 11}
+        return {
+            "loss_sum": logits[:, 0].sum() + targets.numel(),
+            "n_tokens": chosen.sum(),
+            "logits": logits,
+            "targets": targets % 11,
+        }
 
 
 def test_every_rank_runs_the_same_number_of_eval_forwards_and_counts_each_batch_once(tokenizer):
     """Under FSDP or ZeRO-3 each forward is a collective: a rank short of a batch still runs it."""
     from mlmkit.training.validation import evaluate
 
-    batches = fixed_eval_batches(_dataset(tokenizer, n=40), tokenizer, MaskingConfig(eval_min_masked_tokens=0),
-                                 batch_size=8)
+    batches = fixed_eval_batches(
+        _dataset(tokenizer, n=40), tokenizer, MaskingConfig(eval_min_masked_tokens=0), batch_size=8
+    )
     assert len(batches) == 5
     single, model = _Ranks(0, 1), _CountingModel()
     evaluate(single, model, batches)

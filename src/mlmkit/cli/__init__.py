@@ -36,31 +36,74 @@ from mlmkit.cli.errors import report_errors
 # a Hydra command's config is in HYDRA_CONFIGS
 COMMANDS: dict[str, tuple[str, bool, str]] = {
     "train": ("mlmkit.pretrain", False, "pretrain a masked language model"),
-    "eval": ("mlmkit.cli.evaluate", False, "masked-token loss and accuracy of a model on held-out text"),
-    "eval-sts": ("mlmkit.cli.eval_sts", False, "zero-shot STS-B similarity of the model's sentence embeddings"),
-    "eval-retrieval": ("mlmkit.cli.eval_retrieval", False,
-                       "zero-shot retrieval (nDCG@10) of the model's sentence embeddings on a BEIR folder"),
-    "eval-pairs": ("mlmkit.cli.eval_pairs", False,
-                   "minimal-pair acceptability (BLiMP) by the model's pseudo-log-likelihoods"),
-    "finetune": ("mlmkit.cli.finetune", False, "fine-tune on a GLUE task or your own labelled files"),
-    "glue": ("mlmkit.cli.glue", False, "GLUE's tasks under one protocol: the table and its average"),
-    "embed": ("mlmkit.cli.embed", False,
-              "fine-tune a model as a sentence embedder (search, RAG): pairs or raw text"),
+    "eval": (
+        "mlmkit.cli.evaluate",
+        False,
+        "masked-token loss and accuracy of a model on held-out text",
+    ),
+    "eval-sts": (
+        "mlmkit.cli.eval_sts",
+        False,
+        "zero-shot STS-B similarity of the model's sentence embeddings",
+    ),
+    "eval-retrieval": (
+        "mlmkit.cli.eval_retrieval",
+        False,
+        "zero-shot retrieval (nDCG@10) of the model's sentence embeddings on a BEIR folder",
+    ),
+    "eval-pairs": (
+        "mlmkit.cli.eval_pairs",
+        False,
+        "minimal-pair acceptability (BLiMP) by the model's pseudo-log-likelihoods",
+    ),
+    "finetune": (
+        "mlmkit.cli.finetune",
+        False,
+        "fine-tune on a GLUE task or your own labelled files",
+    ),
+    "glue": (
+        "mlmkit.cli.glue",
+        False,
+        "GLUE's tasks under one protocol: the table and its average",
+    ),
+    "embed": (
+        "mlmkit.cli.embed",
+        False,
+        "fine-tune a model as a sentence embedder (search, RAG): pairs or raw text",
+    ),
     "export": ("mlmkit.cli.export", True, "a checkpoint as a plain model dir (as final/)"),
     "tokenizer": ("mlmkit.cli.tokenizer", True, "train a tokenizer on a corpus"),
     "fill-mask": ("mlmkit.cli.fill_mask", True, "fill the [MASK] of a sentence"),
     "predict": ("mlmkit.cli.predict", True, "classify texts with a fine-tuned model"),
     "plot": ("mlmkit.cli.plot", True, "plot the curves of runs"),
     "sweep": ("mlmkit.cli.sweep", True, "the final figures of a sweep, as a table"),
-    "doctor": ("mlmkit.cli.doctor", True, "what a run gets on this machine (kernels, speed, parity), and what to change"),
-    "accelerate-config": ("mlmkit.cli.accelerate_config", True,
-                          "print or write a packaged accelerate config (none: list them)"),
-    "launch": ("mlmkit.cli.launch", True, "a command on several processes (accelerate launch), with one "
-               "sentence and a meaningful exit status however it ends"),
+    "doctor": (
+        "mlmkit.cli.doctor",
+        True,
+        "what a run gets on this machine (kernels, speed, parity), and what to change",
+    ),
+    "accelerate-config": (
+        "mlmkit.cli.accelerate_config",
+        True,
+        "print or write a packaged accelerate config (none: list them)",
+    ),
+    "launch": (
+        "mlmkit.cli.launch",
+        True,
+        "a command on several processes (accelerate launch), with one "
+        "sentence and a meaningful exit status however it ends",
+    ),
 }
 # the config (conf/<name>.yaml) each Hydra command composes
-HYDRA_CONFIGS = {"train": "config", "eval": "evaluate", "eval-sts": "eval_sts", "eval-retrieval": "eval_retrieval",
-                 "eval-pairs": "eval_pairs", "finetune": "finetune", "glue": "glue"}
+HYDRA_CONFIGS = {
+    "train": "config",
+    "eval": "evaluate",
+    "eval-sts": "eval_sts",
+    "eval-retrieval": "eval_retrieval",
+    "eval-pairs": "eval_pairs",
+    "finetune": "finetune",
+    "glue": "glue",
+}
 HELP_FLAGS = ("-h", "--help")
 
 
@@ -80,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        print(f"Error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.",
-              file=sys.stderr)
+        print(
+            f"Error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.",
+            file=sys.stderr,
+        )
         return 2
     module, takes_args, what = COMMANDS[command]
     if command in HYDRA_CONFIGS and any(arg in HELP_FLAGS for arg in rest):

@@ -35,8 +35,10 @@ def config_text(name: str) -> str:
     name = name.removesuffix(".yaml")
     names = config_names()
     if name not in names:
-        raise ConfigError(f"{PROG}: {name!r} is not a packaged accelerate config; choose one of "
-                          f"{', '.join(names)}.")
+        raise ConfigError(
+            f"{PROG}: {name!r} is not a packaged accelerate config; choose one of "
+            f"{', '.join(names)}."
+        )
     return _folder().joinpath(f"{name}.yaml").read_text()
 
 
@@ -59,8 +61,9 @@ def write_config(name: str, out: str | Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     except OSError as exc:
-        raise ConfigError(f"{PROG}: cannot write {str(out)!r} ({exc.strerror}); set --out to a "
-                          "writable file.") from None
+        raise ConfigError(
+            f"{PROG}: cannot write {str(out)!r} ({exc.strerror}); set --out to a writable file."
+        ) from None
     return out
 
 

@@ -14,9 +14,15 @@ import json
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mlmkit doctor", description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", help="the run's settings, as for mlmkit train")
-    p.add_argument("--steps", type=int, default=20, help="timed steps of the rehearsal (default 20)")
-    p.add_argument("--max-seconds", type=float, default=20.0,
-                   help="the rehearsal's training time limit, whatever its steps (default 20)")
+    p.add_argument(
+        "--steps", type=int, default=20, help="timed steps of the rehearsal (default 20)"
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=20.0,
+        help="the rehearsal's training time limit, whatever its steps (default 20)",
+    )
     p.add_argument("--out", default=None, help="also write the report to this JSON file")
     args = p.parse_args(argv)
     if args.steps < 1:

@@ -23,12 +23,21 @@ def main() -> None:
         from mlmkit.export.embed_run import embed
 
         results = []
-        exit_on_error(lambda: results.append(embed(to_config(cfg, EmbedConfig), HydraConfig.get().runtime.output_dir,
-                                                   on_open=lambda d: write_record(d, cfg))))
+        exit_on_error(
+            lambda: results.append(
+                embed(
+                    to_config(cfg, EmbedConfig),
+                    HydraConfig.get().runtime.output_dir,
+                    on_open=lambda d: write_record(d, cfg),
+                )
+            )
+        )
         r = results[0]
         if PartialState().is_main_process:
-            print(f"{r['objective']} on {r['data']['rows']} rows, {r['steps']} steps, "
-                  f"{r['seconds']} s: {r['final']}")
+            print(
+                f"{r['objective']} on {r['data']['rows']} rows, {r['steps']} steps, "
+                f"{r['seconds']} s: {r['final']}"
+            )
             for key, after in r["after"].items():
                 before = r["before"].get(key)
                 shown = "-" if before is None else f"{before:.4f}"

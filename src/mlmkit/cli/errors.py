@@ -20,8 +20,13 @@ PEER_GONE = 3  # the exit status of a rank that stopped because another process 
 INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C
 # how torch.distributed's collectives fail when another process has ended (gloo, NCCL); not
 # "Connection refused", which a rank that cannot reach the rendezvous gets (its traceback stays)
-_PEER_GONE_TEXT = ("closed by peer", "reset by peer", "Broken pipe", "remote process exited",
-                   "communicator was aborted")
+_PEER_GONE_TEXT = (
+    "closed by peer",
+    "reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "communicator was aborted",
+)
 
 
 def report_errors(fn: Callable[[], int | None]) -> int:
@@ -149,18 +154,20 @@ def hydra_error_sentence(exc: BaseException) -> str:
         return f"{group}={name} is not a preset; choose one of {', '.join(options)}."
     override = getattr(exc, "override", None)
     if override:  # an override that does not parse
-        return (f"Cannot parse the setting {override!r} ({first_line(exc)}); write it as "
-                "key=value, with lists as key=[a,b] quoted for the shell.")
+        return (
+            f"Cannot parse the setting {override!r} ({first_line(exc)}); write it as "
+            "key=value, with lists as key=[a,b] quoted for the shell."
+        )
     text = first_line(exc)
     if text.startswith("Ambiguous value for argument"):  # a, b without --multirun
-        return (f"{text}; write key=[a,b] for a list, quote 'a,b' for a text, or add --multirun "
-                "to sweep over the values.")
+        return (
+            f"{text}; write key=[a,b] for a list, quote 'a,b' for a text, or add --multirun "
+            "to sweep over the values."
+        )
     text = text.replace("Error merging override", "Cannot apply the setting", 1)
     if exc.__cause__ is not None:
         text = f"{text}: {first_line(exc.__cause__)}"
     return text + "."
-
-
 
 
 def _hand_back_signal(signum: int | None) -> None:

@@ -24,7 +24,9 @@ def main() -> None:
         for name, figures in r["files"].items():
             print(f"{name}: accuracy {figures['accuracy']:.4f} over {figures['pairs']} pairs")
         count = len(r["files"])
-        print(f"{r['checkpoint']} ({r['init']} init): accuracy {r['accuracy']:.4f} over {r['pairs']} "
-              f"pairs in {count} file{'' if count == 1 else 's'}")
+        print(
+            f"{r['checkpoint']} ({r['init']} init): accuracy {r['accuracy']:.4f} over {r['pairs']} "
+            f"pairs in {count} file{'' if count == 1 else 's'}"
+        )
 
     run_hydra_main(run)

@@ -19,10 +19,14 @@ def main() -> None:
         from mlmkit.evaluation.retrieval import evaluate_retrieval
 
         results = []
-        exit_on_error(lambda: results.append(evaluate_retrieval(to_config(cfg, RetrievalEvalConfig))))
+        exit_on_error(
+            lambda: results.append(evaluate_retrieval(to_config(cfg, RetrievalEvalConfig)))
+        )
         r = results[0]
-        print(f"{r['checkpoint']} ({r['init']} init, {r['pooling']} pooling) on {r['data_dir']} "
-              f"{r['split']}, {r['queries']} queries, {r['documents']} documents: "
-              f"nDCG@10 {r['ndcg@10']:.4f}, recall@100 {r['recall@100']:.4f}, MRR@10 {r['mrr@10']:.4f}")
+        print(
+            f"{r['checkpoint']} ({r['init']} init, {r['pooling']} pooling) on {r['data_dir']} "
+            f"{r['split']}, {r['queries']} queries, {r['documents']} documents: "
+            f"nDCG@10 {r['ndcg@10']:.4f}, recall@100 {r['recall@100']:.4f}, MRR@10 {r['mrr@10']:.4f}"
+        )
 
     run_hydra_main(run)

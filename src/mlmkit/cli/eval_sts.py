@@ -21,8 +21,10 @@ def main() -> None:
         results = []
         exit_on_error(lambda: results.append(evaluate_sts(to_config(cfg, StsEvalConfig))))
         r = results[0]
-        print(f"{r['checkpoint']} ({r['init']} init, {r['pooling']} pooling): {r['task']} "
-              f"{r['split']}, {r['pairs']} pairs")
+        print(
+            f"{r['checkpoint']} ({r['init']} init, {r['pooling']} pooling): {r['task']} "
+            f"{r['split']}, {r['pairs']} pairs"
+        )
         for key in ("spearman", "pearson"):
             print(f"  {key:<9} {r[key]:.4f}")
 

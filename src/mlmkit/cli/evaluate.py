@@ -33,7 +33,9 @@ def use_run_data(cfg: DictConfig, overrides: list[str]) -> str:
     run, settings = found
     data = OmegaConf.merge(OmegaConf.structured(DataConfig), settings["data"])
     for key in sorted(k for k in keys if k.startswith("data.")):
-        OmegaConf.update(data, key.removeprefix("data."), OmegaConf.select(cfg, key), force_add=True)
+        OmegaConf.update(
+            data, key.removeprefix("data."), OmegaConf.select(cfg, key), force_add=True
+        )
     masking = settings.get("masking") or {}
     with open_dict(cfg):
         cfg.data = data
@@ -50,7 +52,9 @@ def describe_data(data) -> str:
         if data.validation_files:
             what += f", data.validation_files={list(data.validation_files)}"
     elif data.source == "hub":
-        what = f"data.hub_name={data.hub_name}" + (f", data.hub_config={data.hub_config}" if data.hub_config else "")
+        what = f"data.hub_name={data.hub_name}" + (
+            f", data.hub_config={data.hub_config}" if data.hub_config else ""
+        )
     else:
         what = f"data.source={data.source}"
     return f"{what}, data.max_seq_length={data.max_seq_length}, data.packing={data.packing}"
@@ -71,14 +75,18 @@ def main() -> None:
         def evaluate() -> None:
             if cfg.checkpoint:
                 scored.append(use_run_data(cfg, list(HydraConfig.get().overrides.task)))
-            results.append(run_evaluation(to_config(cfg, EvalConfig), data=scored[0] if scored else None))
+            results.append(
+                run_evaluation(to_config(cfg, EvalConfig), data=scored[0] if scored else None)
+            )
 
         exit_on_error(evaluate)
         result = results[0]
         if PartialState().is_main_process:
             print(f"Scored {result['data']}")
-            print(f"{result['checkpoint']}: {result['tokens']} masked tokens in {result['blocks']} "
-                  f"blocks of {result['max_seq_length']}")
+            print(
+                f"{result['checkpoint']}: {result['tokens']} masked tokens in {result['blocks']} "
+                f"blocks of {result['max_seq_length']}"
+            )
             for key in ("loss", "perplexity", "accuracy", "top5_accuracy"):
                 print(f"  {key:<15} {result[key]:.4f}")
 

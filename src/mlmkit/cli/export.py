@@ -43,9 +43,15 @@ def logged_evaluation(run_dir: Path, step) -> dict[str, Any]:
         return {}
     found: dict[str, Any] = {}
     for kind in ("eval", "baseline"):
-        logged = [e for e in events if e["event"] == kind and (kind == "baseline" or e.get("step") == step)]
+        logged = [
+            e
+            for e in events
+            if e["event"] == kind and (kind == "baseline" or e.get("step") == step)
+        ]
         if logged:
-            found.update({k: v for k, v in logged[-1].items() if k not in ("event", "step", "phase")})
+            found.update(
+                {k: v for k, v in logged[-1].items() if k not in ("event", "step", "phase")}
+            )
     return found
 
 
@@ -56,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out).expanduser()
     if out.exists():
-        raise ConfigError(f"The export folder {str(out)!r} already exists; choose a new one, so "
-                          "that nothing already there is overwritten.")
+        raise ConfigError(
+            f"The export folder {str(out)!r} already exists; choose a new one, so "
+            "that nothing already there is overwritten."
+        )
     from mlmkit.export.final import export_final
     from mlmkit.training.trained_model import load_model_and_tokenizer
 
@@ -67,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         export_final(model, tokenizer, out, config=settings, summary=summary)
     except OSError as exc:
-        raise ConfigError(f"Cannot write the export folder {str(out)!r} ({exc.strerror or exc}); "
-                          "choose a writable place with free space.") from None
+        raise ConfigError(
+            f"Cannot write the export folder {str(out)!r} ({exc.strerror or exc}); "
+            "choose a writable place with free space."
+        ) from None
     print(f"Exported {resolved} to {out}")
     return 0

@@ -1,6 +1,6 @@
 """Fill the [MASK] in a sentence with a trained model.
 
-    mlmkit fill-mask outputs/my-run/final "The [MASK] of the function is returned."
+mlmkit fill-mask outputs/my-run/final "The [MASK] of the function is returned."
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        raise DataError(f"{model_dir!r} is not a model dir (no config.json); "
-                        "pass the final/ folder of a run.")
+        raise DataError(
+            f"{model_dir!r} is not a model dir (no config.json); pass the final/ folder of a run."
+        )
     # mlmkit's loaders: no custom code, weights from safetensors only, one sentence on failure
     model = load_pretrained(str(path), setting="model_dir")
     tokenizer = load_tokenizer(str(path), setting="model_dir")
@@ -31,8 +32,10 @@ def fill_mask(model_dir: str, text: str, top_k: int = 5) -> list[dict]:
     if mask not in text:
         raise ConfigError(f"The text has no {mask} token to fill.")
     if not 1 <= top_k <= len(fill.tokenizer):
-        raise ConfigError(f"--top-k must be between 1 and the vocabulary size ({len(fill.tokenizer)}), "
-                          f"got {top_k}.")
+        raise ConfigError(
+            f"--top-k must be between 1 and the vocabulary size ({len(fill.tokenizer)}), "
+            f"got {top_k}."
+        )
     out = fill(text, top_k=top_k)
     return out[0] if out and isinstance(out[0], list) else out
 
@@ -47,4 +50,3 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r['score']:.4f}  {r['token_str']!s:<15} {r['sequence']}")
     return 0
-

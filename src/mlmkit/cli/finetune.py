@@ -23,19 +23,25 @@ def main() -> None:
 
         from mlmkit.evaluation.finetune import finetune
 
-        logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+        logging.basicConfig(
+            level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S"
+        )
         results = []
 
         def job() -> None:
             ft = to_config(cfg, FinetuneConfig)
             run_dir = HydraConfig.get().runtime.output_dir
-            results.append((ft.task.metrics[0], finetune(ft, run_dir, on_open=lambda d: write_record(d, cfg))))
+            results.append(
+                (ft.task.metrics[0], finetune(ft, run_dir, on_open=lambda d: write_record(d, cfg)))
+            )
 
         exit_on_error(job)
         headline, summary = results[0]
         if PartialState().is_main_process:
             saved = f"; the model: {summary['model']}" if summary["model"] else ""
-            print(f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
-                  f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s){saved}")
+            print(
+                f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
+                f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s){saved}"
+            )
 
     run_hydra_main(run)

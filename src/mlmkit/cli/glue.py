@@ -24,11 +24,16 @@ def main() -> None:
 
         from mlmkit.evaluation.glue import glue
 
-        logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+        logging.basicConfig(
+            level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S"
+        )
         results = []
         run_dir = HydraConfig.get().runtime.output_dir
-        exit_on_error(lambda: results.append(glue(to_config(cfg, GlueConfig), run_dir,
-                                                   on_open=lambda d: write_record(d, cfg))))
+        exit_on_error(
+            lambda: results.append(
+                glue(to_config(cfg, GlueConfig), run_dir, on_open=lambda d: write_record(d, cfg))
+            )
+        )
         if PartialState().is_main_process:
             out = results[0]
             print(f"\n{out['table']}\n\nProtocol {out['protocol']}.")

@@ -41,9 +41,14 @@ FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 # torch.distributed.elastic's log lines about the processes it stops (W1201 22:40:47.911000 ...),
 # and the C++ runtime's last words of a rank whose collective threads outlived it
 # the exception of accelerate's launcher when a process fails: one-process and torchrun launches
-_LAUNCHER_EXCEPTIONS = ("subprocess.CalledProcessError", "torch.distributed.elastic.multiprocessing.errors.")
-_ELASTIC_LOG = re.compile(r"^[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distributed/elastic/"
-                          r"|^terminate called without an active exception$")
+_LAUNCHER_EXCEPTIONS = (
+    "subprocess.CalledProcessError",
+    "torch.distributed.elastic.multiprocessing.errors.",
+)
+_ELASTIC_LOG = re.compile(
+    r"^[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distributed/elastic/"
+    r"|^terminate called without an active exception$"
+)
 
 
 def split_command(args: list[str], commands) -> tuple[list[str], list[str]]:
@@ -51,8 +56,10 @@ def split_command(args: list[str], commands) -> tuple[list[str], list[str]]:
     for i, arg in enumerate(args):
         if arg in commands and arg != "launch":
             return args[:i], args[i:]
-    raise ConfigError("mlmkit launch: name the command to run after the launcher's options, e.g. "
-                      "mlmkit launch --multi_gpu --num_processes 2 train model=bert-mini.")
+    raise ConfigError(
+        "mlmkit launch: name the command to run after the launcher's options, e.g. "
+        "mlmkit launch --multi_gpu --num_processes 2 train model=bert-mini."
+    )
 
 
 def outcomes(folder: Path) -> dict[int, dict]:
@@ -81,6 +88,7 @@ def explained(ended: dict[int, dict]) -> int | None:
 
 def _forward_signals(folder: Path) -> None:
     """Send the signals this launcher gets on to every rank that has written its pid."""
+
     def forward(signum, frame):
         for path in folder.glob("pid-*"):
             try:
@@ -123,16 +131,33 @@ def main(args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mlmkit-launch-") as tmp:
         folder = Path(tmp)
         env = {**os.environ, LAUNCH_DIR_ENV: tmp}
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", *options, "-m", "mlmkit", *command]
-        proc = subprocess.Popen(launcher, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                                bufsize=1, preexec_fn=_ignore_user_signals)
+        launcher = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            *options,
+            "-m",
+            "mlmkit",
+            *command,
+        ]
+        proc = subprocess.Popen(
+            launcher,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            preexec_fn=_ignore_user_signals,
+        )
         _forward_signals(folder)
         relay = Relay()
         for line in proc.stderr:
             relay.feed(line)
         returncode = proc.wait()
         ended, pids = outcomes(folder), rank_pids(folder)
-    return ending(ended, relay, returncode, command[0], main_machine=machine_rank(options) == 0, pids=pids)
+    return ending(
+        ended, relay, returncode, command[0], main_machine=machine_rank(options) == 0, pids=pids
+    )
 
 
 def rank_pids(folder: Path) -> dict[int, str]:
@@ -150,13 +175,19 @@ def machine_rank(options: list[str]) -> int:
     """The machine rank the launcher's options give (0 without one)."""
     for i, option in enumerate(options):
         if option.startswith("--machine_rank"):
-            value = option.split("=", 1)[1] if "=" in option else (options[i + 1:] or ["0"])[0]
+            value = option.split("=", 1)[1] if "=" in option else (options[i + 1 :] or ["0"])[0]
             return int(value) if value.isdigit() else 0
     return 0
 
 
-def ending(ended: dict[int, dict], relay: Relay, returncode: int, command: str, main_machine: bool = True,
-           pids: dict[int, str] | None = None) -> int:
+def ending(
+    ended: dict[int, dict],
+    relay: Relay,
+    returncode: int,
+    command: str,
+    main_machine: bool = True,
+    pids: dict[int, str] | None = None,
+) -> int:
     """Print how the launch ended (after the ranks' lines) and return its exit status. On a
     machine other than the main one (several launchers, one per node, write into one job log)
     the sentence of a preemption, the same on every rank, is left to the main machine's
@@ -176,8 +207,11 @@ def ending(ended: dict[int, dict], relay: Relay, returncode: int, command: str, 
         if not (status == PEER_GONE and told and all(s == PEER_GONE for s in told)):
             print(sentence, file=sys.stderr)
         return status
-    lines = [e["line"] for _, e in sorted(ended.items())
-             if e.get("line") and (main_machine or e.get("status") != Preempted.exit_code)]
+    lines = [
+        e["line"]
+        for _, e in sorted(ended.items())
+        if e.get("line") and (main_machine or e.get("status") != Preempted.exit_code)
+    ]
     for line in dict.fromkeys(lines):  # each distinct sentence once, the main process's first
         print(line, file=sys.stderr)
     return status
@@ -207,7 +241,7 @@ class Relay:
             self.held.append(line)
             return
         sys.stderr.write(line)
-        self.passed = (self.passed + line)[-self.REPRINT_WINDOW:]
+        self.passed = (self.passed + line)[-self.REPRINT_WINDOW :]
 
     def is_reprint(self, text: str) -> bool:
         """A line that starts accelerate's re-print of a rank's stderr: ``RuntimeError: `` and the
@@ -227,21 +261,24 @@ class Relay:
         return [line for line in self.held[:end] if not _ELASTIC_LOG.match(line.rstrip("\n"))]
 
     def launcher_lines(self) -> list[str]:
-        return self.held[self._launcher_block():]
+        return self.held[self._launcher_block() :]
 
     def _launcher_block(self) -> int:
         """Where accelerate's exception starts among the held lines: the re-print, else its
         traceback (the last one, ending in the launcher's own exception), else nothing held."""
         if self.launcher_start is not None:
             return self.launcher_start
-        starts = [i for i, h in enumerate(self.held) if h.startswith("Traceback (most recent call last):")]
-        if starts and any(h.startswith(_LAUNCHER_EXCEPTIONS) for h in self.held[starts[-1]:]):
+        starts = [
+            i for i, h in enumerate(self.held) if h.startswith("Traceback (most recent call last):")
+        ]
+        if starts and any(h.startswith(_LAUNCHER_EXCEPTIONS) for h in self.held[starts[-1] :]):
             return starts[-1]
         return len(self.held)
 
 
-def unexplained_ending(launcher_lines: list[str], returncode: int, command: str,
-                       pids: dict[int, str] | None = None) -> tuple[str, int]:
+def unexplained_ending(
+    launcher_lines: list[str], returncode: int, command: str, pids: dict[int, str] | None = None
+) -> tuple[str, int]:
     """(one sentence, the exit status) for a launch whose ranks did not say how they ended (a
     crash, a kill), from what accelerate and torch report about the failed process: torch's
     failure report (its root cause), or accelerate's ``CalledProcessError``; ``pids``: the
@@ -249,20 +286,30 @@ def unexplained_ending(launcher_lines: list[str], returncode: int, command: str,
     text = "".join(launcher_lines)
     rank, pid, code = None, None, None
     root = text.split("Root Cause (first observed failure):", 1)[-1]
-    if (found := re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)", root, re.S)):
+    if found := re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)", root, re.S):
         rank, code, pid = int(found[1]), int(found[2]), found[3]
-    elif (found := re.search(r"died with <Signals\.\w+: (\d+)>", text)):
+    elif found := re.search(r"died with <Signals\.\w+: (\d+)>", text):
         rank, code = 0, -int(found[1])
-    elif (found := re.search(r"returned non-zero exit status (-?\d+)", text)):
+    elif found := re.search(r"returned non-zero exit status (-?\d+)", text):
         rank, code = 0, int(found[1])
     if code is None:
-        return (f"The launch ended with exit status {returncode} and none of its processes said why; "
-                "their last lines are above.", returncode or 1)
+        return (
+            f"The launch ended with exit status {returncode} and none of its processes said why; "
+            "their last lines are above.",
+            returncode or 1,
+        )
     pid = pid or (pids or {}).get(rank)
     who = f"Rank {rank}" + (f" (pid {pid})" if pid else "")
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-        resume = ", and train.resume=auto continues the run from its last checkpoint" if command == "train" else ""
-        return (f"{who} was killed by {name} (out of memory, or from outside); its last lines are "
-                f"above{resume}.", 128 - code)
+        resume = (
+            ", and train.resume=auto continues the run from its last checkpoint"
+            if command == "train"
+            else ""
+        )
+        return (
+            f"{who} was killed by {name} (out of memory, or from outside); its last lines are "
+            f"above{resume}.",
+            128 - code,
+        )
     return f"{who} crashed with exit status {code}; its traceback is above.", code

@@ -47,24 +47,40 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
     loaded = []
     for run in runs:
         if not (run / "metrics.jsonl").is_file():
-            raise FileNotFoundError(f"{str(run)!r} has no metrics.jsonl; pass run dirs (outputs/<run>).")
+            raise FileNotFoundError(
+                f"{str(run)!r} has no metrics.jsonl; pass run dirs (outputs/<run>)."
+            )
         loaded.append((run_label(run, runs), read_metrics(run)))
     probed = any(e["event"] == "probe" for _, events in loaded for e in events)
     panels = PANELS + [PROBE_PANEL] if probed else PANELS
-    fig, axes = plt.subplots(2, 3 if probed else 2, figsize=(18 if probed else 12, 8), constrained_layout=True)
-    for ax in axes.flat[len(panels):]:
+    fig, axes = plt.subplots(
+        2, 3 if probed else 2, figsize=(18 if probed else 12, 8), constrained_layout=True
+    )
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, (kind, key, title) in zip(axes.flat, panels):
         for i, (label, events) in enumerate(loaded):
-            points = [(e["step"], e[key]) for e in events
-                      if e["event"] == kind and _number(e.get("step")) and _number(e.get(key))]
+            points = [
+                (e["step"], e[key])
+                for e in events
+                if e["event"] == kind and _number(e.get("step")) and _number(e.get(key))
+            ]
             if points:
                 steps, values = zip(*points)
-                ax.plot(steps, values, label=label, color=f"C{i}", marker="." if len(points) < 30 else None)
+                ax.plot(
+                    steps,
+                    values,
+                    label=label,
+                    color=f"C{i}",
+                    marker="." if len(points) < 30 else None,
+                )
             _mark_phases(ax, events, f"C{i}", named=key == "lr")
             if key == "eval_accuracy":
-                base = [e["baseline_accuracy"] for e in events
-                        if e["event"] == "baseline" and _number(e.get("baseline_accuracy"))]
+                base = [
+                    e["baseline_accuracy"]
+                    for e in events
+                    if e["event"] == "baseline" and _number(e.get("baseline_accuracy"))
+                ]
                 if base:
                     ax.axhline(base[0], color=f"C{i}", linestyle="--", linewidth=0.8)
         ax.set_title(title)
@@ -78,10 +94,14 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
     except (OSError, ValueError) as exc:  # a folder or a file in the way, a format matplotlib lacks
-        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = (
+            getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        )
         reason = reason.split(" (supported formats")[0]
-        raise ConfigError(f"Cannot write the plot to --out {str(out)!r} ({reason.rstrip('.')}); "
-                          "pass a writable .png file path.") from None
+        raise ConfigError(
+            f"Cannot write the plot to --out {str(out)!r} ({reason.rstrip('.')}); "
+            "pass a writable .png file path."
+        ) from None
     finally:
         plt.close(fig)
     return out
@@ -93,8 +113,15 @@ def _mark_phases(ax, events: list[dict], colour: str, named: bool) -> None:
         if e["event"] == "phase" and _number(e.get("step")) and e["step"] > 0:
             ax.axvline(e["step"], color=colour, linestyle=":", linewidth=0.8)
             if named:
-                ax.annotate(str(e.get("phase", "")), (e["step"], 1.0), xycoords=("data", "axes fraction"),
-                            fontsize="small", rotation=90, va="top", ha="right")
+                ax.annotate(
+                    str(e.get("phase", "")),
+                    (e["step"], 1.0),
+                    xycoords=("data", "axes fraction"),
+                    fontsize="small",
+                    rotation=90,
+                    va="top",
+                    ha="right",
+                )
 
 
 def _number(value) -> bool:
@@ -104,14 +131,16 @@ def _number(value) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="mlmkit plot", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="run dirs (each with metrics.jsonl)")
-    parser.add_argument("--out", help="PNG file (default: <run>/curves.png for one run, "
-                                      "comparison.png for several)")
+    parser.add_argument(
+        "--out", help="PNG file (default: <run>/curves.png for one run, comparison.png for several)"
+    )
     args = parser.parse_args(argv)
-    out = args.out or (Path(args.runs[0]) / "curves.png" if len(args.runs) == 1 else "comparison.png")
+    out = args.out or (
+        Path(args.runs[0]) / "curves.png" if len(args.runs) == 1 else "comparison.png"
+    )
     try:
         path = plot_runs(args.runs, out)
     except FileNotFoundError as exc:
         raise DataError(str(exc)) from None
     print(path)
     return 0
-

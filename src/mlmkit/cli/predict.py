@@ -22,16 +22,22 @@ from mlmkit.errors import ConfigError, DataError
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="mlmkit predict", description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir", help="the model/ dir of an mlmkit finetune run (or the run dir)")
+    parser.add_argument(
+        "model_dir", help="the model/ dir of an mlmkit finetune run (or the run dir)"
+    )
     parser.add_argument("texts", nargs="*", help="texts to classify (a pair model: two by two)")
-    parser.add_argument("--file", type=Path, help="a .txt file (one input per line), or .jsonl/.csv/.tsv")
+    parser.add_argument(
+        "--file", type=Path, help="a .txt file (one input per line), or .jsonl/.csv/.tsv"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (32)")
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}.")
     if not args.texts and args.file is None:
-        raise ConfigError("Give the texts to classify, or --file <file>; see mlmkit predict --help.")
+        raise ConfigError(
+            "Give the texts to classify, or --file <file>; see mlmkit predict --help."
+        )
     import torch
     from transformers.utils import logging as transformers_logging
 
@@ -40,17 +46,26 @@ def main(argv: list[str] | None = None) -> int:
     transformers_logging.disable_progress_bar()  # stdout and stderr carry the results and errors only
     model, tokenizer, task = load_classifier(args.model_dir)
     columns = list(task.get("text_columns") or ["text"])
-    inputs = group_texts(args.texts, columns) + (read_inputs(args.file, columns) if args.file else [])
+    inputs = group_texts(args.texts, columns) + (
+        read_inputs(args.file, columns) if args.file else []
+    )
     if not inputs:
         raise DataError(f"--file: {str(args.file)!r} holds no text to classify.")
     if torch.cuda.is_available():
         model.cuda()
-    max_length = int(task.get("max_seq_length") or min(tokenizer.model_max_length,
-                                                       model.config.max_position_embeddings))
-    for texts, result in zip(inputs, predict(model, tokenizer, inputs, max_length, args.batch_size),
-                             strict=True):
+    max_length = int(
+        task.get("max_seq_length")
+        or min(tokenizer.model_max_length, model.config.max_position_embeddings)
+    )
+    for texts, result in zip(
+        inputs, predict(model, tokenizer, inputs, max_length, args.batch_size), strict=True
+    ):
         if args.json:
-            print(json.dumps({"text": texts if len(texts) > 1 else texts[0], **result}, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {"text": texts if len(texts) > 1 else texts[0], **result}, ensure_ascii=False
+                )
+            )
         elif "score" in result:
             print(f"{result['score']:.4f}\t" + "\t".join(texts))
         else:

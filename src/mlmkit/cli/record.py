@@ -26,8 +26,11 @@ def write_record(run_dir: str | os.PathLike, cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     folder = Path(run_dir) / RECORD_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"config.yaml": cfg, "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
-             "overrides.yaml": hydra_cfg.overrides.task}
+    files = {
+        "config.yaml": cfg,
+        "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
+        "overrides.yaml": hydra_cfg.overrides.task,
+    }
     for name, node in files.items():
         tmp = folder / f".tmp-{os.getpid()}-{name}"
         tmp.write_text(OmegaConf.to_yaml(node), encoding="utf-8")

@@ -20,8 +20,16 @@ from mlmkit.cli.errors import ArgumentParser
 from mlmkit.errors import DataError
 from mlmkit.training.metrics_log import read_metrics
 
-COLUMNS = ["run", "overrides", "step", "tokens_seen", "eval_loss", "eval_perplexity",
-           "eval_accuracy", "eval_top5_accuracy"]
+COLUMNS = [
+    "run",
+    "overrides",
+    "step",
+    "tokens_seen",
+    "eval_loss",
+    "eval_perplexity",
+    "eval_accuracy",
+    "eval_top5_accuracy",
+]
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
@@ -48,9 +56,11 @@ def _overrides(run: Path) -> list[str]:
     try:
         overrides = OmegaConf.load(path)
     except Exception as exc:  # not YAML
-        raise DataError(f"{str(path)!r} is not a YAML list of overrides "
-                        f"({(str(exc).splitlines() or [type(exc).__name__])[0].rstrip('.')}); "
-                        "restore it or delete it.") from None
+        raise DataError(
+            f"{str(path)!r} is not a YAML list of overrides "
+            f"({(str(exc).splitlines() or [type(exc).__name__])[0].rstrip('.')}); "
+            "restore it or delete it."
+        ) from None
     if not isinstance(overrides, ListConfig):
         raise DataError(f"{str(path)!r} is not a YAML list of overrides; restore it or delete it.")
     skip = ("hydra.", "paths.")
@@ -63,14 +73,18 @@ def summarize(run: Path, root: Path | None = None) -> dict[str, Any]:
     train = [e for e in events if e["event"] == "train"]
     evals = [e for e in events if e["event"] == "eval"]
     row: dict[str, Any] = {
-        "run": str(run.relative_to(root)) if root and run != root and run.is_relative_to(root) else str(run),
+        "run": str(run.relative_to(root))
+        if root and run != root and run.is_relative_to(root)
+        else str(run),
         "overrides": " ".join(_overrides(run)),
         "step": train[-1].get("step", 0) if train else 0,
         "tokens_seen": train[-1].get("tokens_seen", 0) if train else 0,
     }
     for key in COLUMNS[4:]:
         value = evals[-1].get(key) if evals else None
-        row[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        row[key] = (
+            value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        )
     return row
 
 
@@ -78,14 +92,18 @@ def sweep_table(paths: list[str | Path]) -> list[dict[str, Any]]:
     """Rows for every run under ``paths``, best validation accuracy first."""
     runs = find_runs(paths)
     if not runs:
-        raise FileNotFoundError(f"No run (a folder with metrics.jsonl) under {', '.join(map(str, paths))}.")
+        raise FileNotFoundError(
+            f"No run (a folder with metrics.jsonl) under {', '.join(map(str, paths))}."
+        )
     root = Path(paths[0]) if len(paths) == 1 else None
     rows = [summarize(r, root) for r in runs]
     if len(runs) > 1:  # show what differs between the runs (the swept settings)
         common = set.intersection(*(set(_overrides(r)) for r in runs))
         for row, run in zip(rows, runs):
             row["overrides"] = " ".join(o for o in _overrides(run) if o not in common)
-    return sorted(rows, key=lambda r: -(r["eval_accuracy"] if r["eval_accuracy"] is not None else -1))
+    return sorted(
+        rows, key=lambda r: -(r["eval_accuracy"] if r["eval_accuracy"] is not None else -1)
+    )
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -119,4 +137,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(format_table(rows))
     return 0
-

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     target = check_out_dir(out[-1])  # before any training
     t0 = time.perf_counter()
     chars = 0
-    held_out: list[str] = []  # every HOLD_OUT-th text (its first 20,000 characters), for the [UNK] share
+    held_out: list[
+        str
+    ] = []  # every HOLD_OUT-th text (its first 20,000 characters), for the [UNK] share
     held_chars = 0
 
     def texts():
@@ -62,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         (folder / "README.md").write_text(tokenizer_card(cfg, tokenizer, chars, report))
 
     write_whole(target, write, out[-1])
-    print(f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
-          f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
-          f"(use it with tokenizer.name_or_path={target}).")
+    print(
+        f"Trained a {cfg.tokenizer.algorithm} tokenizer of {len(tokenizer)} tokens on "
+        f"{chars / 1e6:.1f}M characters in {time.perf_counter() - t0:.1f} s; wrote {target} "
+        f"(use it with tokenizer.name_or_path={target})."
+    )
     print(("Warning: " if warn else "") + report)
     return 0
 
@@ -75,7 +79,10 @@ HOLD_OUT, HELD_OUT_CHARS = 50, 2_000_000  # one text in 50 is held out, up to 2M
 def held_out_report(tokenizer, held_out: list[str]) -> tuple[str, bool]:
     """The [UNK] share of the held-out texts, as a sentence (and whether it warns)."""
     if not held_out:
-        return "No text was held out to measure the [UNK] share (the corpus has under 50 texts).", False
+        return (
+            "No text was held out to measure the [UNK] share (the corpus has under 50 texts).",
+            False,
+        )
     ids = [i for row in tokenizer(held_out, add_special_tokens=False)["input_ids"] for i in row]
     unk = sum(i == tokenizer.unk_token_id for i in ids)
     return unk_report(tokenizer, unk, len(ids), held_out)
@@ -83,10 +90,12 @@ def held_out_report(tokenizer, held_out: list[str]) -> tuple[str, bool]:
 
 def tokenizer_card(cfg: Config, tokenizer, chars: int, report: str) -> str:
     t = cfg.tokenizer
-    return (f"# {t.algorithm} tokenizer trained by mlmkit\n\n"
-            f"- Vocabulary: {len(tokenizer)} tokens; lowercase={t.lowercase}, strip_accents={t.strip_accents}.\n"
-            f"- Trained on {chars:,} characters ({cfg.data.source} data).\n"
-            f"- Held out one text in {HOLD_OUT}: {report}\n")
+    return (
+        f"# {t.algorithm} tokenizer trained by mlmkit\n\n"
+        f"- Vocabulary: {len(tokenizer)} tokens; lowercase={t.lowercase}, strip_accents={t.strip_accents}.\n"
+        f"- Trained on {chars:,} characters ({cfg.data.source} data).\n"
+        f"- Held out one text in {HOLD_OUT}: {report}\n"
+    )
 
 
 def compose_training_config(overrides: list[str]) -> Config:
@@ -107,18 +116,24 @@ def check_out_dir(out: str) -> Path:
     tokenizer already there is never overwritten."""
     target = Path(out).expanduser()
     if target.exists() and not target.is_dir():
-        raise ConfigError(f"out={out!r} is an existing file; set out= to a folder for the tokenizer.")
+        raise ConfigError(
+            f"out={out!r} is an existing file; set out= to a folder for the tokenizer."
+        )
     if target.is_dir() and any(target.iterdir()):
-        raise ConfigError(f"out={out!r} is a folder that holds files already; set out= to a new folder, "
-                          "so that nothing there is overwritten.")
+        raise ConfigError(
+            f"out={out!r} is a folder that holds files already; set out= to a new folder, "
+            "so that nothing there is overwritten."
+        )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         probe = target.parent / f".{target.name}.write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"Cannot write the tokenizer to out={out!r} ({exc.strerror or exc}); set "
-                          "out= to a writable folder.") from None
+        raise ConfigError(
+            f"Cannot write the tokenizer to out={out!r} ({exc.strerror or exc}); set "
+            "out= to a writable folder."
+        ) from None
     return target
 
 
@@ -134,5 +149,7 @@ def write_whole(target: Path, write, out: str) -> None:
         os.rename(partial, target)
     except OSError as exc:  # a full disk, or out= filled meanwhile
         shutil.rmtree(partial, ignore_errors=True)
-        raise ConfigError(f"Could not write the tokenizer to out={out!r} ({exc.strerror or exc}); "
-                          "free disk space there or set out= to a new folder.") from None
+        raise ConfigError(
+            f"Could not write the tokenizer to out={out!r} ({exc.strerror or exc}); "
+            "free disk space there or set out= to a new folder."
+        ) from None

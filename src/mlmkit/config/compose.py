@@ -48,10 +48,16 @@ CONFIG_MODULE = "mlmkit.conf"
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 
 
-SCHEMAS = {"mlmkit_schema": Config, "mlmkit_eval_schema": EvalConfig, "mlmkit_finetune_schema": FinetuneConfig,
-           "mlmkit_eval_sts_schema": StsEvalConfig, "mlmkit_glue_schema": GlueConfig,
-           "mlmkit_eval_retrieval_schema": RetrievalEvalConfig, "mlmkit_eval_pairs_schema": PairsEvalConfig,
-           "mlmkit_embed_schema": EmbedConfig}
+SCHEMAS = {
+    "mlmkit_schema": Config,
+    "mlmkit_eval_schema": EvalConfig,
+    "mlmkit_finetune_schema": FinetuneConfig,
+    "mlmkit_eval_sts_schema": StsEvalConfig,
+    "mlmkit_glue_schema": GlueConfig,
+    "mlmkit_eval_retrieval_schema": RetrievalEvalConfig,
+    "mlmkit_eval_pairs_schema": PairsEvalConfig,
+    "mlmkit_embed_schema": EmbedConfig,
+}
 
 
 def register_configs() -> None:

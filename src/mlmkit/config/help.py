@@ -22,9 +22,11 @@ def field_notes(cls: type) -> dict[str, str]:
     """Map each field of a schema dataclass to its comment: the comment lines just above the
     field and the comment at its end, joined."""
     source = textwrap.dedent(inspect.getsource(cls))
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                if tok.type == tokenize.COMMENT}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
     lines = source.splitlines()
     notes, block = {}, None  # block: the field whose comment above also covers the fields after it
     for node in ast.parse(source).body[0].body:
@@ -50,7 +52,9 @@ def _schema_of(hint: Any) -> type | None:
     return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
 
 
-def setting_rows(schema: type, values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, str]]:
+def setting_rows(
+    schema: type, values: dict[str, Any], prefix: str = ""
+) -> list[tuple[str, Any, str]]:
     """``(key, default, meaning)`` of every setting of ``schema``, nested configs flattened
     (``model.hidden_size``), with the defaults of the composed ``values``."""
     hints, notes, rows = typing.get_type_hints(schema), field_notes(schema), []
@@ -74,7 +78,7 @@ def config_groups(config_name: str) -> list[tuple[str, str, list[str]]]:
     for entry in defaults:
         if not isinstance(entry, dict):
             continue
-        (key, default), = entry.items()
+        ((key, default),) = entry.items()
         if key.startswith("override "):
             continue
         group, _, target = key.partition("@")
@@ -119,27 +123,42 @@ def command_schema(config_name: str) -> type:
     """The schema dataclass a command's config extends (the first entry of its defaults)."""
     import yaml
 
-    defaults = yaml.safe_load(files(CONFIG_MODULE).joinpath(f"{config_name}.yaml").read_text())["defaults"]
+    defaults = yaml.safe_load(files(CONFIG_MODULE).joinpath(f"{config_name}.yaml").read_text())[
+        "defaults"
+    ]
     return SCHEMAS[next(d for d in defaults if isinstance(d, str) and d in SCHEMAS)]
 
 
 def command_help(command: str, config_name: str, what: str) -> str:
     """The help of ``mlmkit <command>``."""
     schema = command_schema(config_name)
-    out = [f"usage: mlmkit {command} [key=value ...] [group=option ...]", "", f"{what[0].upper()}{what[1:]}."]
+    out = [
+        f"usage: mlmkit {command} [key=value ...] [group=option ...]",
+        "",
+        f"{what[0].upper()}{what[1:]}.",
+    ]
     groups = config_groups(config_name)
     if groups:
         out += ["", "Config groups (group=option; the default first):"]
         for group, default, options in groups:
             rest = [o for o in options if o != default]
-            out += textwrap.wrap(f"{group}: {default}" + (f" | {' | '.join(rest)}" if rest else ""), WIDTH,
-                                 initial_indent="  ", subsequent_indent="      ")
+            out += textwrap.wrap(
+                f"{group}: {default}" + (f" | {' | '.join(rest)}" if rest else ""),
+                WIDTH,
+                initial_indent="  ",
+                subsequent_indent="      ",
+            )
     out += ["", "Settings (key=value; the default after '='):"]
     for key, value, note in setting_rows(schema, composed_defaults(config_name)):
-        out += textwrap.wrap(f"{key}={shown(value)}", WIDTH, initial_indent="  ", subsequent_indent="      ")
+        out += textwrap.wrap(
+            f"{key}={shown(value)}", WIDTH, initial_indent="  ", subsequent_indent="      "
+        )
         if note:
             out += textwrap.wrap(note, WIDTH, initial_indent="      ", subsequent_indent="      ")
-    out += [""] + textwrap.wrap(f"A list is written key=[a,b], quoted for the shell. Hydra's own options: "
-                                f"mlmkit {command} --hydra-help; the composed config: mlmkit {command} "
-                                "--cfg job.", WIDTH)
+    out += [""] + textwrap.wrap(
+        f"A list is written key=[a,b], quoted for the shell. Hydra's own options: "
+        f"mlmkit {command} --hydra-help; the composed config: mlmkit {command} "
+        "--cfg job.",
+        WIDTH,
+    )
     return "\n".join(out)

@@ -63,7 +63,9 @@ def _global_batch(cfg: DictConfig) -> int:
     train = cfg.train
     if train.get("global_batch_size"):
         return int(train.global_batch_size)
-    return int(train.batch_size) * int(train.grad_accum_steps) * int(os.environ.get("WORLD_SIZE", "1"))
+    return (
+        int(train.batch_size) * int(train.grad_accum_steps) * int(os.environ.get("WORLD_SIZE", "1"))
+    )
 
 
 def model_label(init_from: str) -> str:
@@ -89,11 +91,16 @@ def pretrained_width(init_from: str) -> int:
 
         return int(AutoConfig.from_pretrained(init_from, trust_remote_code=False).hidden_size)
     except Exception as exc:
-        where = "a local dir without a readable config.json" if local.exists() else \
-            "not a local model dir, and the Hugging Face Hub could not provide its config"
-        raise ConfigError(f"Could not read model.init_from={init_from!r} ({where}: "
-                          f"{type(exc).__name__}); point model.init_from at a local dir with "
-                          "config.json and model.safetensors.") from None
+        where = (
+            "a local dir without a readable config.json"
+            if local.exists()
+            else "not a local model dir, and the Hugging Face Hub could not provide its config"
+        )
+        raise ConfigError(
+            f"Could not read model.init_from={init_from!r} ({where}: "
+            f"{type(exc).__name__}); point model.init_from at a local dir with "
+            "config.json and model.safetensors."
+        ) from None
 
 
 def apply_continued_pretraining(cfg: DictConfig, overrides: Iterable[str]) -> list[str]:
@@ -127,5 +134,7 @@ def recipe_note(taken: list[str], init_from: str | None) -> str | None:
     """The log line for the settings ``apply_continued_pretraining`` took."""
     if not taken:
         return None
-    return (f"Continued pretraining from {init_from}: the continued-pretraining recipe sets "
-            f"{', '.join(taken)}; set any of them on the command line to override it.")
+    return (
+        f"Continued pretraining from {init_from}: the continued-pretraining recipe sets "
+        f"{', '.join(taken)}; set any of them on the command line to override it."
+    )

@@ -33,7 +33,10 @@ DEFAULT_MAX_STEPS = 3000  # train.max_steps when no budget is set
 
 def check_model_source(checkpoint: str | None, init: str, verb: str) -> None:
     """A command's ``checkpoint`` (required) and ``init`` (pretrained | random)."""
-    _check(bool(checkpoint), f"Say which model to {verb}: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+    _check(
+        bool(checkpoint),
+        f"Say which model to {verb}: checkpoint=<run dir, its final/ dir or a checkpoint>.",
+    )
     _check(init in ("pretrained", "random"), f"init must be pretrained or random, got {init!r}.")
 
 
@@ -41,17 +44,33 @@ def check_precision(value: str, setting: str) -> None:
     _check(value in PRECISIONS, f"{setting} must be auto, no, fp16 or bf16, got {value!r}.")
 
 
-def check_masking(mlm_probability: float, mask_replace_prob: float, random_replace_prob: float,
-                  strategy: str = "bernoulli", span_p: float = 0.2, span_max_words: int = 10) -> None:
+def check_masking(
+    mlm_probability: float,
+    mask_replace_prob: float,
+    random_replace_prob: float,
+    strategy: str = "bernoulli",
+    span_p: float = 0.2,
+    span_max_words: int = 10,
+) -> None:
     """The masking settings' ranges, for ``MaskingConfig`` and for an ``MLMCollator`` made
     directly in Python (the one place they are checked)."""
-    _check(0.0 < mlm_probability < 1.0, f"masking.mlm_probability must be in (0, 1), got {mlm_probability}.")
-    _check(0.0 <= mask_replace_prob <= 1.0 and 0.0 <= random_replace_prob <= 1.0,
-           "masking.mask_replace_prob and masking.random_replace_prob must be in [0, 1].")
-    _check(mask_replace_prob + random_replace_prob <= 1.0 + 1e-9,
-           "masking.mask_replace_prob + masking.random_replace_prob must not exceed 1 "
-           f"(got {mask_replace_prob} + {random_replace_prob}).")
-    _check(strategy in STRATEGIES, f"masking.strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}.")
+    _check(
+        0.0 < mlm_probability < 1.0,
+        f"masking.mlm_probability must be in (0, 1), got {mlm_probability}.",
+    )
+    _check(
+        0.0 <= mask_replace_prob <= 1.0 and 0.0 <= random_replace_prob <= 1.0,
+        "masking.mask_replace_prob and masking.random_replace_prob must be in [0, 1].",
+    )
+    _check(
+        mask_replace_prob + random_replace_prob <= 1.0 + 1e-9,
+        "masking.mask_replace_prob + masking.random_replace_prob must not exceed 1 "
+        f"(got {mask_replace_prob} + {random_replace_prob}).",
+    )
+    _check(
+        strategy in STRATEGIES,
+        f"masking.strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}.",
+    )
     _check(0.0 < span_p <= 1.0, f"masking.span_p must be in (0, 1], got {span_p}.")
     _check(span_max_words >= 1, "masking.span_max_words must be at least 1.")
 
@@ -59,7 +78,9 @@ def check_masking(mlm_probability: float, mask_replace_prob: float, random_repla
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(value: str | int | float | None, setting: str = "train.max_time") -> float | None:
+def parse_duration(
+    value: str | int | float | None, setting: str = "train.max_time"
+) -> float | None:
     """Seconds in ``"24h"``, ``"1h30m"``, ``"90m"``, ``"45s"``, ``"2d"`` or a plain number."""
     if value is None or value == "":
         return None
@@ -73,7 +94,9 @@ def parse_duration(value: str | int | float | None, setting: str = "train.max_ti
         elif parts and "".join(n + u for n, u in parts) == text:
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
         else:
-            raise ConfigError(f"{setting}={value!r} is not a duration; write e.g. 24h, 1h30m, 90m or 3600.")
+            raise ConfigError(
+                f"{setting}={value!r} is not a duration; write e.g. 24h, 1h30m, 90m or 3600."
+            )
     if seconds <= 0:
         raise ConfigError(f"{setting} must be positive, got {value!r}.")
     return seconds
@@ -147,7 +170,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check(self.num_hidden_layers > 0, "model.num_hidden_layers must be at least 1.")
         _check(
-            self.hidden_size > 0 and self.num_attention_heads > 0
+            self.hidden_size > 0
+            and self.num_attention_heads > 0
             and self.hidden_size % self.num_attention_heads == 0,
             f"model.hidden_size ({self.hidden_size}) must be a positive multiple of "
             f"model.num_attention_heads ({self.num_attention_heads}).",
@@ -163,23 +187,42 @@ class ModelConfig:
             f"{self.attn_implementation!r}.",
         )
         _check(self.pad_vocab_multiple >= 1, "model.pad_vocab_multiple must be at least 1.")
-        _check(self.position_init in ("sinusoidal", "normal"),
-               f"model.position_init must be sinusoidal or normal, got {self.position_init!r}.")
-        _check(self.attention_init in ("local", "normal"),
-               f"model.attention_init must be local or normal, got {self.attention_init!r}.")
-        _check(self.attention_init != "local" or self.position_init == "sinusoidal"
-               or self.architecture != "bert" or self.init_from is not None,  # a new model only
-               "model.attention_init=local starts its heads from the sinusoidal position table; "
-               "set model.position_init=sinusoidal or model.attention_init=normal.")
-        _check(self.output_bias_init in ("unigram", "zero"),
-               f"model.output_bias_init must be unigram or zero, got {self.output_bias_init!r}.")
-        _check(self.architecture in ("bert", "modernbert"),
-               f"model.architecture must be bert or modernbert, got {self.architecture!r}.")
-        _check(self.local_attention >= 2 and self.local_attention % 2 == 0,
-               f"model.local_attention must be an even number of at least 2, got {self.local_attention}.")
-        _check(self.global_attn_every_n_layers >= 1, "model.global_attn_every_n_layers must be at least 1.")
-        _check(self.global_rope_theta > 0 and self.local_rope_theta > 0,
-               "model.global_rope_theta and model.local_rope_theta must be positive.")
+        _check(
+            self.position_init in ("sinusoidal", "normal"),
+            f"model.position_init must be sinusoidal or normal, got {self.position_init!r}.",
+        )
+        _check(
+            self.attention_init in ("local", "normal"),
+            f"model.attention_init must be local or normal, got {self.attention_init!r}.",
+        )
+        _check(
+            self.attention_init != "local"
+            or self.position_init == "sinusoidal"
+            or self.architecture != "bert"
+            or self.init_from is not None,  # a new model only
+            "model.attention_init=local starts its heads from the sinusoidal position table; "
+            "set model.position_init=sinusoidal or model.attention_init=normal.",
+        )
+        _check(
+            self.output_bias_init in ("unigram", "zero"),
+            f"model.output_bias_init must be unigram or zero, got {self.output_bias_init!r}.",
+        )
+        _check(
+            self.architecture in ("bert", "modernbert"),
+            f"model.architecture must be bert or modernbert, got {self.architecture!r}.",
+        )
+        _check(
+            self.local_attention >= 2 and self.local_attention % 2 == 0,
+            f"model.local_attention must be an even number of at least 2, got {self.local_attention}.",
+        )
+        _check(
+            self.global_attn_every_n_layers >= 1,
+            "model.global_attn_every_n_layers must be at least 1.",
+        )
+        _check(
+            self.global_rope_theta > 0 and self.local_rope_theta > 0,
+            "model.global_rope_theta and model.local_rope_theta must be positive.",
+        )
 
 
 @dataclass
@@ -205,11 +248,19 @@ class TokenizerConfig:
     max_train_chars: int | None = 50_000_000
 
     def __post_init__(self) -> None:
-        _check(self.vocab_size >= 100, f"tokenizer.vocab_size must be at least 100, got {self.vocab_size}.")
+        _check(
+            self.vocab_size >= 100,
+            f"tokenizer.vocab_size must be at least 100, got {self.vocab_size}.",
+        )
         _check(self.min_frequency >= 1, "tokenizer.min_frequency must be at least 1.")
-        _check(self.extend_vocab >= 0, f"tokenizer.extend_vocab must be 0 or more, got {self.extend_vocab}.")
-        _check(self.max_train_chars is None or self.max_train_chars >= 1,
-               "tokenizer.max_train_chars must be at least 1 (or null for the whole corpus).")
+        _check(
+            self.extend_vocab >= 0,
+            f"tokenizer.extend_vocab must be 0 or more, got {self.extend_vocab}.",
+        )
+        _check(
+            self.max_train_chars is None or self.max_train_chars >= 1,
+            "tokenizer.max_train_chars must be at least 1 (or null for the whole corpus).",
+        )
         _check(
             self.algorithm in ("wordpiece", "bpe", "unigram"),
             f"tokenizer.algorithm must be wordpiece, bpe or unigram, got {self.algorithm!r}.",
@@ -238,9 +289,13 @@ class DataConfig:
     # "hub": a Hugging Face dataset (hub_name, hub_config, hub_split);
     # "mix": several sources interleaved with weights (sources).
     source: str = "builtin"
-    train_files: list[str] = field(default_factory=list)  # paths or globs (.txt .jsonl .json .parquet .csv)
+    train_files: list[str] = field(
+        default_factory=list
+    )  # paths or globs (.txt .jsonl .json .parquet .csv)
     validation_files: list[str] = field(default_factory=list)  # empty: hold out validation_split
-    text_column: str = "text"  # column holding the text in .jsonl/.json/.parquet/.csv and hub datasets
+    text_column: str = (
+        "text"  # column holding the text in .jsonl/.json/.parquet/.csv and hub datasets
+    )
     # How .txt files are cut into documents: "paragraph" (blank-line separated),
     # "line" (every line) or "document" (whole file).
     txt_sample_by: str = "paragraph"
@@ -281,13 +336,24 @@ class DataConfig:
                 "data=files needs data.train_files=[path, ...] (files or globs).",
             )
         if self.source == "hub":
-            _check(bool(self.hub_name), "data.source=hub needs data.hub_name (a Hugging Face dataset name).")
+            _check(
+                bool(self.hub_name),
+                "data.source=hub needs data.hub_name (a Hugging Face dataset name).",
+            )
         if self.source == "mix":
-            _check(len(self.sources) > 0, "data.source=mix needs data.sources (a list of corpora with weights).")
+            _check(
+                len(self.sources) > 0,
+                "data.source=mix needs data.sources (a list of corpora with weights).",
+            )
             for i, s in enumerate(self.sources):
-                _check(s.kind in ("files", "hub", "builtin"),
-                       f"data.sources[{i}].kind must be files, hub or builtin, got {s.kind!r}.")
-                _check(s.kind != "files" or len(s.files) > 0, f"data.sources[{i}] (files) needs files=[...].")
+                _check(
+                    s.kind in ("files", "hub", "builtin"),
+                    f"data.sources[{i}].kind must be files, hub or builtin, got {s.kind!r}.",
+                )
+                _check(
+                    s.kind != "files" or len(s.files) > 0,
+                    f"data.sources[{i}] (files) needs files=[...].",
+                )
                 _check(s.kind != "hub" or bool(s.name), f"data.sources[{i}] (hub) needs name.")
                 _check(s.weight > 0, f"data.sources[{i}].weight must be positive, got {s.weight}.")
         _check(
@@ -350,11 +416,22 @@ class MaskingConfig:
     eval_min_masked_tokens: int = 10_000
 
     def __post_init__(self) -> None:
-        check_masking(self.mlm_probability, self.mask_replace_prob, self.random_replace_prob,
-                      self.strategy, self.span_p, self.span_max_words)
-        _check(self.max_word_tokens >= 1, f"masking.max_word_tokens must be at least 1, got {self.max_word_tokens}.")
-        _check(self.eval_min_masked_tokens >= 0,
-               f"masking.eval_min_masked_tokens must be 0 or more, got {self.eval_min_masked_tokens}.")
+        check_masking(
+            self.mlm_probability,
+            self.mask_replace_prob,
+            self.random_replace_prob,
+            self.strategy,
+            self.span_p,
+            self.span_max_words,
+        )
+        _check(
+            self.max_word_tokens >= 1,
+            f"masking.max_word_tokens must be at least 1, got {self.max_word_tokens}.",
+        )
+        _check(
+            self.eval_min_masked_tokens >= 0,
+            f"masking.eval_min_masked_tokens must be 0 or more, got {self.eval_min_masked_tokens}.",
+        )
         for key in ("eval_mlm_probability", "mlm_probability_end"):
             v = getattr(self, key)
             _check(v is None or 0.0 < v < 1.0, f"masking.{key} must be in (0, 1), got {v}.")
@@ -395,22 +472,32 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _check(self.lr > 0, f"optim.lr must be positive, got {self.lr}.")
         _check(self.weight_decay >= 0, "optim.weight_decay must not be negative.")
-        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1).")
+        _check(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+            "optim.beta1 and optim.beta2 must be in [0, 1).",
+        )
         _check(self.eps > 0, "optim.eps must be positive.")
         _check(
             self.max_grad_norm is None or self.max_grad_norm > 0,
             "optim.max_grad_norm must be positive (or null to disable clipping).",
         )
         _check(self.warmup_steps >= 0, "optim.warmup_steps must not be negative.")
-        _check(self.warmup_fraction is None or 0.0 <= self.warmup_fraction < 1.0,
-               "optim.warmup_fraction must be in [0, 1) (or null to use optim.warmup_steps).")
+        _check(
+            self.warmup_fraction is None or 0.0 <= self.warmup_fraction < 1.0,
+            "optim.warmup_fraction must be in [0, 1) (or null to use optim.warmup_steps).",
+        )
         _check(
             self.schedule in ("linear", "cosine", "constant", "wsd"),
             f"optim.schedule must be linear, cosine, constant or wsd, got {self.schedule!r}.",
         )
-        _check(0.0 < self.decay_fraction <= 1.0, f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}.")
-        _check(self.decay_shape in ("1-sqrt", "linear"),
-               f"optim.decay_shape must be 1-sqrt or linear, got {self.decay_shape!r}.")
+        _check(
+            0.0 < self.decay_fraction <= 1.0,
+            f"optim.decay_fraction must be in (0, 1], got {self.decay_fraction}.",
+        )
+        _check(
+            self.decay_shape in ("1-sqrt", "linear"),
+            f"optim.decay_shape must be 1-sqrt or linear, got {self.decay_shape!r}.",
+        )
         _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1].")
 
 
@@ -456,7 +543,9 @@ class TrainConfig:
     # batch_warmup_tokens tokens, by accumulating more micro-batches; the learning rate follows
     # the batch (0: off)
     batch_warmup_tokens: int = 0
-    batch_warmup_start: int | None = None  # sequences per step at the start (null: one micro-batch per process)
+    batch_warmup_start: int | None = (
+        None  # sequences per step at the start (null: one micro-batch per process)
+    )
     progress: bool = True  # show a progress bar
     export: bool = True  # write <run dir>/final/ at the end
 
@@ -471,16 +560,25 @@ class TrainConfig:
         if self.max_steps is None and self.max_tokens is None and self.max_time is None:
             self.max_steps = DEFAULT_MAX_STEPS
         _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps must be at least 1.")
-        _check(self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be at least 1.")
+        _check(
+            self.max_tokens is None or self.max_tokens >= 1, "train.max_tokens must be at least 1."
+        )
         parse_duration(self.max_time)
-        _check(self.global_batch_size is None or self.global_batch_size >= self.batch_size,
-               f"train.global_batch_size ({self.global_batch_size}) must be at least "
-               f"train.batch_size ({self.batch_size}), the batch of one device.")
-        _check(self.num_workers is None or self.num_workers >= 0, "train.num_workers must not be negative.")
+        _check(
+            self.global_batch_size is None or self.global_batch_size >= self.batch_size,
+            f"train.global_batch_size ({self.global_batch_size}) must be at least "
+            f"train.batch_size ({self.batch_size}), the batch of one device.",
+        )
+        _check(
+            self.num_workers is None or self.num_workers >= 0,
+            "train.num_workers must not be negative.",
+        )
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be at least 1.")
         _check(self.batch_warmup_tokens >= 0, "train.batch_warmup_tokens must not be negative.")
-        _check(self.batch_warmup_start is None or self.batch_warmup_start >= 1,
-               "train.batch_warmup_start must be at least 1 (or null for one micro-batch per process).")
+        _check(
+            self.batch_warmup_start is None or self.batch_warmup_start >= 1,
+            "train.batch_warmup_start must be at least 1 (or null for one micro-batch per process).",
+        )
 
     def budget_description(self) -> str:
         """Which budget ends the run, in words, for the log."""
@@ -503,15 +601,19 @@ class TrainConfig:
         if self.global_batch_size is None:
             return self.grad_accum_steps
         per_pass = self.batch_size * world
-        _check(self.global_batch_size % per_pass == 0,
-               f"train.global_batch_size ({self.global_batch_size}) is not a multiple of "
-               f"train.batch_size x processes ({self.batch_size} x {world} = {per_pass}); change "
-               "train.global_batch_size or train.batch_size.")
+        _check(
+            self.global_batch_size % per_pass == 0,
+            f"train.global_batch_size ({self.global_batch_size}) is not a multiple of "
+            f"train.batch_size x processes ({self.batch_size} x {world} = {per_pass}); change "
+            "train.global_batch_size or train.batch_size.",
+        )
         derived = self.global_batch_size // per_pass
-        _check(self.grad_accum_steps in (1, derived),
-               f"train.grad_accum_steps={self.grad_accum_steps} disagrees with train.global_batch_size="
-               f"{self.global_batch_size} ({self.batch_size} per device x {world} processes needs "
-               f"{derived}); set only one of them.")
+        _check(
+            self.grad_accum_steps in (1, derived),
+            f"train.grad_accum_steps={self.grad_accum_steps} disagrees with train.global_batch_size="
+            f"{self.global_batch_size} ({self.batch_size} per device x {world} processes needs "
+            f"{derived}); set only one of them.",
+        )
         return derived
 
 
@@ -541,8 +643,10 @@ class LoggerConfig:
     offline: bool = False  # W&B: write locally only (sync later with `wandb sync`)
 
     def __post_init__(self) -> None:
-        _check(self.name in TRACKERS,
-               f"logger={self.name!r} is not a tracker; choose one of {', '.join(TRACKERS)}.")
+        _check(
+            self.name in TRACKERS,
+            f"logger={self.name!r} is not a tracker; choose one of {', '.join(TRACKERS)}.",
+        )
 
 
 @dataclass
@@ -551,9 +655,13 @@ class TaskConfig:
     user's own TSV, CSV or JSONL files (conf/task/files.yaml)."""
 
     name: str = "sst2"
-    data_dir: str | None = None  # folder of relative train_file and eval_file; null: the Hub dataset
+    data_dir: str | None = (
+        None  # folder of relative train_file and eval_file; null: the Hub dataset
+    )
     # .csv: CSV; .jsonl / .json: one JSON object per line; any other name: TSV (as GLUE's, no quoting)
-    train_file: str | None = "train.tsv"  # a path: absolute, or relative to data_dir (else the working dir)
+    train_file: str | None = (
+        "train.tsv"  # a path: absolute, or relative to data_dir (else the working dir)
+    )
     eval_file: str | None = "dev.tsv"
     header: bool = True  # first line names the columns; else column_names does (TSV, CSV)
     column_names: list[str] = field(default_factory=list)
@@ -571,29 +679,47 @@ class TaskConfig:
     hub_eval_split: str = "validation"
 
     def __post_init__(self) -> None:
-        _check(1 <= len(self.text_columns) <= 2,
-               "task.text_columns must name one column (single sentences) or two (pairs).")
-        _check(self.kind in ("classification", "regression"),
-               f"task.kind must be classification or regression, got {self.kind!r}.")
-        _check(self.kind == "regression" or len(self.labels) != 1,
-               "task.labels must list at least two label values, or none to take them from "
-               "the training file.")
-        _check(not self.label_range or (len(self.label_range) == 2
-                                        and self.label_range[0] < self.label_range[1]),
-               f"task.label_range must be [low, high] with low < high, got {self.label_range}.")
-        _check(self.header or len(self.column_names) > 0,
-               "task.header=false needs task.column_names=[...] naming the TSV columns.")
-        _check(bool(self.hub_path) or (bool(self.train_file) and bool(self.eval_file)),
-               f"task={self.name} reads files only: set task.train_file=<file> and "
-               "task.eval_file=<file> (.tsv, .csv or .jsonl).")
+        _check(
+            1 <= len(self.text_columns) <= 2,
+            "task.text_columns must name one column (single sentences) or two (pairs).",
+        )
+        _check(
+            self.kind in ("classification", "regression"),
+            f"task.kind must be classification or regression, got {self.kind!r}.",
+        )
+        _check(
+            self.kind == "regression" or len(self.labels) != 1,
+            "task.labels must list at least two label values, or none to take them from "
+            "the training file.",
+        )
+        _check(
+            not self.label_range
+            or (len(self.label_range) == 2 and self.label_range[0] < self.label_range[1]),
+            f"task.label_range must be [low, high] with low < high, got {self.label_range}.",
+        )
+        _check(
+            self.header or len(self.column_names) > 0,
+            "task.header=false needs task.column_names=[...] naming the TSV columns.",
+        )
+        _check(
+            bool(self.hub_path) or (bool(self.train_file) and bool(self.eval_file)),
+            f"task={self.name} reads files only: set task.train_file=<file> and "
+            "task.eval_file=<file> (.tsv, .csv or .jsonl).",
+        )
         if not self.metrics:
-            self.metrics = ["accuracy"] if self.kind == "classification" else ["spearman", "pearson"]
+            self.metrics = (
+                ["accuracy"] if self.kind == "classification" else ["spearman", "pearson"]
+            )
         for m in self.metrics:
-            _check(m in METRICS,
-                   f"task.metrics: {m!r} is not a metric shipped with mlmkit ({', '.join(METRICS)}).")
-            _check(self.kind == "classification" or m in ("pearson", "spearman"),
-                   f"task.metrics: {m} scores classes, and task.kind=regression predicts a score; "
-                   "use spearman or pearson.")
+            _check(
+                m in METRICS,
+                f"task.metrics: {m!r} is not a metric shipped with mlmkit ({', '.join(METRICS)}).",
+            )
+            _check(
+                self.kind == "classification" or m in ("pearson", "spearman"),
+                f"task.metrics: {m} scores classes, and task.kind=regression predicts a score; "
+                "use spearman or pearson.",
+            )
 
 
 @dataclass
@@ -611,21 +737,41 @@ class ProbeConfig:
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, f"probe.every must not be negative, got {self.every}.")
-        _check(self.task.kind == "classification",
-               f"probe.task={self.task.name} is a regression task; a probe classifies: choose "
-               "a classification task (task@probe.task=sst2, cola, mrpc, qqp, mnli, qnli, rte, wnli or files).")
+        _check(
+            self.task.kind == "classification",
+            f"probe.task={self.task.name} is a regression task; a probe classifies: choose "
+            "a classification task (task@probe.task=sst2, cola, mrpc, qqp, mnli, qnli, rte, wnli or files).",
+        )
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
-            _check(value is None or value >= 2, f"probe.{name} must be at least 2 (or null for all), got {value}.")
-        _check(self.max_seq_length >= 8, f"probe.max_seq_length must be at least 8, got {self.max_seq_length}.")
+            _check(
+                value is None or value >= 2,
+                f"probe.{name} must be at least 2 (or null for all), got {value}.",
+            )
+        _check(
+            self.max_seq_length >= 8,
+            f"probe.max_seq_length must be at least 8, got {self.max_seq_length}.",
+        )
 
 
 PHASE_SCHEDULES = ("continue", "rewarm", "constant", "decay")  # phases[].schedule
 # what a phase may change (a section ending in "." covers its settings); the data settings
 # of PHASE_FIXED name the validation text and how it is read, so they stay the run's
-PHASE_SETTINGS = ("data.", "masking.", "train.batch_size", "train.global_batch_size",
-                  "train.grad_accum_steps", "model.global_rope_theta", "model.local_rope_theta")
-PHASE_FIXED = ("data.streaming", "data.validation_files", "data.validation_split", "data.max_eval_samples")
+PHASE_SETTINGS = (
+    "data.",
+    "masking.",
+    "train.batch_size",
+    "train.global_batch_size",
+    "train.grad_accum_steps",
+    "model.global_rope_theta",
+    "model.local_rope_theta",
+)
+PHASE_FIXED = (
+    "data.streaming",
+    "data.validation_files",
+    "data.validation_split",
+    "data.max_eval_samples",
+)
 
 
 @dataclass
@@ -654,15 +800,27 @@ class PhaseConfig:
     set: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check(re.fullmatch(r"[\w.-]+", self.name or "") is not None and self.name not in (".", ".."),
-               f"phases: the name {self.name!r} must be letters, digits, '.', '-' or '_' (it names "
-               "a folder, phases/<name>/).")
-        _check(self.share > 0, f"phases: {self.name} has share {self.share}; a share must be positive.")
-        _check(self.schedule in PHASE_SCHEDULES, f"phases: {self.name} has schedule {self.schedule!r}; "
-               f"choose one of {', '.join(PHASE_SCHEDULES)}.")
-        _check(self.lr is None or self.lr > 0, f"phases: {self.name} has lr {self.lr}; it must be positive.")
-        _check(self.warmup_steps is None or self.warmup_steps >= 0,
-               f"phases: {self.name} has warmup_steps {self.warmup_steps}; it must not be negative.")
+        _check(
+            re.fullmatch(r"[\w.-]+", self.name or "") is not None and self.name not in (".", ".."),
+            f"phases: the name {self.name!r} must be letters, digits, '.', '-' or '_' (it names "
+            "a folder, phases/<name>/).",
+        )
+        _check(
+            self.share > 0, f"phases: {self.name} has share {self.share}; a share must be positive."
+        )
+        _check(
+            self.schedule in PHASE_SCHEDULES,
+            f"phases: {self.name} has schedule {self.schedule!r}; "
+            f"choose one of {', '.join(PHASE_SCHEDULES)}.",
+        )
+        _check(
+            self.lr is None or self.lr > 0,
+            f"phases: {self.name} has lr {self.lr}; it must be positive.",
+        )
+        _check(
+            self.warmup_steps is None or self.warmup_steps >= 0,
+            f"phases: {self.name} has warmup_steps {self.warmup_steps}; it must not be negative.",
+        )
         self.set = flat_settings(self.set or {})
 
 
@@ -691,8 +849,11 @@ def with_settings(cfg: Any, settings: dict[str, Any], where: str) -> Any:
         part = getattr(cfg, section)
         known = {f.name for f in fields(part)}
         for key in values:
-            _check(key in known, f"{where}: {section}.{key} is not a setting; see "
-                   f"{type(part).__name__} in mlmkit/config/schema.py.")
+            _check(
+                key in known,
+                f"{where}: {section}.{key} is not a setting; see "
+                f"{type(part).__name__} in mlmkit/config/schema.py.",
+            )
         try:
             updated[section] = replace(part, **values)
         except ConfigError as exc:
@@ -726,12 +887,15 @@ class Config:
         see the current step)."""
         if self.train.num_workers is not None:
             return self.train.num_workers
-        schedule_in_loader = self.masking.mlm_probability_end is not None and not self.masking.on_device
+        schedule_in_loader = (
+            self.masking.mlm_probability_end is not None and not self.masking.on_device
+        )
         return 2 if device_type == "cuda" and not schedule_in_loader else 0
 
     def __post_init__(self) -> None:
         _check(
-            self.masking.mlm_probability_end is None or self.masking.on_device
+            self.masking.mlm_probability_end is None
+            or self.masking.on_device
             or not self.train.num_workers,
             "masking.mlm_probability_end (a mask-rate schedule) needs train.num_workers=0 or "
             "masking.on_device=true, since worker processes cannot see the current step.",
@@ -755,22 +919,31 @@ class Config:
         """The settings of each phase: the run's, then every phase's ``set`` in turn (an empty
         list for a run without phases). Each is checked as a run's config is."""
         names = [p.name for p in self.phases]
-        _check(len(set(names)) == len(names), f"phases: the names {names} must differ from each other.")
+        _check(
+            len(set(names)) == len(names), f"phases: the names {names} must differ from each other."
+        )
         total = sum(p.share for p in self.phases)
-        _check(abs(total - 1.0) < 1e-6, f"phases: the shares add up to {total:g}; make them add up to 1 "
-               "(each is the phase's share of the run's budget).")
+        _check(
+            abs(total - 1.0) < 1e-6,
+            f"phases: the shares add up to {total:g}; make them add up to 1 "
+            "(each is the phase's share of the run's budget).",
+        )
         configs, current = [], replace(self, phases=[])
         for i, phase in enumerate(self.phases):
             where = f"phases[{i}] ({phase.name})"
             for name in phase.set:
-                _check(name.startswith(PHASE_SETTINGS) and name not in PHASE_FIXED,
-                       f"{where}: {name} cannot change between phases (a phase may set data.*, "
-                       "masking.*, train.batch_size, train.global_batch_size, train.grad_accum_steps "
-                       "and ModernBERT's model.global_rope_theta and model.local_rope_theta); set it "
-                       "for the whole run instead.")
-                _check(not name.startswith("model.") or self.model.architecture == "modernbert",
-                       f"{where}: {name} is a ModernBERT setting and model={self.model.name} is a "
-                       "BERT; remove it from the phase.")
+                _check(
+                    name.startswith(PHASE_SETTINGS) and name not in PHASE_FIXED,
+                    f"{where}: {name} cannot change between phases (a phase may set data.*, "
+                    "masking.*, train.batch_size, train.global_batch_size, train.grad_accum_steps "
+                    "and ModernBERT's model.global_rope_theta and model.local_rope_theta); set it "
+                    "for the whole run instead.",
+                )
+                _check(
+                    not name.startswith("model.") or self.model.architecture == "modernbert",
+                    f"{where}: {name} is a ModernBERT setting and model={self.model.name} is a "
+                    "BERT; remove it from the phase.",
+                )
             current = with_settings(current, phase.set, where)
             configs.append(current)
         return configs
@@ -794,8 +967,10 @@ class EvalConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
 
     def __post_init__(self) -> None:
-        _check(bool(self.checkpoint),
-               "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.")
+        _check(
+            bool(self.checkpoint),
+            "Say which model to evaluate: checkpoint=<run dir, its final/ dir or a checkpoint>.",
+        )
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
         check_precision(self.precision, "precision")
 
@@ -823,20 +998,35 @@ class FinetuneConfig:
     freeze_encoder: bool = False
     precision: str = "auto"  # auto | no | fp16 | bf16
     seed: int = 0
-    save_model: bool = True  # write the fine-tuned model to <run dir>/model (mlmkit predict reads it)
+    save_model: bool = (
+        True  # write the fine-tuned model to <run dir>/model (mlmkit predict reads it)
+    )
 
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, self.init, "fine-tune")
-        _check(self.batch_size >= 1 and self.epochs > 0 and self.lr > 0,
-               "batch_size, epochs and lr must be positive.")
+        _check(
+            self.batch_size >= 1 and self.epochs > 0 and self.lr > 0,
+            "batch_size, epochs and lr must be positive.",
+        )
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
-        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
-        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
-        _check(self.max_train_samples is None or self.max_train_samples >= 1,
-               f"max_train_samples must be at least 1 (or null for all), got {self.max_train_samples}.")
-        _check(0.0 <= self.classifier_dropout < 1.0,
-               f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}.")
-        _check(self.weight_decay >= 0, f"weight_decay must not be negative, got {self.weight_decay}.")
+        _check(
+            self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}."
+        )
+        _check(
+            self.max_seq_length >= 8,
+            f"max_seq_length must be at least 8, got {self.max_seq_length}.",
+        )
+        _check(
+            self.max_train_samples is None or self.max_train_samples >= 1,
+            f"max_train_samples must be at least 1 (or null for all), got {self.max_train_samples}.",
+        )
+        _check(
+            0.0 <= self.classifier_dropout < 1.0,
+            f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}.",
+        )
+        _check(
+            self.weight_decay >= 0, f"weight_decay must not be negative, got {self.weight_decay}."
+        )
         check_precision(self.precision, "precision")
 
 
@@ -846,7 +1036,9 @@ class StsEvalConfig:
     (conf/eval_sts.yaml): Spearman and Pearson correlation of their cosine with gold scores."""
 
     checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
-    init: str = "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    init: str = (
+        "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    )
     task: TaskConfig = field(default_factory=TaskConfig)  # the file layout (conf/task/stsb.yaml)
     data_dir: str | None = None  # folder of the TSV files (task.data_dir); null: the Hub dataset
     split: str = "dev"  # dev (task.eval_file) | train (task.train_file)
@@ -859,13 +1051,23 @@ class StsEvalConfig:
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, self.init, "evaluate")
         _check(self.split in ("dev", "train"), f"split must be dev or train, got {self.split!r}.")
-        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
-        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
+        _check(
+            self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}."
+        )
+        _check(
+            self.max_seq_length >= 8,
+            f"max_seq_length must be at least 8, got {self.max_seq_length}.",
+        )
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
-        _check(self.task.kind == "regression", f"eval-sts needs a task of similarity scores "
-               f"(task.kind=regression, as task=stsb), got task={self.task.name}.")
-        _check(len(self.task.text_columns) == 2,
-               "task.text_columns must name the two sentence columns of each pair.")
+        _check(
+            self.task.kind == "regression",
+            f"eval-sts needs a task of similarity scores "
+            f"(task.kind=regression, as task=stsb), got task={self.task.name}.",
+        )
+        _check(
+            len(self.task.text_columns) == 2,
+            "task.text_columns must name the two sentence columns of each pair.",
+        )
 
 
 GLUE_PROTOCOLS = ("bert", "modern")
@@ -881,14 +1083,18 @@ class GlueConfig:
     # a folder of GLUE's task folders as GLUE's download writes them (CoLA/, SST-2/, MRPC/, ...);
     # null: the Hub's nyu-mll/glue
     data_dir: str | None = None
-    tasks: list[str] = field(default_factory=lambda: ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"])
+    tasks: list[str] = field(
+        default_factory=lambda: ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"]
+    )
     protocol: str = "bert"  # bert: Devlin et al. (2019) | modern: an lr grid, seeds' median, RTE/MRPC/STS-B from MNLI
     lrs: list[float] | None = None  # the learning rates tried per task (null: the protocol's)
     seeds: list[int] | None = None  # the seeds per learning rate (null: the protocol's)
     epochs: float | None = None  # passes over each task's training set (null: the protocol's)
     batch_size: int = 32
     max_seq_length: int = 128
-    max_train_samples: int | None = None  # the first N training examples of each task (a quick look)
+    max_train_samples: int | None = (
+        None  # the first N training examples of each task (a quick look)
+    )
     pooling: str = "mean"  # mean | cls ([CLS], as BERT)
     precision: str = "auto"
     # tasks run side by side, each in a process of its own pinned to a GPU (dealt round-robin);
@@ -897,21 +1103,40 @@ class GlueConfig:
 
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, self.init, "score")
-        _check(self.protocol in GLUE_PROTOCOLS,
-               f"protocol must be one of {', '.join(GLUE_PROTOCOLS)}, got {self.protocol!r}.")
+        _check(
+            self.protocol in GLUE_PROTOCOLS,
+            f"protocol must be one of {', '.join(GLUE_PROTOCOLS)}, got {self.protocol!r}.",
+        )
         _check(bool(self.tasks), "tasks is empty; list GLUE tasks, e.g. tasks=[sst2,rte].")
-        _check(self.lrs is None or (len(self.lrs) > 0 and all(lr > 0 for lr in self.lrs)),
-               "lrs must list positive learning rates (or be null for the protocol's).")
-        _check(self.seeds is None or len(self.seeds) > 0, "seeds must list at least one seed (or be null).")
-        _check(self.epochs is None or self.epochs > 0, "epochs must be positive (or null for the protocol's).")
+        _check(
+            self.lrs is None or (len(self.lrs) > 0 and all(lr > 0 for lr in self.lrs)),
+            "lrs must list positive learning rates (or be null for the protocol's).",
+        )
+        _check(
+            self.seeds is None or len(self.seeds) > 0,
+            "seeds must list at least one seed (or be null).",
+        )
+        _check(
+            self.epochs is None or self.epochs > 0,
+            "epochs must be positive (or null for the protocol's).",
+        )
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
-        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
-        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
-        _check(self.max_train_samples is None or self.max_train_samples >= 1,
-               "max_train_samples must be at least 1 (or null for all).")
+        _check(
+            self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}."
+        )
+        _check(
+            self.max_seq_length >= 8,
+            f"max_seq_length must be at least 8, got {self.max_seq_length}.",
+        )
+        _check(
+            self.max_train_samples is None or self.max_train_samples >= 1,
+            "max_train_samples must be at least 1 (or null for all).",
+        )
         check_precision(self.precision, "precision")
-        _check(self.parallel is None or self.parallel >= 1,
-               f"parallel must be at least 1 (or null: one task per GPU), got {self.parallel}.")
+        _check(
+            self.parallel is None or self.parallel >= 1,
+            f"parallel must be at least 1 (or null: one task per GPU), got {self.parallel}.",
+        )
 
 
 @dataclass
@@ -921,8 +1146,12 @@ class RetrievalEvalConfig:
     documents ranked by cosine similarity to each query."""
 
     checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
-    init: str = "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
-    data_dir: str | None = None  # a BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+    init: str = (
+        "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    )
+    data_dir: str | None = (
+        None  # a BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+    )
     split: str = "test"  # the relevance judgments qrels/<split>.tsv (test, dev or train)
     pooling: str = "mean"  # mean: token states averaged, padding excluded | cls: the [CLS] state
     # tokens kept of each query and document; null: the length the model dir's sentence-
@@ -935,13 +1164,22 @@ class RetrievalEvalConfig:
 
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, self.init, "evaluate")
-        _check(bool(self.data_dir), "Say which BEIR-format folder to retrieve from: data_dir=<folder "
-               "of corpus.jsonl, queries.jsonl and qrels/>.")
-        _check(re.fullmatch(r"[\w.-]+", self.split or "") is not None,
-               f"split must name a file of qrels/ without its .tsv (test, dev, train), got {self.split!r}.")
-        _check(self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}.")
-        _check(self.max_seq_length is None or self.max_seq_length >= 8,
-               f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.")
+        _check(
+            bool(self.data_dir),
+            "Say which BEIR-format folder to retrieve from: data_dir=<folder "
+            "of corpus.jsonl, queries.jsonl and qrels/>.",
+        )
+        _check(
+            re.fullmatch(r"[\w.-]+", self.split or "") is not None,
+            f"split must name a file of qrels/ without its .tsv (test, dev, train), got {self.split!r}.",
+        )
+        _check(
+            self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}."
+        )
+        _check(
+            self.max_seq_length is None or self.max_seq_length >= 8,
+            f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.",
+        )
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
 
 
@@ -955,7 +1193,9 @@ class PairsEvalConfig:
     file and as the mean over files (BLiMP's headline figure)."""
 
     checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
-    init: str = "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    init: str = (
+        "pretrained"  # pretrained | random (same architecture and tokenizer, for comparison)
+    )
     # JSONL (one object a line) or TSV (a header line) files, each line a pair of sentences
     files: list[str] = field(default_factory=list)
     good_field: str = "sentence_good"  # the field (TSV: column) of the acceptable sentence
@@ -968,17 +1208,30 @@ class PairsEvalConfig:
 
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, self.init, "evaluate")
-        _check(bool(self.files), "Say which files of minimal pairs to score: files=[a.jsonl,b.tsv] "
-               "(JSONL or TSV, an acceptable and an unacceptable sentence a line).")
+        _check(
+            bool(self.files),
+            "Say which files of minimal pairs to score: files=[a.jsonl,b.tsv] "
+            "(JSONL or TSV, an acceptable and an unacceptable sentence a line).",
+        )
         for name in self.files:
-            _check(str(name).endswith(PAIR_FILE_TYPES), f"files: {name!r} is neither a .jsonl nor a "
-                   ".tsv file; set files=[...] to JSONL or TSV files of minimal pairs.")
-            _check(self.files.count(name) == 1, f"files names {name!r} more than once; list each "
-                   "file once in files=[...].")
-        _check(bool(self.good_field) and bool(self.bad_field) and self.good_field != self.bad_field,
-               f"good_field and bad_field must name two different fields, got {self.good_field!r} "
-               f"and {self.bad_field!r}.")
-        _check(self.max_seq_length >= 8, f"max_seq_length must be at least 8, got {self.max_seq_length}.")
+            _check(
+                str(name).endswith(PAIR_FILE_TYPES),
+                f"files: {name!r} is neither a .jsonl nor a "
+                ".tsv file; set files=[...] to JSONL or TSV files of minimal pairs.",
+            )
+            _check(
+                self.files.count(name) == 1,
+                f"files names {name!r} more than once; list each file once in files=[...].",
+            )
+        _check(
+            bool(self.good_field) and bool(self.bad_field) and self.good_field != self.bad_field,
+            f"good_field and bad_field must name two different fields, got {self.good_field!r} "
+            f"and {self.bad_field!r}.",
+        )
+        _check(
+            self.max_seq_length >= 8,
+            f"max_seq_length must be at least 8, got {self.max_seq_length}.",
+        )
         _check(self.batch_size >= 1, "batch_size must be at least 1.")
         check_precision(self.precision, "precision")
 
@@ -992,7 +1245,9 @@ class EmbedPairsConfig:
     """The training pairs of ``mlmkit embed objective=pairs``: local JSONL, CSV or TSV files
     (a header line names the columns), or a Hugging Face dataset."""
 
-    files: list[str] = field(default_factory=list)  # .jsonl/.json, .csv or .tsv files (globs allowed)
+    files: list[str] = field(
+        default_factory=list
+    )  # .jsonl/.json, .csv or .tsv files (globs allowed)
     hub_name: str | None = None  # a Hub dataset (or a local dataset dir) instead of files
     hub_config: str | None = None
     hub_split: str = "train"
@@ -1004,12 +1259,19 @@ class EmbedPairsConfig:
     def __post_init__(self) -> None:
         columns = [self.anchor_column, self.positive_column, self.negative_column]
         named = [c for c in columns if c]
-        _check(bool(self.anchor_column) and bool(self.positive_column),
-               "pairs.anchor_column and pairs.positive_column must name the columns of each pair.")
-        _check(len(set(named)) == len(named), "pairs.anchor_column, pairs.positive_column and "
-               f"pairs.negative_column must name different columns, got {', '.join(named)}.")
-        _check(self.max_pairs is None or self.max_pairs >= 2,
-               f"pairs.max_pairs must be at least 2 (or null: all), got {self.max_pairs}.")
+        _check(
+            bool(self.anchor_column) and bool(self.positive_column),
+            "pairs.anchor_column and pairs.positive_column must name the columns of each pair.",
+        )
+        _check(
+            len(set(named)) == len(named),
+            "pairs.anchor_column, pairs.positive_column and "
+            f"pairs.negative_column must name different columns, got {', '.join(named)}.",
+        )
+        _check(
+            self.max_pairs is None or self.max_pairs >= 2,
+            f"pairs.max_pairs must be at least 2 (or null: all), got {self.max_pairs}.",
+        )
 
 
 @dataclass
@@ -1059,45 +1321,75 @@ class EmbedConfig:
 
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, "pretrained", "turn into an embedder")
-        _check(self.objective in EMBED_OBJECTIVES,
-               f"objective must be one of {', '.join(EMBED_OBJECTIVES)}, got {self.objective!r}.")
-        _check(self.objective != "pairs" or bool(self.pairs.files) or bool(self.pairs.hub_name),
-               "objective=pairs needs training pairs: pairs.files=[pairs.jsonl] or "
-               "pairs.hub_name=<dataset>; without pairs, objective=simcse or same_document trains "
-               "on the raw corpus of data=.")
-        _check(self.loss in EMBED_LOSSES,
-               f"loss must be one of {', '.join(EMBED_LOSSES)}, got {self.loss!r}.")
-        _check(self.batch_size >= 2, f"batch_size={self.batch_size}: in-batch negatives need at "
-               "least 2 rows per batch (each row's negatives are the others); raise batch_size.")
+        _check(
+            self.objective in EMBED_OBJECTIVES,
+            f"objective must be one of {', '.join(EMBED_OBJECTIVES)}, got {self.objective!r}.",
+        )
+        _check(
+            self.objective != "pairs" or bool(self.pairs.files) or bool(self.pairs.hub_name),
+            "objective=pairs needs training pairs: pairs.files=[pairs.jsonl] or "
+            "pairs.hub_name=<dataset>; without pairs, objective=simcse or same_document trains "
+            "on the raw corpus of data=.",
+        )
+        _check(
+            self.loss in EMBED_LOSSES,
+            f"loss must be one of {', '.join(EMBED_LOSSES)}, got {self.loss!r}.",
+        )
+        _check(
+            self.batch_size >= 2,
+            f"batch_size={self.batch_size}: in-batch negatives need at "
+            "least 2 rows per batch (each row's negatives are the others); raise batch_size.",
+        )
         _check(self.mini_batch_size >= 1, "mini_batch_size must be at least 1.")
         _check(self.scale > 0, f"scale must be positive, got {self.scale}.")
-        _check(all(d >= 1 for d in self.matryoshka_dims),
-               f"matryoshka_dims must be positive sizes, got {self.matryoshka_dims}.")
-        _check(self.dropout is None or 0.0 <= self.dropout < 1.0,
-               f"dropout must be in [0, 1) (or null), got {self.dropout}.")
-        _check(self.max_seq_length is None or self.max_seq_length >= 8,
-               f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.")
+        _check(
+            all(d >= 1 for d in self.matryoshka_dims),
+            f"matryoshka_dims must be positive sizes, got {self.matryoshka_dims}.",
+        )
+        _check(
+            self.dropout is None or 0.0 <= self.dropout < 1.0,
+            f"dropout must be in [0, 1) (or null), got {self.dropout}.",
+        )
+        _check(
+            self.max_seq_length is None or self.max_seq_length >= 8,
+            f"max_seq_length must be at least 8 (or null), got {self.max_seq_length}.",
+        )
         _check(self.lr > 0 and self.epochs > 0, "lr and epochs must be positive.")
-        _check(self.weight_decay >= 0,
-               f"weight_decay must not be negative, got {self.weight_decay}.")
+        _check(
+            self.weight_decay >= 0, f"weight_decay must not be negative, got {self.weight_decay}."
+        )
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
-        _check(self.max_steps is None or self.max_steps >= 1,
-               "max_steps must be at least 1 (or null).")
+        _check(
+            self.max_steps is None or self.max_steps >= 1, "max_steps must be at least 1 (or null)."
+        )
         parse_duration(self.max_time, "max_time")
-        _check(self.max_texts is None or self.max_texts >= 2,
-               "max_texts must be at least 2 (or null).")
-        _check(self.overlap in ("drop", "error"),
-               f"overlap must be drop or error, got {self.overlap!r}.")
-        _check(self.eval_every >= 0 and self.save_every >= 0,
-               "eval_every and save_every must not be negative.")
-        _check(self.log_every >= 1 and self.keep_last >= 1,
-               "log_every and keep_last must be at least 1.")
-        _check(self.sts_split in ("dev", "train"),
-               f"sts_split must be dev or train, got {self.sts_split!r}.")
-        _check(self.sts_dir is None or (self.task.kind == "regression"
-                                        and len(self.task.text_columns) == 2),
-               "sts_dir needs a task of scored sentence pairs (task=stsb).")
-        _check(re.fullmatch(r"[\w.-]+", self.retrieval_split or "") is not None,
-               "retrieval_split must name a file of qrels/ without its .tsv, got "
-               f"{self.retrieval_split!r}.")
+        _check(
+            self.max_texts is None or self.max_texts >= 2, "max_texts must be at least 2 (or null)."
+        )
+        _check(
+            self.overlap in ("drop", "error"),
+            f"overlap must be drop or error, got {self.overlap!r}.",
+        )
+        _check(
+            self.eval_every >= 0 and self.save_every >= 0,
+            "eval_every and save_every must not be negative.",
+        )
+        _check(
+            self.log_every >= 1 and self.keep_last >= 1,
+            "log_every and keep_last must be at least 1.",
+        )
+        _check(
+            self.sts_split in ("dev", "train"),
+            f"sts_split must be dev or train, got {self.sts_split!r}.",
+        )
+        _check(
+            self.sts_dir is None
+            or (self.task.kind == "regression" and len(self.task.text_columns) == 2),
+            "sts_dir needs a task of scored sentence pairs (task=stsb).",
+        )
+        _check(
+            re.fullmatch(r"[\w.-]+", self.retrieval_split or "") is not None,
+            "retrieval_split must name a file of qrels/ without its .tsv, got "
+            f"{self.retrieval_split!r}.",
+        )
         check_precision(self.precision, "precision")

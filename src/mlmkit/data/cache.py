@@ -25,7 +25,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MANIFEST = "mlmkit-entry.json"
-_TEMP_NAME = re.compile(r"^\.[0-9a-f]{16}-")  # .<key>-<random>, as write_entry and discard name them
+_TEMP_NAME = re.compile(
+    r"^\.[0-9a-f]{16}-"
+)  # .<key>-<random>, as write_entry and discard name them
 ORPHAN_AGE_S = 60.0  # a folder younger than this may be one whose writer has not locked it yet
 
 
@@ -39,8 +41,11 @@ def write_entry(target: Path, fill: Callable[[Path], None], info: dict | None = 
     try:
         _try_lock(fd)  # a new folder: nobody else holds it
         fill(tmp)
-        sizes = {p.relative_to(tmp).as_posix(): p.stat().st_size
-                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        sizes = {
+            p.relative_to(tmp).as_posix(): p.stat().st_size
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
         (tmp / MANIFEST).write_text(json.dumps({"sizes": sizes, "info": info or {}}))
         try:
             os.replace(tmp, target)  # atomic: a reader sees the whole entry or none
@@ -81,8 +86,9 @@ def read_info(target: Path) -> dict:
 def discard(target: Path, what: str, reason: str) -> None:
     """Warn that the entry is damaged and delete it (moved aside first, so no reader sees
     it half deleted)."""
-    log.warning("The cached %s %s is damaged (%s); deleting it and building it again.",
-                what, target, reason)
+    log.warning(
+        "The cached %s %s is damaged (%s); deleting it and building it again.", what, target, reason
+    )
     aside = target.with_name(f".{target.name}-damaged-{uuid.uuid4().hex[:8]}")
     try:
         os.replace(target, aside)

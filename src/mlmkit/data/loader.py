@@ -64,7 +64,9 @@ class TrainingCollate(DropFullAttentionMask):
     the dataloader worker. Masked here, the batch is flattened here; with ``masking.on_device``
     it is flattened in the step, once masked (``flat_index`` rides along)."""
 
-    def __init__(self, collator: MLMCollator, sep_id: int | None = None, varlen: bool = False) -> None:
+    def __init__(
+        self, collator: MLMCollator, sep_id: int | None = None, varlen: bool = False
+    ) -> None:
         super().__init__(collator)
         self.sep_id, self.varlen = sep_id, varlen
 
@@ -106,7 +108,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         base = (self.seed * 1_000_003 + self.epoch) * 1_000_003
         for b in range(self.skip, len(self)):
             start = (b * self.world + self.rank) * self.batch_size
-            rows = perm[start:start + self.batch_size].tolist()
+            rows = perm[start : start + self.batch_size].tolist()
             yield [(i, (base + start + j) % 2**63) for j, i in enumerate(rows)]
 
 
@@ -131,7 +133,9 @@ class KeyedRows(torch.utils.data.Dataset):
 class BatchStream:
     """Endless micro-batches over epochs of a packed dataset, moved to the device."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, epoch: int = 0, offset: int = 0) -> None:
+    def __init__(
+        self, loader: DataLoader, device: torch.device, epoch: int = 0, offset: int = 0
+    ) -> None:
         self.loader = loader
         self.sampler: EpochBatchSampler = loader.batch_sampler
         self.device = device
@@ -165,27 +169,42 @@ class BatchStream:
         """Continue where ``state`` stood; with another number of processes or another
         batch size the position in the epoch is kept by samples seen."""
         if state.get("streaming"):
-            raise ConfigError("The checkpoint was written with data.streaming=true; resume with "
-                              "the same setting.")
+            raise ConfigError(
+                "The checkpoint was written with data.streaming=true; resume with the same setting."
+            )
         offset, batch_size = state["offset"], self.sampler.batch_size
         saved_batch = state.get("batch_size", batch_size)
         if (saved_world, saved_batch) != (world, batch_size):
             offset = offset * saved_world * saved_batch // (world * batch_size)
-            log.warning("Resuming with %d process(es) x %d sequences per micro-batch from a "
-                        "checkpoint written with %d x %d: the data position is kept by samples seen, "
-                        "but the run will not match an uninterrupted one exactly.", world, batch_size,
-                        saved_world, saved_batch)
+            log.warning(
+                "Resuming with %d process(es) x %d sequences per micro-batch from a "
+                "checkpoint written with %d x %d: the data position is kept by samples seen, "
+                "but the run will not match an uninterrupted one exactly.",
+                world,
+                batch_size,
+                saved_world,
+                saved_batch,
+            )
         self.epoch, self.offset, self._it = state["epoch"], offset, None
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """The batch's tensors on ``device`` (without waiting); its other values (the layout, the
     longest sequence) stay on the host."""
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {
+        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
 
 
-def training_stream(cfg, collator: MLMCollator, train_set, accelerator, sep_id: int | None = None,
-                    varlen: bool = False):
+def training_stream(
+    cfg,
+    collator: MLMCollator,
+    train_set,
+    accelerator,
+    sep_id: int | None = None,
+    varlen: bool = False,
+):
     """The stream of micro-batches of this rank: ``BatchStream`` in map mode,
     ``StreamingBatches`` when ``data.streaming``; ``sep_id``: the id that ends a document where
     documents are isolated; ``varlen``: the model runs flash-attn (``TrainingCollate``).
@@ -203,8 +222,13 @@ def training_stream(cfg, collator: MLMCollator, train_set, accelerator, sep_id: 
         return StreamingBatches(train_set, collate, workers, device, device.type == "cuda")
     loader = DataLoader(
         KeyedRows(train_set),
-        batch_sampler=EpochBatchSampler(len(train_set), tc.batch_size, accelerator.process_index,
-                                        accelerator.num_processes, tc.seed),
+        batch_sampler=EpochBatchSampler(
+            len(train_set),
+            tc.batch_size,
+            accelerator.process_index,
+            accelerator.num_processes,
+            tc.seed,
+        ),
         collate_fn=collate,
         num_workers=workers,
         pin_memory=device.type == "cuda",

@@ -10,7 +10,6 @@ document, longer ones split into several, padded at collation. ``prepare_dataset
 changes it.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def pack_ids(docs: list[list[int]], cls_id: int, sep_id: int, max_seq_length: int) -> list[list[int]]:
+def pack_ids(
+    docs: list[list[int]], cls_id: int, sep_id: int, max_seq_length: int
+) -> list[list[int]]:
     """Concatenate documents (each followed by [SEP]) and cut into [CLS] ... [SEP] blocks.
 
     Every block has exactly ``max_seq_length`` ids; the tail that does not fill a block is
@@ -63,7 +64,7 @@ def pack_concat(docs, cls_id: int, sep_id: int, max_seq_length: int, carry=()):
     blocks[:, 0] = cls_id
     blocks[:, -1] = sep_id
     blocks[:, 1:-1] = flat[: n * body].reshape(n, body)
-    return blocks, stream[n * body:]
+    return blocks, stream[n * body :]
 
 
 def pack_lines(docs, cls_id: int, sep_id: int, max_seq_length: int) -> list[list[int]]:
@@ -73,7 +74,7 @@ def pack_lines(docs, cls_id: int, sep_id: int, max_seq_length: int) -> list[list
     out = []
     for ids in docs:
         for i in range(0, len(ids), body):
-            out.append([cls_id, *ids[i:i + body], sep_id])
+            out.append([cls_id, *ids[i : i + body], sep_id])
     return out
 
 
@@ -97,7 +98,9 @@ def text_backend(tokenizer):
 def encode(tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens, offsets or masks (the fast path);
     special-token strings in the text are tokenized as text (``text_backend``)."""
-    return [e.ids for e in text_backend(tokenizer).encode_batch_fast(texts, add_special_tokens=False)]
+    return [
+        e.ids for e in text_backend(tokenizer).encode_batch_fast(texts, add_special_tokens=False)
+    ]
 
 
 PREDICTABLE_SAMPLE = 2000  # blocks looked at for a token that can be masked
@@ -137,7 +140,9 @@ def token_counts(train_set, tokenizer, max_blocks: int = 20_000) -> torch.Tensor
     majority baseline come from them."""
     import torch
 
-    counts = torch.bincount(_first_ids(train_set, max_blocks), minlength=len(tokenizer))[: len(tokenizer)]
+    counts = torch.bincount(_first_ids(train_set, max_blocks), minlength=len(tokenizer))[
+        : len(tokenizer)
+    ]
     counts[torch.tensor(tokenizer.all_special_ids, dtype=torch.long)] = 0
     return counts
 
@@ -153,11 +158,21 @@ def unk_tokens(blocks, tokenizer, max_blocks: int = 5_000) -> tuple[int, int]:
     return unk, unk + int((~torch.isin(ids, special)).sum())
 
 
-def _tokenize_and_pack(batch: dict, tokenizer, max_seq_length: int, packing: str = "concatenate") -> dict:
+def _tokenize_and_pack(
+    batch: dict, tokenizer, max_seq_length: int, packing: str = "concatenate"
+) -> dict:
     ids = encode(tokenizer, batch["text"])
     if packing == "line_by_line":
-        return {"input_ids": pack_lines(ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length)}
-    return {"input_ids": pack_concat(ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length)[0]}
+        return {
+            "input_ids": pack_lines(
+                ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length
+            )
+        }
+    return {
+        "input_ids": pack_concat(
+            ids, tokenizer.cls_token_id, tokenizer.sep_token_id, max_seq_length
+        )[0]
+    }
 
 
 def _auto_num_proc(n_docs: int, requested: int | None) -> int:
@@ -168,8 +183,14 @@ def _auto_num_proc(n_docs: int, requested: int | None) -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = None,
-                packing: str = "concatenate", cache_files: bool = True):
+def pack_corpus(
+    corpus,
+    tokenizer,
+    max_seq_length: int,
+    num_proc: int | None = None,
+    packing: str = "concatenate",
+    cache_files: bool = True,
+):
     """Tokenize and pack every split of ``corpus`` into blocks of ``max_seq_length`` ids.
 
     One pass per split (tokenize and pack in the same batch), int32 ids, no attention
@@ -184,8 +205,12 @@ def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = N
         if procs > 1:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         packed[split] = ds.map(
-            partial(_tokenize_and_pack, tokenizer=tokenizer, max_seq_length=max_seq_length,
-                    packing=packing),
+            partial(
+                _tokenize_and_pack,
+                tokenizer=tokenizer,
+                max_seq_length=max_seq_length,
+                packing=packing,
+            ),
             batched=True,
             batch_size=1000,
             num_proc=procs if procs > 1 else None,
@@ -200,14 +225,18 @@ def pack_corpus(corpus, tokenizer, max_seq_length: int, num_proc: int | None = N
 def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str:
     """The packed dataset's cache key: everything that changes the blocks."""
 
-
-    key_src = json.dumps({
-        "corpus": fingerprint or corpus_fingerprint(cfg),
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-        "max_seq_length": cfg.max_seq_length,
-        "packing": "line_by_line" if cfg.packing == "line_by_line" else "concatenate",  # documents: the same blocks
-        "pack": PACK_VERSION,
-    }, sort_keys=True)
+    key_src = json.dumps(
+        {
+            "corpus": fingerprint or corpus_fingerprint(cfg),
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "max_seq_length": cfg.max_seq_length,
+            "packing": "line_by_line"
+            if cfg.packing == "line_by_line"
+            else "concatenate",  # documents: the same blocks
+            "pack": PACK_VERSION,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(key_src.encode()).hexdigest()[:16]
 
 
@@ -215,8 +244,9 @@ def _corpus_setting(cfg: DataConfig, split: str) -> str:
     """The setting that names the text of ``split``."""
     if split == "validation" and cfg.validation_files:
         return "data.validation_files"
-    return {"files": "data.train_files", "hub": "data.hub_name", "mix": "data.sources"}.get(cfg.source,
-                                                                                           "data.source")
+    return {"files": "data.train_files", "hub": "data.hub_name", "mix": "data.sources"}.get(
+        cfg.source, "data.source"
+    )
 
 
 def check_packed(packed, cfg: DataConfig) -> None:
@@ -232,15 +262,24 @@ def check_packed(packed, cfg: DataConfig) -> None:
 def warn_small_validation(n_rows: int, batch_size: int) -> bool:
     """Warn (with the count) when the validation set is smaller than one batch."""
     if n_rows < batch_size:
-        log.warning("The validation set has %d sequences, fewer than one batch (%d): evaluation "
-                    "figures will be noisy; add validation text (data.validation_files or "
-                    "data.validation_split).", n_rows, batch_size)
+        log.warning(
+            "The validation set has %d sequences, fewer than one batch (%d): evaluation "
+            "figures will be noisy; add validation text (data.validation_files or "
+            "data.validation_split).",
+            n_rows,
+            batch_size,
+        )
         return True
     return False
 
 
-def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, corpus=None,
-                     fingerprint: str | None = None):
+def prepare_datasets(
+    cfg: DataConfig,
+    tokenizer,
+    cache_dir: str | os.PathLike,
+    corpus=None,
+    fingerprint: str | None = None,
+):
     """Packed train/validation datasets, from the disk cache when nothing changed.
 
     The cache is written under a temporary name and renamed when complete, and only once
@@ -259,8 +298,11 @@ def prepare_datasets(cfg: DataConfig, tokenizer, cache_dir: str | os.PathLike, c
             packed = _store(packed, target, cache_dir)
     check_packed(packed, cfg)
     for split in ("train", "validation"):
-        check_predictable(packed[split].select(range(min(len(packed[split]), PREDICTABLE_SAMPLE)))["input_ids"],
-                          tokenizer, _corpus_setting(cfg, split))
+        check_predictable(
+            packed[split].select(range(min(len(packed[split]), PREDICTABLE_SAMPLE)))["input_ids"],
+            tokenizer,
+            _corpus_setting(cfg, split),
+        )
     if cfg.max_eval_samples is not None and len(packed["validation"]) > cfg.max_eval_samples:
         packed["validation"] = packed["validation"].select(range(cfg.max_eval_samples))
     return packed.with_format("torch")
@@ -295,12 +337,19 @@ def _store(packed, target: Path, cache_dir):
     import datasets
 
     try:
-        cache.write_entry(target, lambda folder: packed.save_to_disk(str(folder)),
-                          info={"rows": {split: len(ds) for split, ds in packed.items()}})
+        cache.write_entry(
+            target,
+            lambda folder: packed.save_to_disk(str(folder)),
+            info={"rows": {split: len(ds) for split, ds in packed.items()}},
+        )
     except OSError as exc:
-        log.warning("Could not cache the packed dataset under paths.cache_dir=%r (%s), so this "
-                    "run trains from memory; free disk space there or set paths.cache_dir to "
-                    "another folder.", str(cache_dir), cache.reason(exc))
+        log.warning(
+            "Could not cache the packed dataset under paths.cache_dir=%r (%s), so this "
+            "run trains from memory; free disk space there or set paths.cache_dir to "
+            "another folder.",
+            str(cache_dir),
+            cache.reason(exc),
+        )
         return packed
     return datasets.load_from_disk(str(target))
 

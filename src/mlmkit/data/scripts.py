@@ -16,14 +16,62 @@ from collections.abc import Iterable
 
 # Scripts whose combining marks (vowel signs, viramas, tone marks) spell the words: deleting them
 # deletes letters. Named by the first word of the Unicode character names.
-ABUGIDAS = frozenset({
-    "DEVANAGARI", "BENGALI", "GURMUKHI", "GUJARATI", "ORIYA", "TAMIL", "TELUGU", "KANNADA", "MALAYALAM",
-    "SINHALA", "THAI", "LAO", "TIBETAN", "MYANMAR", "KHMER", "BALINESE", "JAVANESE", "SUNDANESE",
-    "LIMBU", "TAI", "NEW", "BUGINESE", "CHAKMA", "SHARADA", "TIRHUTA", "KAITHI", "GRANTHA", "AHOM", "CHAM",
-    "MEETEI", "SYLOTI", "KAYAH", "BRAHMI", "SAURASHTRA", "REJANG", "BATAK", "LEPCHA", "MODI",
-    "TAKRI", "KHOJKI", "DOGRA", "NANDINAGARI", "SIDDHAM", "NEWA", "BHAIKSUKI", "MARCHEN", "TAGALOG",
-    "HANUNOO", "BUHID", "TAGBANWA", "KHUDAWADI", "MAHAJANI",
-})
+ABUGIDAS = frozenset(
+    {
+        "DEVANAGARI",
+        "BENGALI",
+        "GURMUKHI",
+        "GUJARATI",
+        "ORIYA",
+        "TAMIL",
+        "TELUGU",
+        "KANNADA",
+        "MALAYALAM",
+        "SINHALA",
+        "THAI",
+        "LAO",
+        "TIBETAN",
+        "MYANMAR",
+        "KHMER",
+        "BALINESE",
+        "JAVANESE",
+        "SUNDANESE",
+        "LIMBU",
+        "TAI",
+        "NEW",
+        "BUGINESE",
+        "CHAKMA",
+        "SHARADA",
+        "TIRHUTA",
+        "KAITHI",
+        "GRANTHA",
+        "AHOM",
+        "CHAM",
+        "MEETEI",
+        "SYLOTI",
+        "KAYAH",
+        "BRAHMI",
+        "SAURASHTRA",
+        "REJANG",
+        "BATAK",
+        "LEPCHA",
+        "MODI",
+        "TAKRI",
+        "KHOJKI",
+        "DOGRA",
+        "NANDINAGARI",
+        "SIDDHAM",
+        "NEWA",
+        "BHAIKSUKI",
+        "MARCHEN",
+        "TAGALOG",
+        "HANUNOO",
+        "BUHID",
+        "TAGBANWA",
+        "KHUDAWADI",
+        "MAHAJANI",
+    }
+)
 # Kana whose voicing marks are part of the letter (が is not か): stripping them changes the word.
 SYLLABARIES = frozenset({"HIRAGANA", "KATAKANA"})
 
@@ -64,7 +112,9 @@ def describe(lost: Counter, top: int = 3) -> str:
         script = script_of(c)
         by_script[script] += n
         example.setdefault(script, c)
-    return ", ".join(f"{s.title()} (U+{ord(example[s]):04X} {example[s]})" for s, _ in by_script.most_common(top))
+    return ", ".join(
+        f"{s.title()} (U+{ord(example[s]):04X} {example[s]})" for s, _ in by_script.most_common(top)
+    )
 
 
 def long_words(texts: Iterable[str], max_chars: int) -> tuple[int, int]:

@@ -3,7 +3,6 @@ and ``validation`` splits (one ``text`` column) from the built-in corpus, local 
 (text, JSON lines, Parquet, CSV), a Hugging Face dataset, or several of these interleaved
 with weights; ``corpus_fingerprint`` names what was read, for the caches."""
 
-
 from __future__ import annotations
 
 import ast
@@ -25,15 +24,32 @@ log = logging.getLogger(__name__)
 
 SPLIT_SEED = 0  # the held-out validation split does not move with train.seed
 PACK_VERSION = "v3"  # v3: special-token strings in the text are tokenized as text
-TEXT_EXTENSIONS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json",
-                   ".parquet": "parquet", ".csv": "csv"}
+TEXT_EXTENSIONS = {
+    ".txt": "text",
+    ".text": "text",
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+}
 
 # ----------------------------------------------------------------------------------------
 # The built-in corpus: English prose shipped with every Python installation.
 # ----------------------------------------------------------------------------------------
 
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__",
-              "lib2to3", "turtledemo", "ensurepip", "pydoc_data", "config-3"}
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idlelib",
+    "__pycache__",
+    "lib2to3",
+    "turtledemo",
+    "ensurepip",
+    "pydoc_data",
+    "config-3",
+}
 _MIN_DOCSTRING_CHARS = 200  # short docstrings are mostly signatures, not prose
 
 
@@ -55,7 +71,9 @@ def _builtin_documents() -> tuple[str, ...]:
     docs = [topics[key].strip() for key in sorted(topics)]
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for root, dirs, files in os.walk(stdlib):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith((".", "config-")))
+        dirs[:] = sorted(
+            d for d in dirs if d not in _SKIP_DIRS and not d.startswith((".", "config-"))
+        )
         for name in sorted(files):
             if not name.endswith(".py"):
                 continue
@@ -64,7 +82,9 @@ def _builtin_documents() -> tuple[str, ...]:
             except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
                 continue
             for node in ast.walk(tree):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                if isinstance(
+                    node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+                ):
                     doc = ast.get_docstring(node)
                     if doc and len(doc) >= _MIN_DOCSTRING_CHARS:
                         docs.append(doc.strip())
@@ -81,7 +101,9 @@ def resolve_files(patterns: list[str], setting: str) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
         expanded = os.path.expanduser(str(pattern))
-        matches = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+        matches = (
+            sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+        )
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise DataError(f"{setting}: no file matches {pattern!r}.")
@@ -118,7 +140,7 @@ def _read_lines(path: str, start: int, stats: dict) -> Iterator[tuple[str, int, 
                 space = raw.rfind(b" ")
                 if space > 0:
                     fh.seek(pos + space + 1)
-                    raw = raw[:space + 1]
+                    raw = raw[: space + 1]
                 stats["cut"] = stats.get("cut", 0) + 1
             pos += len(raw)
             line = raw.decode("utf-8", errors="replace")
@@ -127,8 +149,9 @@ def _read_lines(path: str, start: int, stats: dict) -> Iterator[tuple[str, int, 
             yield line.strip(), len(raw), pos, cut
 
 
-def iter_txt(path: str, sample_by: str, start: int = 0, stats: dict | None = None
-             ) -> Iterator[tuple[str, int]]:
+def iter_txt(
+    path: str, sample_by: str, start: int = 0, stats: dict | None = None
+) -> Iterator[tuple[str, int]]:
     """The documents of a .txt file with the byte offset after each, read line by line.
 
     Memory stays bounded whatever the file: a line longer than ``MAX_LINE_BYTES`` (say a
@@ -167,16 +190,24 @@ def warn_txt_stats(path: str, stats: dict) -> None:
     if stats.get("bad_bytes"):
         log.warning("%s: %d bytes are not valid UTF-8 and were replaced", path, stats["bad_bytes"])
     if stats.get("cut"):
-        log.warning("%s: %d lines or documents longer than %d bytes were cut into pieces", path,
-                    stats["cut"], MAX_LINE_BYTES)
+        log.warning(
+            "%s: %d lines or documents longer than %d bytes were cut into pieces",
+            path,
+            stats["cut"],
+            MAX_LINE_BYTES,
+        )
 
 
-_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),  # before UTF-16's
-         (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),  # before UTF-16's
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
 
 
 def wide_encoding(head: bytes) -> str | None:
-    """"UTF-16" or "UTF-32" when the bytes ``head`` start with that encoding's byte-order
+    """ "UTF-16" or "UTF-32" when the bytes ``head`` start with that encoding's byte-order
     mark, or look like UTF-16 without one (mostly ASCII text: a NUL in every other byte)."""
     for bom, name in _BOMS:
         if head.startswith(bom):
@@ -196,8 +227,10 @@ def check_not_binary(path: str, setting: str) -> None:
         head = fh.read(8192)
     encoding = wide_encoding(head)
     if encoding:
-        raise DataError(f"{setting}: {path!r} is {encoding} encoded; convert it to UTF-8 "
-                        f"(e.g. iconv -f {encoding} -t UTF-8).")
+        raise DataError(
+            f"{setting}: {path!r} is {encoding} encoded; convert it to UTF-8 "
+            f"(e.g. iconv -f {encoding} -t UTF-8)."
+        )
     if b"\x00" in head:
         raise DataError(
             f"{setting}: {path!r} looks like a binary file (it contains NUL bytes); "
@@ -210,8 +243,9 @@ def check_not_binary(path: str, setting: str) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-def iter_jsonl(path: str, column: str, start: int = 0, stats: dict | None = None
-               ) -> Iterator[tuple[str, int]]:
+def iter_jsonl(
+    path: str, column: str, start: int = 0, stats: dict | None = None
+) -> Iterator[tuple[str, int]]:
     """(text of ``column``, byte offset after its line) for each row of a .jsonl file.
 
     Lines that are not JSON objects, rows without the column and values that are not text
@@ -244,9 +278,16 @@ def iter_jsonl(path: str, column: str, start: int = 0, stats: dict | None = None
 def warn_jsonl_stats(path: str, column: str, stats: dict) -> None:
     """One warning with the counts of the rows ``iter_jsonl`` skipped."""
     if any(stats.get(k) for k in ("bad_rows", "no_column", "not_text")):
-        log.warning("%s: skipped %d lines that are not JSON objects, %d rows without the column %r "
-                    "and %d whose %r is not text", path, stats.get("bad_rows", 0),
-                    stats.get("no_column", 0), column, stats.get("not_text", 0), column)
+        log.warning(
+            "%s: skipped %d lines that are not JSON objects, %d rows without the column %r "
+            "and %d whose %r is not text",
+            path,
+            stats.get("bad_rows", 0),
+            stats.get("no_column", 0),
+            column,
+            stats.get("not_text", 0),
+            column,
+        )
 
 
 def _describe_value(value) -> str:
@@ -262,8 +303,10 @@ def _describe_value(value) -> str:
 
 
 def _not_text(setting: str, path: str, column: str, what: str) -> DataError:
-    return DataError(f"{setting}: the column {column!r} of {path!r} holds {what}, not text; set "
-                     "data.text_column to a column of text.")
+    return DataError(
+        f"{setting}: the column {column!r} of {path!r} holds {what}, not text; set "
+        "data.text_column to a column of text."
+    )
 
 
 def check_text_column(path: str, column: str, setting: str) -> None:
@@ -278,11 +321,15 @@ def check_text_column(path: str, column: str, setting: str) -> None:
         try:
             schema = pq.read_schema(path)
         except Exception as exc:  # not Parquet, or cut short
-            raise DataError(f"{setting}: could not read {path!r} as parquet "
-                            f"({first_line(exc)}); list only whole Parquet files.") from None
+            raise DataError(
+                f"{setting}: could not read {path!r} as parquet "
+                f"({first_line(exc)}); list only whole Parquet files."
+            ) from None
         if column not in schema.names:
-            raise DataError(f"{setting}: {path!r} has no column {column!r} (columns: "
-                            f"{', '.join(schema.names)}); set data.text_column.")
+            raise DataError(
+                f"{setting}: {path!r} has no column {column!r} (columns: "
+                f"{', '.join(schema.names)}); set data.text_column."
+            )
         kind = schema.field(column).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise _not_text(setting, path, column, f"{kind} values")
@@ -301,10 +348,10 @@ def check_text_column(path: str, column: str, setting: str) -> None:
                         raise _not_text(setting, path, column, _describe_value(row[column]))
                     return
         if keys is not None:
-            raise DataError(f"{setting}: {path!r} has no column {column!r} (columns: "
-                            f"{', '.join(keys)}); set data.text_column.")
-
-
+            raise DataError(
+                f"{setting}: {path!r} has no column {column!r} (columns: "
+                f"{', '.join(keys)}); set data.text_column."
+            )
 
 
 def _txt_generator(files: list[tuple[str, int, int]], sample_by: str) -> Iterator[dict]:
@@ -324,8 +371,10 @@ def _jsonl_generator(files: list[tuple[str, int, int]], column: str) -> Iterator
 
 
 def _offline_env() -> bool:
-    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
-               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+        for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def hub_error(name: str, config: str | None, exc: BaseException | None = None) -> DataError:
@@ -361,8 +410,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     if endpoint not in _REACHABLE:
         url = urlparse(endpoint)
         try:
-            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                     timeout=timeout).close()
+            socket.create_connection(
+                (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+            ).close()
             _REACHABLE[endpoint] = True
         except OSError:
             _REACHABLE[endpoint] = False
@@ -391,8 +441,14 @@ def _offline_mode(on: bool):
     return block()
 
 
-def load_hub(name: str, config: str | None, split: str, text_column: str, streaming: bool,
-             setting: str = "data.hub_name"):
+def load_hub(
+    name: str,
+    config: str | None,
+    split: str,
+    text_column: str,
+    streaming: bool,
+    setting: str = "data.hub_name",
+):
     """A hub dataset (or a local dataset dir) reduced to one ``text`` column."""
     import datasets
 
@@ -432,8 +488,10 @@ def _load_structured(builder: str, files: list[str], text_column: str, setting: 
     try:
         ds = datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
     except Exception as exc:
-        raise DataError(f"{setting}: could not read {files[0]!r} as {builder}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}.") from None
+        raise DataError(
+            f"{setting}: could not read {files[0]!r} as {builder}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}."
+        ) from None
     if text_column not in ds.column_names:
         raise DataError(
             f"{setting}: {files[0]!r} has no column {text_column!r} (columns: "
@@ -442,8 +500,12 @@ def _load_structured(builder: str, files: list[str], text_column: str, setting: 
     feature = ds.features[text_column]
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
         kind = getattr(feature, "dtype", None) or type(feature).__name__.lower()
-        raise _not_text(setting, files[0] if len(files) == 1 else ", ".join(files), text_column,
-                        f"{'objects' if kind in ('dict', 'struct') else kind} values")
+        raise _not_text(
+            setting,
+            files[0] if len(files) == 1 else ", ".join(files),
+            text_column,
+            f"{'objects' if kind in ('dict', 'struct') else kind} values",
+        )
     return _text_only(ds, text_column)
 
 
@@ -463,16 +525,24 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
         if builder in ("text", "jsonl"):  # read here: counted warnings for what is skipped
             # The stats (size, mtime) are in gen_kwargs so that datasets' own cache of this
             # step is invalidated when a file changes.
-            generator, kwargs = ((_txt_generator, {"sample_by": cfg.txt_sample_by}) if builder == "text"
-                                 else (_jsonl_generator, {"column": cfg.text_column}))
+            generator, kwargs = (
+                (_txt_generator, {"sample_by": cfg.txt_sample_by})
+                if builder == "text"
+                else (_jsonl_generator, {"column": cfg.text_column})
+            )
             try:
-                parts.append(datasets.Dataset.from_generator(
-                    generator, gen_kwargs={"files": _file_stats(group), **kwargs},
-                    features=datasets.Features({"text": datasets.Value("string")}),
-                ))
+                parts.append(
+                    datasets.Dataset.from_generator(
+                        generator,
+                        gen_kwargs={"files": _file_stats(group), **kwargs},
+                        features=datasets.Features({"text": datasets.Value("string")}),
+                    )
+                )
             except ValueError:  # datasets refuses a generator that yields nothing
-                raise DataError(f"{setting}: {', '.join(map(repr, group))} "
-                                f"hold{'s' if len(group) == 1 else ''} no text.") from None
+                raise DataError(
+                    f"{setting}: {', '.join(map(repr, group))} "
+                    f"hold{'s' if len(group) == 1 else ''} no text."
+                ) from None
         else:
             parts.append(_load_structured(builder, group, cfg.text_column, setting))
     ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
@@ -499,11 +569,15 @@ def load_source(src, cfg: DataConfig, setting: str):
     if src.kind == "builtin":
         return datasets.Dataset.from_dict({"text": builtin_documents()})
     if src.kind == "hub":
-        return _text_only(load_hub(src.name, src.config, src.split, src.text_column, False, setting),
-                          src.text_column)
+        return _text_only(
+            load_hub(src.name, src.config, src.split, src.text_column, False, setting),
+            src.text_column,
+        )
     from dataclasses import replace
 
-    return load_files(resolve_files(src.files, setting), replace(cfg, text_column=src.text_column), setting)
+    return load_files(
+        resolve_files(src.files, setting), replace(cfg, text_column=src.text_column), setting
+    )
 
 
 def mix_probabilities(sources) -> list[float]:
@@ -519,21 +593,37 @@ def load_corpus(cfg: DataConfig):
     if cfg.source == "builtin":
         train = datasets.Dataset.from_dict({"text": builtin_documents()})
     elif cfg.source == "hub":
-        train = _text_only(load_hub(cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_column, False),
-                           cfg.text_column)
+        train = _text_only(
+            load_hub(cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_column, False),
+            cfg.text_column,
+        )
         if cfg.hub_validation_split:
-            validation = _text_only(load_hub(cfg.hub_name, cfg.hub_config, cfg.hub_validation_split,
-                                             cfg.text_column, False), cfg.text_column)
+            validation = _text_only(
+                load_hub(
+                    cfg.hub_name, cfg.hub_config, cfg.hub_validation_split, cfg.text_column, False
+                ),
+                cfg.text_column,
+            )
     elif cfg.source == "mix":
         parts = [load_source(s, cfg, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
-        train = parts[0] if len(parts) == 1 else datasets.interleave_datasets(
-            parts, probabilities=mix_probabilities(cfg.sources), seed=SPLIT_SEED,
-            stopping_strategy=cfg.mix_stopping)
+        train = (
+            parts[0]
+            if len(parts) == 1
+            else datasets.interleave_datasets(
+                parts,
+                probabilities=mix_probabilities(cfg.sources),
+                seed=SPLIT_SEED,
+                stopping_strategy=cfg.mix_stopping,
+            )
+        )
     else:
-        train = load_files(resolve_files(cfg.train_files, "data.train_files"), cfg, "data.train_files")
+        train = load_files(
+            resolve_files(cfg.train_files, "data.train_files"), cfg, "data.train_files"
+        )
     if cfg.validation_files:
         validation = load_files(
-            resolve_files(cfg.validation_files, "data.validation_files"), cfg,
+            resolve_files(cfg.validation_files, "data.validation_files"),
+            cfg,
             "data.validation_files",
         )
     if validation is None:
@@ -542,7 +632,9 @@ def load_corpus(cfg: DataConfig):
                 "The corpus has a single document, so no validation split can be held out; "
                 "set data.validation_files, or data.txt_sample_by=paragraph."
             )
-        split = train.train_test_split(test_size=cfg.validation_split, seed=SPLIT_SEED, shuffle=True)
+        split = train.train_test_split(
+            test_size=cfg.validation_split, seed=SPLIT_SEED, shuffle=True
+        )
         train, validation = split["train"], split["test"]
     return datasets.DatasetDict({"train": train, "validation": validation})
 
@@ -551,12 +643,23 @@ def _source_identity(src, cfg: DataConfig) -> dict:
     if src.kind == "builtin":
         return {"builtin": sys.version, "stdlib": sysconfig.get_paths()["stdlib"]}
     if src.kind == "hub":
-        return {"hub": src.name, "config": src.config, "split": src.split, "text_column": src.text_column,
-                # a local dataset dir changes when it is rewritten
-                "stats": _file_stats(sorted(glob.glob(os.path.join(src.name, "**", "*.arrow"), recursive=True)))
-                if os.path.isdir(src.name) else None}
-    return {"files": _file_stats(resolve_files(src.files, "data.sources")), "text_column": src.text_column,
-            "txt_sample_by": cfg.txt_sample_by}
+        return {
+            "hub": src.name,
+            "config": src.config,
+            "split": src.split,
+            "text_column": src.text_column,
+            # a local dataset dir changes when it is rewritten
+            "stats": _file_stats(
+                sorted(glob.glob(os.path.join(src.name, "**", "*.arrow"), recursive=True))
+            )
+            if os.path.isdir(src.name)
+            else None,
+        }
+    return {
+        "files": _file_stats(resolve_files(src.files, "data.sources")),
+        "text_column": src.text_column,
+        "txt_sample_by": cfg.txt_sample_by,
+    }
 
 
 def corpus_fingerprint(cfg: DataConfig) -> str:
@@ -564,20 +667,35 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
     if cfg.source == "builtin":
         ident = _source_identity(SourceConfig(kind="builtin"), cfg)
     elif cfg.source == "hub":
-        ident = {**_source_identity(SourceConfig(kind="hub", name=cfg.hub_name, config=cfg.hub_config,
-                                                 split=cfg.hub_split, text_column=cfg.text_column), cfg),
-                 "validation_split_name": cfg.hub_validation_split}
+        ident = {
+            **_source_identity(
+                SourceConfig(
+                    kind="hub",
+                    name=cfg.hub_name,
+                    config=cfg.hub_config,
+                    split=cfg.hub_split,
+                    text_column=cfg.text_column,
+                ),
+                cfg,
+            ),
+            "validation_split_name": cfg.hub_validation_split,
+        }
     elif cfg.source == "mix":
-        ident = {"mix": [{**_source_identity(s, cfg), "weight": s.weight} for s in cfg.sources],
-                 "stopping": cfg.mix_stopping}
+        ident = {
+            "mix": [{**_source_identity(s, cfg), "weight": s.weight} for s in cfg.sources],
+            "stopping": cfg.mix_stopping,
+        }
     else:
         ident = {
             "train": _file_stats(resolve_files(cfg.train_files, "data.train_files")),
             "text_column": cfg.text_column,
             "txt_sample_by": cfg.txt_sample_by,
         }
-    ident["validation"] = _file_stats(resolve_files(cfg.validation_files, "data.validation_files")) \
-        if cfg.validation_files else None
+    ident["validation"] = (
+        _file_stats(resolve_files(cfg.validation_files, "data.validation_files"))
+        if cfg.validation_files
+        else None
+    )
     ident["validation_split"] = cfg.validation_split
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -585,5 +703,3 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
 # ----------------------------------------------------------------------------------------
 # Tokenize and pack
 # ----------------------------------------------------------------------------------------
-
-

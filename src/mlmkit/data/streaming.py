@@ -120,8 +120,9 @@ class FilesSource:
             else:
                 import datasets
 
-                self._ds = datasets.load_dataset(TEXT_EXTENSIONS[ext], data_files=[path], split="train",
-                                                 streaming=True)
+                self._ds = datasets.load_dataset(
+                    TEXT_EXTENSIONS[ext], data_files=[path], split="train", streaming=True
+                )
                 if start:
                     self._ds.load_state_dict(start)
                 try:
@@ -145,9 +146,15 @@ class HubSource:
 
     def docs(self, pos: Any) -> Iterator[str]:
         self._ds = load_hub(self.name, self.config, self.split, self.column, streaming=True)
-        if self.shard is not None and self.shard[1] > 1 and self._ds.num_shards % self.shard[1] == 0:
+        if (
+            self.shard is not None
+            and self.shard[1] > 1
+            and self._ds.num_shards % self.shard[1] == 0
+        ):
             # as many files per reader: each reader downloads only its own files
-            self._ds = self._ds.shard(num_shards=self.shard[1], index=self.shard[0], contiguous=True)
+            self._ds = self._ds.shard(
+                num_shards=self.shard[1], index=self.shard[0], contiguous=True
+            )
             self.presharded = True
         if pos is not None:
             self._ds.load_state_dict(pos)
@@ -188,22 +195,51 @@ def stream_sources(cfg: DataConfig, split: str = "train") -> list[tuple[SourceCo
     an empty list for validation means: hold out the first documents of the train stream."""
     if split == "validation":
         if cfg.validation_files:
-            return [(SourceConfig(kind="files", files=cfg.validation_files, text_column=cfg.text_column),
-                     "data.validation_files")]
+            return [
+                (
+                    SourceConfig(
+                        kind="files", files=cfg.validation_files, text_column=cfg.text_column
+                    ),
+                    "data.validation_files",
+                )
+            ]
         if cfg.source == "hub" and cfg.hub_validation_split:
-            return [(SourceConfig(kind="hub", name=cfg.hub_name, config=cfg.hub_config,
-                                  split=cfg.hub_validation_split, text_column=cfg.text_column),
-                     "data.hub_validation_split")]
+            return [
+                (
+                    SourceConfig(
+                        kind="hub",
+                        name=cfg.hub_name,
+                        config=cfg.hub_config,
+                        split=cfg.hub_validation_split,
+                        text_column=cfg.text_column,
+                    ),
+                    "data.hub_validation_split",
+                )
+            ]
         return []
     if cfg.source == "builtin":
         return [(SourceConfig(kind="builtin"), "data.source")]
     if cfg.source == "hub":
-        return [(SourceConfig(kind="hub", name=cfg.hub_name, config=cfg.hub_config, split=cfg.hub_split,
-                              text_column=cfg.text_column), "data.hub_name")]
+        return [
+            (
+                SourceConfig(
+                    kind="hub",
+                    name=cfg.hub_name,
+                    config=cfg.hub_config,
+                    split=cfg.hub_split,
+                    text_column=cfg.text_column,
+                ),
+                "data.hub_name",
+            )
+        ]
     if cfg.source == "mix":
         return [(s, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
-    return [(SourceConfig(kind="files", files=cfg.train_files, text_column=cfg.text_column),
-             "data.train_files")]
+    return [
+        (
+            SourceConfig(kind="files", files=cfg.train_files, text_column=cfg.text_column),
+            "data.train_files",
+        )
+    ]
 
 
 class DocStream:
@@ -216,8 +252,13 @@ class DocStream:
     (they are the held-out validation documents).
     """
 
-    def __init__(self, cfg: DataConfig, split: str = "train", skip_first: int = 0,
-                 shard: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str = "train",
+        skip_first: int = 0,
+        shard: tuple[int, int] | None = None,
+    ) -> None:
         specs = stream_sources(cfg, split) or stream_sources(cfg, "train")
         self.sources = [_make_source(s, cfg, setting) for s, setting in specs]
         if shard is not None and len(self.sources) == 1 and isinstance(self.sources[0], HubSource):
@@ -232,8 +273,13 @@ class DocStream:
         self._rng: np.random.Generator | None = None
 
     def _epoch_start(self, epoch: int) -> dict[str, Any]:
-        return {"epoch": epoch, "index": 0, "sources": [None] * len(self.sources),
-                "finished": [False] * len(self.sources), "rng": None}
+        return {
+            "epoch": epoch,
+            "index": 0,
+            "sources": [None] * len(self.sources),
+            "finished": [False] * len(self.sources),
+            "rng": None,
+        }
 
     @property
     def presharded(self) -> bool:
@@ -248,8 +294,10 @@ class DocStream:
         """The position after the last document taken (call between documents)."""
         st = dict(self.state)
         started = self._started or [False] * len(self.sources)
-        st["sources"] = [s.position() if go else p
-                         for s, go, p in zip(self.sources, started, self.state["sources"])]
+        st["sources"] = [
+            s.position() if go else p
+            for s, go, p in zip(self.sources, started, self.state["sources"])
+        ]
         st["rng"] = self._rng.bit_generator.state if self._rng is not None else None
         return json.loads(json.dumps(st))  # a copy, and proof it can be saved
 
@@ -264,12 +312,20 @@ class DocStream:
             if self._rng is not None and st["rng"] is not None:
                 self._rng.bit_generator.state = st["rng"]
             while True:
-                k = 0 if self._rng is None else int(self._rng.choice(len(self.sources), p=self.probs))
+                k = (
+                    0
+                    if self._rng is None
+                    else int(self._rng.choice(len(self.sources), p=self.probs))
+                )
                 try:
                     doc = next(self._iters[k])
                 except StopIteration:
                     st["finished"][k] = True
-                    if self._rng is None or self.stopping == "first_exhausted" or all(st["finished"]):
+                    if (
+                        self._rng is None
+                        or self.stopping == "first_exhausted"
+                        or all(st["finished"])
+                    ):
                         break
                     self._iters[k] = self.sources[k].docs(None)  # all_exhausted: start it over
                     self._started[k] = False
@@ -283,10 +339,14 @@ class DocStream:
             self._iters, self._started = [], []
             if st["index"] <= self._skip() and st["sources"] == [None] * len(self.sources):
                 if not self._skip():
-                    raise DataError("The training corpus holds no text; add text to it, or check "
-                                    "data.text_column.")
-                raise DataError("The corpus holds no training text beyond the held-out validation "
-                                "documents; add text or lower data.stream_validation_docs.")
+                    raise DataError(
+                        "The training corpus holds no text; add text to it, or check "
+                        "data.text_column."
+                    )
+                raise DataError(
+                    "The corpus holds no training text beyond the held-out validation "
+                    "documents; add text or lower data.stream_validation_docs."
+                )
             self.state = self._epoch_start(st["epoch"] + 1)
 
 
@@ -298,12 +358,26 @@ class DocStream:
 class ShardBlocks:
     """Blocks of shard ``shard`` of ``shards``: tokenized, packed and window-shuffled."""
 
-    def __init__(self, cfg: DataConfig, tokenizer, shard: int, shards: int, seed: int,
-                 skip_first: int = 0, split: str = "train") -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        tokenizer,
+        shard: int,
+        shards: int,
+        seed: int,
+        skip_first: int = 0,
+        split: str = "train",
+    ) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.shard, self.shards, self.seed = shard, shards, seed
         self.stream = DocStream(cfg, split, skip_first, (shard, shards))
-        self.state: dict[str, Any] = {"docs": None, "carry": [], "window": 0, "emitted": 0, "batches": 0}
+        self.state: dict[str, Any] = {
+            "docs": None,
+            "carry": [],
+            "window": 0,
+            "emitted": 0,
+            "batches": 0,
+        }
 
     def _pack(self, texts: list[str], carry: list[int]) -> tuple[list, list[int]]:
         ids = encode(self.tokenizer, texts)
@@ -348,15 +422,21 @@ class ShardBlocks:
         while True:
             window, carry = self._fill(docs, carry)
             if self.cfg.shuffle_buffer > 1:
-                order = np.random.default_rng([self.seed, self.shard, st["window"]]).permutation(len(window))
+                order = np.random.default_rng([self.seed, self.shard, st["window"]]).permutation(
+                    len(window)
+                )
             else:
                 order = range(len(window))
             for j in range(st["emitted"], len(window)):
                 st["emitted"] = j + 1
                 yield window[order[j]]
             # the next window starts where this one stopped reading
-            st.update(docs=self.stream.position(), carry=list(map(int, carry)),
-                      window=st["window"] + 1, emitted=0)
+            st.update(
+                docs=self.stream.position(),
+                carry=list(map(int, carry)),
+                window=st["window"] + 1,
+                emitted=0,
+            )
 
     def epoch(self) -> int:
         return int(self.stream.state["epoch"])
@@ -374,8 +454,17 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
     ``consumed % workers``, so the roles rotate to keep the order.
     """
 
-    def __init__(self, cfg: DataConfig, tokenizer, batch_size: int, rank: int, world: int,
-                 workers: int, seed: int, skip_first: int) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        tokenizer,
+        batch_size: int,
+        rank: int,
+        world: int,
+        workers: int,
+        seed: int,
+        skip_first: int,
+    ) -> None:
         self.cfg, self.tokenizer, self.batch_size = cfg, tokenizer, batch_size
         self.rank, self.world, self.workers, self.seed = rank, world, max(1, workers), seed
         self.skip_first = skip_first
@@ -386,16 +475,22 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         role = ((info.id if info else 0) + self.rotation) % self.workers
         shard = self.rank * self.workers + role
-        reader = ShardBlocks(self.cfg, self.tokenizer, shard, self.world * self.workers, self.seed,
-                             self.skip_first)
+        reader = ShardBlocks(
+            self.cfg, self.tokenizer, shard, self.world * self.workers, self.seed, self.skip_first
+        )
         if self.states[role] is not None:
             reader.state = json.loads(json.dumps(self.states[role]))
         blocks = reader.blocks()
         while True:
             rows = [next(blocks) for _ in range(self.batch_size)]
             reader.state["batches"] += 1
-            yield {"rows": rows, "mask_seed": mask_seed(self.seed, shard, reader.state["batches"]),
-                   "role": role, "state": json.loads(json.dumps(reader.state)), "epoch": reader.epoch()}
+            yield {
+                "rows": rows,
+                "mask_seed": mask_seed(self.seed, shard, reader.state["batches"]),
+                "role": role,
+                "state": json.loads(json.dumps(reader.state)),
+                "epoch": reader.epoch(),
+            }
 
 
 class StreamCollate:
@@ -406,9 +501,15 @@ class StreamCollate:
 
     def __call__(self, item: dict) -> dict:
         # every row its own mask seed (the collator masks each row from its seed)
-        batch = self.collate([{"input_ids": torch.as_tensor(r, dtype=torch.long),
-                               "mask_seed": (item["mask_seed"] + j) % 2**63}
-                              for j, r in enumerate(item["rows"])])
+        batch = self.collate(
+            [
+                {
+                    "input_ids": torch.as_tensor(r, dtype=torch.long),
+                    "mask_seed": (item["mask_seed"] + j) % 2**63,
+                }
+                for j, r in enumerate(item["rows"])
+            ]
+        )
         batch["_position"] = (item["role"], item["state"], item["epoch"])
         return batch
 
@@ -416,8 +517,14 @@ class StreamCollate:
 class StreamingBatches:
     """The training stream of one rank for the trainer: ``next()`` and ``state_dict()``."""
 
-    def __init__(self, dataset: StreamingBlocks, collate, num_workers: int, device: torch.device,
-                 pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: StreamingBlocks,
+        collate,
+        num_workers: int,
+        device: torch.device,
+        pin_memory: bool = False,
+    ) -> None:
         self.dataset, self.collate, self.num_workers = dataset, StreamCollate(collate), num_workers
         self.device, self.pin_memory = device, pin_memory
         self.consumed = 0
@@ -430,9 +537,14 @@ class StreamingBatches:
         self.dataset.rotation = self.consumed % self.dataset.workers
         if self.num_workers > 0:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        loader = DataLoader(self.dataset, batch_size=None, collate_fn=self.collate,
-                            num_workers=self.num_workers, pin_memory=self.pin_memory,
-                            prefetch_factor=2 if self.num_workers > 0 else None)
+        loader = DataLoader(
+            self.dataset,
+            batch_size=None,
+            collate_fn=self.collate,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            prefetch_factor=2 if self.num_workers > 0 else None,
+        )
         self._it = iter(loader)
 
     def __next__(self) -> dict[str, torch.Tensor]:
@@ -443,24 +555,36 @@ class StreamingBatches:
         self.dataset.states[role] = state
         self.consumed += 1
         self.epoch = epoch
-        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                for k, v in batch.items()}
+        return {
+            k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's position (the trainer gathers the ranks')."""
-        return {"streaming": True, "consumed": self.consumed, "workers": self.dataset.workers,
-                "epoch": self.epoch, "shards": self.dataset.states}
+        return {
+            "streaming": True,
+            "consumed": self.consumed,
+            "workers": self.dataset.workers,
+            "epoch": self.epoch,
+            "shards": self.dataset.states,
+        }
 
-    def load_state_dict(self, state: dict[str, Any], world: int | None = None,
-                        saved_world: int | None = None) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], world: int | None = None, saved_world: int | None = None
+    ) -> None:
         """Continue where this rank's ``state`` stood; the stream's shards are split by
         process, so a streaming run resumes with the number of processes that wrote it."""
         if saved_world is not None and saved_world != world:
-            raise ConfigError(f"The checkpoint's stream was read by {saved_world} process(es); "
-                              f"resume a streaming run with {saved_world} processes.")
+            raise ConfigError(
+                f"The checkpoint's stream was read by {saved_world} process(es); "
+                f"resume a streaming run with {saved_world} processes."
+            )
         if not state.get("streaming"):
-            raise ConfigError("The checkpoint was written by a map-mode run; resume it with "
-                              "data.streaming=false, or start a new run.")
+            raise ConfigError(
+                "The checkpoint was written by a map-mode run; resume it with "
+                "data.streaming=false, or start a new run."
+            )
         if state["workers"] != self.dataset.workers:
             raise ConfigError(
                 f"The checkpoint's stream was read by {state['workers']} dataloader worker(s) per "
@@ -551,18 +675,23 @@ def iter_texts(cfg: DataConfig) -> Iterator[str]:
 def as_dataset(rows: list):
     import datasets
 
-    return datasets.Dataset.from_dict({"input_ids": [r.tolist() for r in rows]}).with_format("torch")
+    return datasets.Dataset.from_dict({"input_ids": [r.tolist() for r in rows]}).with_format(
+        "torch"
+    )
 
 
-def setup_streaming(cfg: DataConfig, tokenizer, batch_size: int, rank: int, world: int,
-                    num_workers: int, seed: int):
+def setup_streaming(
+    cfg: DataConfig, tokenizer, batch_size: int, rank: int, world: int, num_workers: int, seed: int
+):
     """(the training ``StreamingBlocks``, validation dataset, baseline dataset)."""
     check_sources(cfg)
     skip = 0 if stream_sources(cfg, "validation") else cfg.stream_validation_docs
     val_rows = validation_rows(cfg, tokenizer)
     first = first_blocks(cfg, tokenizer, min(2000, max(batch_size, 256)), skip)
     check_predictable(first, tokenizer, stream_sources(cfg, "train")[0][1])
-    check_predictable(val_rows, tokenizer, (stream_sources(cfg, "validation") or stream_sources(cfg))[0][1])
+    check_predictable(
+        val_rows, tokenizer, (stream_sources(cfg, "validation") or stream_sources(cfg))[0][1]
+    )
     val, baseline = as_dataset(val_rows), as_dataset(first)
     dataset = StreamingBlocks(cfg, tokenizer, batch_size, rank, world, num_workers, seed, skip)
     return dataset, val, baseline

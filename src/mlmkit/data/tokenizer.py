@@ -25,7 +25,8 @@ def check_special_tokens(tokenizer, source: str) -> None:
     """Fail with one sentence if the tokenizer lacks a token BERT pretraining needs."""
     vocab = tokenizer.get_vocab()
     missing = [
-        name for name in REQUIRED
+        name
+        for name in REQUIRED
         if getattr(tokenizer, name, None) is None or str(getattr(tokenizer, name)) not in vocab
     ]
     if missing:
@@ -50,8 +51,9 @@ def load_tokenizer(name_or_path: str, setting: str = "tokenizer.name_or_path"):
     looks_local = local.exists() or name_or_path.startswith((".", "/", "~"))
     if looks_local and not local.is_dir():
         raise TokenizerError(f"{setting}={name_or_path!r} is not a directory.")
-    if looks_local and not any((local / f).is_file() for f in ("tokenizer.json", "vocab.txt",
-                                                             "tokenizer_config.json")):
+    if looks_local and not any(
+        (local / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+    ):
         raise TokenizerError(
             f"{setting}={name_or_path!r} holds no tokenizer (no tokenizer.json, vocab.txt or "
             "tokenizer_config.json); point it at a saved Hugging Face tokenizer dir."
@@ -61,8 +63,9 @@ def load_tokenizer(name_or_path: str, setting: str = "tokenizer.name_or_path"):
 
         refuse_custom_code(local, setting, TokenizerError)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else name_or_path,
-                                                  trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(local) if looks_local else name_or_path, trust_remote_code=False
+        )
     except Exception as exc:  # OSError, ValueError, connection errors from the hub
         where = "the local dir" if looks_local else "the Hugging Face Hub (is it reachable?)"
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
@@ -104,9 +107,15 @@ def _normalizer(cfg: TokenizerConfig):
     from tokenizers import Regex, normalizers
 
     if cfg.algorithm == "wordpiece":
-        steps = [normalizers.Replace(Regex(_CLEAN), ""),
-                 normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=True,
-                                            strip_accents=cfg.strip_accents, lowercase=cfg.lowercase)]
+        steps = [
+            normalizers.Replace(Regex(_CLEAN), ""),
+            normalizers.BertNormalizer(
+                clean_text=False,
+                handle_chinese_chars=True,
+                strip_accents=cfg.strip_accents,
+                lowercase=cfg.lowercase,
+            ),
+        ]
     else:
         steps = [normalizers.NFKC()]
         if cfg.strip_accents:
@@ -130,9 +139,12 @@ def check_normalizer(cfg: TokenizerConfig, sample: list[str]) -> None:
             "set tokenizer.strip_accents=false."
         )
     if lost:
-        log.warning("tokenizer.strip_accents=true changes %.2f%% of the corpus's characters (%s), "
-                    "as BERT-uncased does; set tokenizer.strip_accents=false to keep them.",
-                    100 * sum(lost.values()) / total, scripts.describe(lost))
+        log.warning(
+            "tokenizer.strip_accents=true changes %.2f%% of the corpus's characters (%s), "
+            "as BERT-uncased does; set tokenizer.strip_accents=false to keep them.",
+            100 * sum(lost.values()) / total,
+            scripts.describe(lost),
+        )
 
 
 def _wrap(backend):
@@ -148,13 +160,18 @@ def _wrap(backend):
         )
     cls_id, sep_id = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
     backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-        pad_token="[PAD]", mask_token="[MASK]", model_input_names=["input_ids", "token_type_ids",
-                                                                     "attention_mask"],
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )
 
 
@@ -165,22 +182,34 @@ def _backend_and_trainer(cfg: TokenizerConfig):
         backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece(prefix="##")
-        trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                            special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##",
-                                            show_progress=False)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=cfg.vocab_size,
+            min_frequency=cfg.min_frequency,
+            special_tokens=SPECIAL_TOKENS,
+            continuing_subword_prefix="##",
+            show_progress=False,
+        )
     elif cfg.algorithm == "bpe":  # byte-level BPE, as RoBERTa
         backend = Tokenizer(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
         backend.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                      special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=cfg.vocab_size,
+            min_frequency=cfg.min_frequency,
+            special_tokens=SPECIAL_TOKENS,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
     else:  # Unigram, as SentencePiece
         backend = Tokenizer(models.Unigram())
         backend.pre_tokenizer = pre_tokenizers.Metaspace()
         backend.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
-                                          unk_token="[UNK]", show_progress=False)
+        trainer = trainers.UnigramTrainer(
+            vocab_size=cfg.vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            unk_token="[UNK]",
+            show_progress=False,
+        )
     backend.normalizer = _normalizer(cfg)
     return backend, trainer
 
@@ -210,8 +239,14 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]):
     return tokenizer
 
 
-def unk_report(tokenizer, unk: int, tokens: int, texts: Iterable[str] = (),
-               trained_here: bool = True, extended: int = 0) -> tuple[str, bool]:
+def unk_report(
+    tokenizer,
+    unk: int,
+    tokens: int,
+    texts: Iterable[str] = (),
+    trained_here: bool = True,
+    extended: int = 0,
+) -> tuple[str, bool]:
     """``(sentence, whether it is a warning)`` on the [UNK] share of held-out text: above 1%
     it names the likely cause, from ``texts`` (a sample of the text) where given;
     ``trained_here``: the tokenizer was trained on this corpus (else loaded); ``extended``: the
@@ -223,22 +258,30 @@ def unk_report(tokenizer, unk: int, tokens: int, texts: Iterable[str] = (),
     limit = getattr(tokenizer.backend_tokenizer.model, "max_input_chars_per_word", None)
     words, over = scripts.long_words(_pre_tokenized(tokenizer, texts), limit) if limit else (0, 0)
     if over and over >= 0.005 * words:
-        cause = (f"{over / words:.1%} of its words run over {limit} characters without a space (a script "
-                 "written without spaces?), and WordPiece makes each one [UNK]: train tokenizer.algorithm="
-                 "unigram or bpe")
+        cause = (
+            f"{over / words:.1%} of its words run over {limit} characters without a space (a script "
+            "written without spaces?), and WordPiece makes each one [UNK]: train tokenizer.algorithm="
+            "unigram or bpe"
+        )
     elif trained_here:
-        cause = ("characters too rare for the vocabulary, or, in WordPiece, words of over "
-                 f"{limit or 100} characters without a space (each one [UNK]); raise tokenizer.vocab_size "
-                 "or train tokenizer.algorithm=unigram")
+        cause = (
+            "characters too rare for the vocabulary, or, in WordPiece, words of over "
+            f"{limit or 100} characters without a space (each one [UNK]); raise tokenizer.vocab_size "
+            "or train tokenizer.algorithm=unigram"
+        )
     elif extended:
-        cause = (f"words the extended vocabulary still lacks (tokenizer.extend_vocab={extended} adds whole "
-                 "words; the others keep the old pieces, [UNK] where the old vocabulary lacks their "
-                 "characters): raise tokenizer.extend_vocab, or train a tokenizer on this corpus "
-                 "(tokenizer.name_or_path=null, without model.init_from)")
+        cause = (
+            f"words the extended vocabulary still lacks (tokenizer.extend_vocab={extended} adds whole "
+            "words; the others keep the old pieces, [UNK] where the old vocabulary lacks their "
+            "characters): raise tokenizer.extend_vocab, or train a tokenizer on this corpus "
+            "(tokenizer.name_or_path=null, without model.init_from)"
+        )
     else:
-        cause = ("characters or words the vocabulary lacks (a tokenizer made for other text): train one on "
-                 "this corpus (tokenizer.name_or_path=null, without model.init_from), or, continuing a "
-                 "model, add the corpus's words with tokenizer.extend_vocab")
+        cause = (
+            "characters or words the vocabulary lacks (a tokenizer made for other text): train one on "
+            "this corpus (tokenizer.name_or_path=null, without model.init_from), or, continuing a "
+            "model, add the corpus's words with tokenizer.extend_vocab"
+        )
     return f"{line}: likely {cause}.", True
 
 
@@ -270,17 +313,38 @@ def get_tokenizer(
         base = load_base_tokenizer(cfg, init_from)
         if not cfg.extend_vocab:
             return base
-        key = {"base": tokenizer_fingerprint(base), "corpus": corpus_fingerprint, "extend_vocab": cfg.extend_vocab,
-               "min_frequency": cfg.min_frequency, "max_train_chars": cfg.max_train_chars, "kind": "extend-v1"}
-        return _cached(key, cache_dir, lambda: extend_tokenizer(
-            base, _limited(texts(), cfg.max_train_chars), cfg.extend_vocab, cfg.min_frequency)[0])
+        key = {
+            "base": tokenizer_fingerprint(base),
+            "corpus": corpus_fingerprint,
+            "extend_vocab": cfg.extend_vocab,
+            "min_frequency": cfg.min_frequency,
+            "max_train_chars": cfg.max_train_chars,
+            "kind": "extend-v1",
+        }
+        return _cached(
+            key,
+            cache_dir,
+            lambda: extend_tokenizer(
+                base, _limited(texts(), cfg.max_train_chars), cfg.extend_vocab, cfg.min_frequency
+            )[0],
+        )
 
-    key = {"corpus": corpus_fingerprint, "vocab_size": cfg.vocab_size, "lowercase": cfg.lowercase,
-           "strip_accents": cfg.strip_accents, "min_frequency": cfg.min_frequency,
-           "max_train_chars": cfg.max_train_chars, "kind": f"{cfg.algorithm}-v2"}  # v2: lowercasing keeps marks
+    key = {
+        "corpus": corpus_fingerprint,
+        "vocab_size": cfg.vocab_size,
+        "lowercase": cfg.lowercase,
+        "strip_accents": cfg.strip_accents,
+        "min_frequency": cfg.min_frequency,
+        "max_train_chars": cfg.max_train_chars,
+        "kind": f"{cfg.algorithm}-v2",
+    }  # v2: lowercasing keeps marks
 
     def train():
-        log.info("Training a %s tokenizer (vocab %d) on the training corpus", cfg.algorithm, cfg.vocab_size)
+        log.info(
+            "Training a %s tokenizer (vocab %d) on the training corpus",
+            cfg.algorithm,
+            cfg.vocab_size,
+        )
         return train_tokenizer(cfg, texts())
 
     return _cached(key, cache_dir, train)

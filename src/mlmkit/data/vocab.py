@@ -34,7 +34,11 @@ def word_counts(tokenizer, texts: Iterable[str]) -> Counter:
     counts: Counter = Counter()
     for text in texts:
         norm = backend.normalizer.normalize_str(text) if backend.normalizer else text
-        words = backend.pre_tokenizer.pre_tokenize_str(norm) if backend.pre_tokenizer else [(w, None) for w in norm.split()]
+        words = (
+            backend.pre_tokenizer.pre_tokenize_str(norm)
+            if backend.pre_tokenizer
+            else [(w, None) for w in norm.split()]
+        )
         counts.update(w for w, _ in words)
     return counts
 
@@ -55,8 +59,13 @@ def coverage(tokenizer, counts: Counter) -> tuple[float, float]:
     return tokens / max(sum(counts.values()), 1), unk / max(tokens, 1)
 
 
-def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency: int = 2,
-                     sample_chars: int | None = SAMPLE_CHARS):
+def extend_tokenizer(
+    tokenizer,
+    texts: Iterable[str],
+    count: int,
+    min_frequency: int = 2,
+    sample_chars: int | None = SAMPLE_CHARS,
+):
     """``(extended tokenizer, the words added)``: at most ``count`` whole words of ``texts``,
     absent from ``tokenizer``'s WordPiece vocabulary, that save the most tokens there (a word it
     makes one [UNK] counts one token a use: it is recovered)."""
@@ -81,38 +90,70 @@ def extend_tokenizer(tokenizer, texts: Iterable[str], count: int, min_frequency:
     # new pieces learned on the domain (the old normaliser and pre-tokenizer): its whole words
     learner = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     learner.post_processor = None
-    trainer = trainers.WordPieceTrainer(vocab_size=max(4 * count, 1000), min_frequency=min_frequency,
-                                        special_tokens=list(tokenizer.all_special_tokens),
-                                        continuing_subword_prefix="##", show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=max(4 * count, 1000),
+        min_frequency=min_frequency,
+        special_tokens=list(tokenizer.all_special_tokens),
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
     learner.train_from_iterator(sample, trainer=trainer)
-    candidates = [w for w in learner.get_vocab() if not w.startswith("##") and w not in vocab
-                  and counts[w] >= min_frequency and len(w) > 1]
+    candidates = [
+        w
+        for w in learner.get_vocab()
+        if not w.startswith("##") and w not in vocab and counts[w] >= min_frequency and len(w) > 1
+    ]
     pieces = tokenizer(candidates, add_special_tokens=False)["input_ids"] if candidates else []
     # tokens saved; a word that was one [UNK] saves none but is recovered: counted as one a use
     unk = tokenizer.unk_token_id
-    saved = {w: counts[w] * max(len(p) - 1, 1) for w, p in zip(candidates, pieces) if len(p) > 1 or p == [unk]}
+    saved = {
+        w: counts[w] * max(len(p) - 1, 1)
+        for w, p in zip(candidates, pieces)
+        if len(p) > 1 or p == [unk]
+    }
     added = sorted(saved, key=lambda w: (-saved[w], w))[:count]
     state = json.loads(tokenizer.backend_tokenizer.to_str())
     for token in state.get("added_tokens", []):  # kept at their ids: added tokens outside the
-        state["model"]["vocab"].setdefault(token["content"], token["id"])  # vocab would be renumbered
+        state["model"]["vocab"].setdefault(
+            token["content"], token["id"]
+        )  # vocab would be renumbered
     next_id = max(vocab.values()) + 1
     for i, word in enumerate(added):
         state["model"]["vocab"][word] = next_id + i
     extended = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(json.dumps(state)),
-        unk_token=tokenizer.unk_token, cls_token=tokenizer.cls_token, sep_token=tokenizer.sep_token,
-        pad_token=tokenizer.pad_token, mask_token=tokenizer.mask_token,
-        extra_special_tokens=[str(t) for t in getattr(tokenizer, "extra_special_tokens", None) or []],
-        model_input_names=list(tokenizer.model_input_names), model_max_length=tokenizer.model_max_length,
+        unk_token=tokenizer.unk_token,
+        cls_token=tokenizer.cls_token,
+        sep_token=tokenizer.sep_token,
+        pad_token=tokenizer.pad_token,
+        mask_token=tokenizer.mask_token,
+        extra_special_tokens=[
+            str(t) for t in getattr(tokenizer, "extra_special_tokens", None) or []
+        ],
+        model_input_names=list(tokenizer.model_input_names),
+        model_max_length=tokenizer.model_max_length,
     )
     new_vocab = extended.get_vocab()
-    if any(new_vocab.get(t) != i for t, i in vocab.items()) or len(set(new_vocab.values())) != len(new_vocab):
+    if any(new_vocab.get(t) != i for t, i in vocab.items()) or len(set(new_vocab.values())) != len(
+        new_vocab
+    ):
         raise ConfigError(
             "tokenizer.extend_vocab could not add words to this tokenizer without renumbering its "
             "tokens; set tokenizer.extend_vocab=0."
         )
-    (before, unk_before), (after, unk_after) = coverage(tokenizer, counts), coverage(extended, counts)
-    log.info("Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; on %.1fM "
-             "characters of the corpus, tokens per word %.3f -> %.3f, [UNK] %.2f%% -> %.2f%% of the tokens",
-             len(added), len(vocab), seen / 1e6, before, after, 100 * unk_before, 100 * unk_after)
+    (before, unk_before), (after, unk_after) = (
+        coverage(tokenizer, counts),
+        coverage(extended, counts),
+    )
+    log.info(
+        "Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; on %.1fM "
+        "characters of the corpus, tokens per word %.3f -> %.3f, [UNK] %.2f%% -> %.2f%% of the tokens",
+        len(added),
+        len(vocab),
+        seen / 1e6,
+        before,
+        after,
+        100 * unk_before,
+        100 * unk_after,
+    )
     return extended, added

@@ -16,7 +16,9 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     """Pearson's r of ``x`` and ``y`` (equal lengths)."""
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"pearson: two sequences of the same length are needed, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"pearson: two sequences of the same length are needed, got {a.shape} and {b.shape}"
+        )
     if a.size < 2:
         return 0.0
     a, b = a - a.mean(), b - b.mean()

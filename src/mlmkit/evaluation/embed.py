@@ -58,8 +58,10 @@ DEFAULT_LENGTH = 128  # tokens kept when neither the setting nor the model dir s
 CHECKPOINTS = "checkpoints"  # <run dir>/checkpoints/checkpoint-<step>: the trainer's own
 STATE_FILE = "mlmkit_embed_state.json"  # beside each checkpoint: the training seconds spent
 # dropout settings of a config, by architecture (BERT, ModernBERT)
-DROPOUT_KEYS = {"bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"),
-                "modernbert": ("embedding_dropout", "mlp_dropout", "attention_dropout")}
+DROPOUT_KEYS = {
+    "bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+    "modernbert": ("embedding_dropout", "mlp_dropout", "attention_dropout"),
+}
 
 
 def library():
@@ -67,16 +69,21 @@ def library():
     try:
         import sentence_transformers as st
     except ImportError:
-        raise ConfigError("mlmkit embed trains with sentence-transformers, which is not installed; "
-                          "pip install 'mlmkit[embeddings]' (or sentence-transformers).") from None
+        raise ConfigError(
+            "mlmkit embed trains with sentence-transformers, which is not installed; "
+            "pip install 'mlmkit[embeddings]' (or sentence-transformers)."
+        ) from None
     major = int(st.__version__.split(".")[0])
     if major < MIN_VERSION:
-        raise ConfigError(f"mlmkit embed needs sentence-transformers {MIN_VERSION} or later, found "
-                          f"{st.__version__}; pip install -U sentence-transformers.")
+        raise ConfigError(
+            f"mlmkit embed needs sentence-transformers {MIN_VERSION} or later, found "
+            f"{st.__version__}; pip install -U sentence-transformers."
+        )
     return st
 
 
 # ---- the model ----------------------------------------------------------------------------------
+
 
 def check_base_model(cfg: EmbedConfig, run_dir: Path, is_main: bool) -> tuple[Path, Any]:
     """``(resolved checkpoint, what base_model_dir writes)``: ``checkpoint`` found and loadable
@@ -170,6 +177,7 @@ def build_model(base: Path, length: int, dropout: float | None, config):
 
 # ---- loss and evaluators ------------------------------------------------------------------------
 
+
 def build_loss(cfg: EmbedConfig, model):
     """In-batch negatives (plain or cached), inside ``MatryoshkaLoss`` when dims are listed."""
     from sentence_transformers.sentence_transformer import losses
@@ -178,7 +186,8 @@ def build_loss(cfg: EmbedConfig, model):
     common = {"scale": cfg.scale, "gather_across_devices": cfg.gather_across_devices and several}
     if cfg.loss == "cached_mnrl":
         loss = losses.CachedMultipleNegativesRankingLoss(
-            model, mini_batch_size=cfg.mini_batch_size, **common)
+            model, mini_batch_size=cfg.mini_batch_size, **common
+        )
     else:
         loss = losses.MultipleNegativesRankingLoss(model, **common)
     if not cfg.matryoshka_dims:
@@ -192,8 +201,10 @@ def matryoshka_dims(cfg: EmbedConfig, model) -> list[int]:
     full = model.get_embedding_dimension()
     too_big = [d for d in cfg.matryoshka_dims if d > full]
     if too_big:
-        raise ConfigError(f"matryoshka_dims lists {too_big[0]}, more than the model's {full} "
-                          f"dimensions; list sizes up to {full}.")
+        raise ConfigError(
+            f"matryoshka_dims lists {too_big[0]}, more than the model's {full} "
+            f"dimensions; list sizes up to {full}."
+        )
     return sorted({*cfg.matryoshka_dims, full}, reverse=True)
 
 
@@ -207,14 +218,34 @@ def build_evaluators(cfg: EmbedConfig, data: EvalData, model) -> list:
         a, b, scores = (list(x) for x in zip(*data.sts))
         dims = matryoshka_dims(cfg, model)[1:] if cfg.matryoshka_dims else []
         for dim in [None, *dims]:
-            evaluators.append(evaluation.EmbeddingSimilarityEvaluator(
-                a, b, scores, batch_size=cfg.batch_size, similarity_fn_names=["cosine"],
-                name=f"sts_{dim}d" if dim else "sts", write_csv=False, truncate_dim=dim))
+            evaluators.append(
+                evaluation.EmbeddingSimilarityEvaluator(
+                    a,
+                    b,
+                    scores,
+                    batch_size=cfg.batch_size,
+                    similarity_fn_names=["cosine"],
+                    name=f"sts_{dim}d" if dim else "sts",
+                    write_csv=False,
+                    truncate_dim=dim,
+                )
+            )
     if data.beir is not None:
-        evaluators.append(evaluation.InformationRetrievalEvaluator(
-            queries=data.beir.queries, corpus=data.beir.corpus, relevant_docs=data.beir.relevant,
-            mrr_at_k=[10], ndcg_at_k=[10], accuracy_at_k=[10], precision_recall_at_k=[100],
-            map_at_k=[100], batch_size=cfg.batch_size, name="retrieval", write_csv=False))
+        evaluators.append(
+            evaluation.InformationRetrievalEvaluator(
+                queries=data.beir.queries,
+                corpus=data.beir.corpus,
+                relevant_docs=data.beir.relevant,
+                mrr_at_k=[10],
+                ndcg_at_k=[10],
+                accuracy_at_k=[10],
+                precision_recall_at_k=[100],
+                map_at_k=[100],
+                batch_size=cfg.batch_size,
+                name="retrieval",
+                write_csv=False,
+            )
+        )
     return evaluators
 
 
@@ -237,6 +268,7 @@ def figures(metrics: dict[str, Any]) -> dict[str, float]:
 
 # ---- the run folder: events, trackers, budget, signals --------------------------------------
 
+
 class EventLog(TrainerCallback):
     """``train`` and ``eval`` events into ``metrics.jsonl`` and the log (main process)."""
 
@@ -245,9 +277,13 @@ class EventLog(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs and "loss" in logs:
-            event = {"event": "train", "step": state.global_step, "loss": float(logs["loss"]),
-                     "lr": float(logs.get("learning_rate", 0.0)),
-                     "epoch": float(logs.get("epoch", 0.0))}
+            event = {
+                "event": "train",
+                "step": state.global_step,
+                "loss": float(logs["loss"]),
+                "lr": float(logs.get("learning_rate", 0.0)),
+                "epoch": float(logs.get("epoch", 0.0)),
+            }
             if "grad_norm" in logs:
                 event["grad_norm"] = float(logs["grad_norm"])
             self.metrics.write(event)
@@ -261,8 +297,11 @@ class EventLog(TrainerCallback):
         self.evals.append(event)
         if state.is_world_process_zero:
             self.metrics.write(event)
-            log.info("eval at step %d | %s", state.global_step,
-                     " | ".join(f"{k} {v:.4f}" for k, v in found.items()))
+            log.info(
+                "eval at step %d | %s",
+                state.global_step,
+                " | ".join(f"{k} {v:.4f}" for k, v in found.items()),
+            )
 
 
 class StopRequests(TrainerCallback):
@@ -339,14 +378,18 @@ def resume_checkpoint(cfg: EmbedConfig, run_dir: Path) -> Path | None:
     if cfg.resume:
         path = Path(cfg.resume).expanduser()
         if not (path / "trainer_state.json").is_file():
-            raise CheckpointError(f"resume={cfg.resume!r} is not a checkpoint of mlmkit embed (it "
-                                  "has no trainer_state.json); use resume=auto or a "
-                                  f"{CHECKPOINTS}/checkpoint-* folder.")
+            raise CheckpointError(
+                f"resume={cfg.resume!r} is not a checkpoint of mlmkit embed (it "
+                "has no trainer_state.json); use resume=auto or a "
+                f"{CHECKPOINTS}/checkpoint-* folder."
+            )
         return path
     previous = [p for p in (run_dir / "metrics.jsonl", folder, run_dir / "final") if p.exists()]
     if previous:
-        raise ConfigError(f"The run dir {str(run_dir)!r} already holds a run ({previous[0].name}); "
-                          "set resume=auto to continue it, or choose a new hydra.run.dir.")
+        raise ConfigError(
+            f"The run dir {str(run_dir)!r} already holds a run ({previous[0].name}); "
+            "set resume=auto to continue it, or choose a new hydra.run.dir."
+        )
     return None
 
 
@@ -364,8 +407,10 @@ def checkpoint_state(checkpoint: Path | None) -> tuple[int, float]:
 
 # ---- the trainer --------------------------------------------------------------------------------
 
-def training_arguments(cfg: EmbedConfig, run_dir: Path, rows: int, report_to: list[str],
-                       evaluates: bool):
+
+def training_arguments(
+    cfg: EmbedConfig, run_dir: Path, rows: int, report_to: list[str], evaluates: bool
+):
     """``SentenceTransformerTrainingArguments`` of ``cfg``."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
@@ -373,17 +418,33 @@ def training_arguments(cfg: EmbedConfig, run_dir: Path, rows: int, report_to: li
     precision = resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return SentenceTransformerTrainingArguments(
-        output_dir=str(run_dir / CHECKPOINTS), per_device_train_batch_size=cfg.batch_size,
-        learning_rate=cfg.lr, weight_decay=cfg.weight_decay, lr_scheduler_type="linear",
-        warmup_steps=cfg.warmup_ratio, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
-        logging_strategy="steps", logging_steps=cfg.log_every,
+        output_dir=str(run_dir / CHECKPOINTS),
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type="linear",
+        warmup_steps=cfg.warmup_ratio,
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps or -1,
+        logging_strategy="steps",
+        logging_steps=cfg.log_every,
         eval_strategy="steps" if cfg.eval_every and evaluates else "no",
         eval_steps=cfg.eval_every or None,
-        save_strategy="steps" if cfg.save_every else "no", save_steps=cfg.save_every or 500,
-        save_total_limit=cfg.keep_last, seed=cfg.seed, data_seed=cfg.seed, use_cpu=use_cpu,
-        bf16=precision == "bf16", fp16=precision == "fp16", batch_sampler="no_duplicates",
-        dataloader_drop_last=rows >= cfg.batch_size * world, report_to=report_to or "none",
-        run_name=str(run_dir), disable_tqdm=not cfg.progress, ddp_find_unused_parameters=False)
+        save_strategy="steps" if cfg.save_every else "no",
+        save_steps=cfg.save_every or 500,
+        save_total_limit=cfg.keep_last,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        use_cpu=use_cpu,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        batch_sampler="no_duplicates",
+        dataloader_drop_last=rows >= cfg.batch_size * world,
+        report_to=report_to or "none",
+        run_name=str(run_dir),
+        disable_tqdm=not cfg.progress,
+        ddp_find_unused_parameters=False,
+    )
 
 
 def steps_planned(cfg: EmbedConfig, rows: int) -> int:
@@ -410,8 +471,9 @@ def quiet_libraries(progress: bool):
         hf_logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():  # torch's notice on the all-gather the loss calls
-            warnings.filterwarnings("ignore", message=".*all_gather is deprecated",
-                                    category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=".*all_gather is deprecated", category=FutureWarning
+            )
             yield
     finally:
         library_log.setLevel(level)
@@ -432,8 +494,15 @@ def trainer_class():
     return Trainer
 
 
-def build_trainer(cfg: EmbedConfig, run_dir: Path, model, rows: list[dict[str, str]],
-                  evaluators: list, callbacks: list, is_main: bool):
+def build_trainer(
+    cfg: EmbedConfig,
+    run_dir: Path,
+    model,
+    rows: list[dict[str, str]],
+    evaluators: list,
+    callbacks: list,
+    is_main: bool,
+):
     """``SentenceTransformerTrainer`` on ``rows`` with ``cfg``'s loss and ``evaluators``; the
     library's own model card and printed logs give way to mlmkit's card and events."""
     import datasets
@@ -442,9 +511,13 @@ def build_trainer(cfg: EmbedConfig, run_dir: Path, model, rows: list[dict[str, s
     report_to, trackers = tracker_callbacks(cfg.logger, run_dir, is_main)
     args = training_arguments(cfg, run_dir, len(rows), report_to, bool(evaluators))
     trainer = trainer_class()(
-        model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
-        loss=build_loss(cfg, model), evaluator=evaluators or None,
-        callbacks=[*callbacks, *trackers])
+        model=model,
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+        loss=build_loss(cfg, model),
+        evaluator=evaluators or None,
+        callbacks=[*callbacks, *trackers],
+    )
     trainer.remove_callback(PrinterCallback)  # its printed dicts: the events' log lines instead
     return trainer
 
@@ -475,8 +548,9 @@ def start_run(cfg: EmbedConfig, run_dir: Path) -> tuple[bool, Path | None]:
     return is_main, resume_checkpoint(cfg, run_dir)
 
 
-def train_embedder(cfg: EmbedConfig, run_dir: str | os.PathLike,
-                   on_open: Callable[[Path], None] | None = None) -> tuple[Any, dict[str, Any]]:
+def train_embedder(
+    cfg: EmbedConfig, run_dir: str | os.PathLike, on_open: Callable[[Path], None] | None = None
+) -> tuple[Any, dict[str, Any]]:
     """Train ``cfg``'s embedder in ``run_dir``; returns the ``SentenceTransformer`` and the
     summary (figures before and after, the data, steps and seconds). Stopped by a signal, it
     saves a checkpoint and raises ``Preempted``. Nothing is written into ``run_dir`` before
@@ -506,22 +580,41 @@ def train_embedder(cfg: EmbedConfig, run_dir: str | os.PathLike,
         evaluators = build_evaluators(cfg, eval_data, model)
         trainer = build_trainer(cfg, run_dir, model, rows, evaluators, [events, stops], is_main)
         stops.accelerator = trainer.accelerator
-        log.info("Embedder from %s: objective=%s, %d training rows from %s (%d left out as held "
-                 "out), %s, batch %d x %d process(es), %d steps, dropout %s, %d tokens per text",
-                 resolved, cfg.objective, about["rows"], about["source"], about["dropped"],
-                 cfg.loss, cfg.batch_size, trainer.accelerator.num_processes,
-                 steps_planned(cfg, len(rows)),
-                 "the model's own" if dropout is None else dropout, length)
+        log.info(
+            "Embedder from %s: objective=%s, %d training rows from %s (%d left out as held "
+            "out), %s, batch %d x %d process(es), %d steps, dropout %s, %d tokens per text",
+            resolved,
+            cfg.objective,
+            about["rows"],
+            about["source"],
+            about["dropped"],
+            cfg.loss,
+            cfg.batch_size,
+            trainer.accelerator.num_processes,
+            steps_planned(cfg, len(rows)),
+            "the model's own" if dropout is None else dropout,
+            length,
+        )
         with signals:
             run_training(trainer, checkpoint, evaluators, events, stops, run_dir)
-    details = {"model_type": config.model_type, "held_out": eval_data.names,
-               "max_seq_length": length, "dropout": dropout}
+    details = {
+        "model_type": config.model_type,
+        "held_out": eval_data.names,
+        "max_seq_length": length,
+        "dropout": dropout,
+    }
     evals = eval_events(metrics, events.evals)
     return trainer.model, summarise(cfg, resolved, trainer, about, stops, evals, details)
 
 
-def run_training(trainer, checkpoint: Path | None, evaluators: list, events: EventLog,
-                 stops: StopRequests, run_dir: Path) -> None:
+def run_training(
+    trainer,
+    checkpoint: Path | None,
+    evaluators: list,
+    events: EventLog,
+    stops: StopRequests,
+    run_dir: Path,
+) -> None:
     """The held-out figures before (a fresh run), the training, and the figures after; a
     signal ends it after its checkpoint with ``Preempted``."""
     if evaluators and checkpoint is None:
@@ -529,15 +622,25 @@ def run_training(trainer, checkpoint: Path | None, evaluators: list, events: Eve
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     step = trainer.state.global_step
     if stops.reason == "signal":
-        raise Preempted(f"Stopped by {stops.signals.name} at step {step} with a checkpoint in "
-                        f"{run_dir / CHECKPOINTS}; run it again with resume=auto "
-                        f"hydra.run.dir={run_dir} to continue.", stops.signals.received)
+        raise Preempted(
+            f"Stopped by {stops.signals.name} at step {step} with a checkpoint in "
+            f"{run_dir / CHECKPOINTS}; run it again with resume=auto "
+            f"hydra.run.dir={run_dir} to continue.",
+            stops.signals.received,
+        )
     if evaluators and (not events.evals or events.evals[-1]["step"] != step):
         trainer.evaluate()
 
 
-def summarise(cfg: EmbedConfig, resolved: Path, trainer, about: dict[str, Any], stops: StopRequests,
-              evals: list[dict[str, Any]], details: dict[str, Any]) -> dict[str, Any]:
+def summarise(
+    cfg: EmbedConfig,
+    resolved: Path,
+    trainer,
+    about: dict[str, Any],
+    stops: StopRequests,
+    evals: list[dict[str, Any]],
+    details: dict[str, Any],
+) -> dict[str, Any]:
     """The run's summary: its base, data, training and held-out figures before and after
     (``details``: the model type, held-out data, length and dropout)."""
     found = run_settings(resolved)
@@ -546,13 +649,21 @@ def summarise(cfg: EmbedConfig, resolved: Path, trainer, about: dict[str, Any], 
         return {k: v for k, v in (event or {}).items() if k not in ("event", "step")}
 
     return {
-        "checkpoint": str(resolved), "base_run": str(found[0]) if found else None, **details,
-        "objective": cfg.objective, "loss": cfg.loss, "scale": cfg.scale,
+        "checkpoint": str(resolved),
+        "base_run": str(found[0]) if found else None,
+        **details,
+        "objective": cfg.objective,
+        "loss": cfg.loss,
+        "scale": cfg.scale,
         "matryoshka_dims": matryoshka_dims(cfg, trainer.model) if cfg.matryoshka_dims else [],
-        "data": about, "steps": trainer.state.global_step,
+        "data": about,
+        "steps": trainer.state.global_step,
         "stopped_by": "max_time" if stops.reason == "time" else "steps",
-        "seconds": round(stops.seconds(), 1), "processes": trainer.accelerator.num_processes,
-        "batch_size": cfg.batch_size, "lr": cfg.lr,
+        "seconds": round(stops.seconds(), 1),
+        "processes": trainer.accelerator.num_processes,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
         "dimension": trainer.model.get_embedding_dimension(),
         "before": figures_of(evals[0] if evals and evals[0]["step"] == 0 else None),
-        "after": figures_of(evals[-1] if evals else None)}
+        "after": figures_of(evals[-1] if evals else None),
+    }

@@ -56,6 +56,7 @@ def normalise(text: str) -> str:
 
 # ---- the held-out evaluation data ---------------------------------------------------------------
 
+
 @dataclass
 class EvalData:
     """The held-out data of a run: STS pairs ``(sentence1, sentence2, score)`` and a BEIR
@@ -83,13 +84,16 @@ def load_eval_data(cfg: EmbedConfig) -> EvalData:
         data.names.append(f"{cfg.sts_dir} ({cfg.sts_split}, {len(data.sts)} pairs)")
     if cfg.retrieval_dir:
         data.beir = read_beir(cfg.retrieval_dir, cfg.retrieval_split)
-        data.names.append(f"{cfg.retrieval_dir} ({cfg.retrieval_split}, {len(data.beir.relevant)} "
-                          f"queries, {len(data.beir.corpus)} documents)")
+        data.names.append(
+            f"{cfg.retrieval_dir} ({cfg.retrieval_split}, {len(data.beir.relevant)} "
+            f"queries, {len(data.beir.corpus)} documents)"
+        )
     return data
 
 
-def drop_held_out(rows: list[dict[str, str]], held_out: set[str], overlap: str,
-                  what: str) -> tuple[list[dict[str, str]], int]:
+def drop_held_out(
+    rows: list[dict[str, str]], held_out: set[str], overlap: str, what: str
+) -> tuple[list[dict[str, str]], int]:
     """``(rows that share no text with held_out, how many were dropped)``; with
     ``overlap=error`` a shared text stops the run instead."""
     if not held_out:
@@ -98,16 +102,24 @@ def drop_held_out(rows: list[dict[str, str]], held_out: set[str], overlap: str,
     dropped = len(rows) - len(kept)
     if dropped and overlap == "error":
         first = next(r for r in rows if any(normalise(t) in held_out for t in r.values()))
-        raise DataError(f"{dropped} of the {len(rows)} {what} share a text with the evaluation "
-                        f"data (the first: {first['anchor'][:60]!r}); remove them, or set "
-                        "overlap=drop to leave them out.")
+        raise DataError(
+            f"{dropped} of the {len(rows)} {what} share a text with the evaluation "
+            f"data (the first: {first['anchor'][:60]!r}); remove them, or set "
+            "overlap=drop to leave them out."
+        )
     if dropped:
-        log.warning("Left out %d of the %d %s that share a text with the evaluation data, so that "
-                    "its figures stay held out (overlap=drop)", dropped, len(rows), what)
+        log.warning(
+            "Left out %d of the %d %s that share a text with the evaluation data, so that "
+            "its figures stay held out (overlap=drop)",
+            dropped,
+            len(rows),
+            what,
+        )
     return kept, dropped
 
 
 # ---- pairs files and Hub datasets ---------------------------------------------------------------
+
 
 def pair_files(patterns: list[str]) -> list[Path]:
     """The files of ``pairs.files`` (paths or globs), each a .jsonl, .json, .csv or .tsv file."""
@@ -117,13 +129,16 @@ def pair_files(patterns: list[str]) -> list[Path]:
         matches = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
-            raise DataError(f"pairs.files: no file matches {pattern!r}; list .jsonl, .csv or .tsv "
-                            "files.")
+            raise DataError(
+                f"pairs.files: no file matches {pattern!r}; list .jsonl, .csv or .tsv files."
+            )
         for m in matches:
             if Path(m).suffix.lower() not in PAIR_SUFFIXES:
-                raise DataError(f"pairs.files: {m!r} is not a .jsonl, .json, .csv or .tsv file; "
-                                "list files of those kinds (a header line naming the columns in "
-                                "CSV and TSV).")
+                raise DataError(
+                    f"pairs.files: {m!r} is not a .jsonl, .json, .csv or .tsv file; "
+                    "list files of those kinds (a header line naming the columns in "
+                    "CSV and TSV)."
+                )
         files += [Path(m) for m in matches]
     return files
 
@@ -158,19 +173,27 @@ def read_pair_file(path: Path, pairs: EmbedPairsConfig) -> list[dict[str, str]]:
     is named) is left out with a warning, and a file without a named column is an error."""
     names, records = _records(path)
     if not records:
-        raise DataError(f"pairs.files: {str(path)!r} holds no pairs; fill it with pairs (a header "
-                        "line naming the columns first, in CSV and TSV), or list other files.")
+        raise DataError(
+            f"pairs.files: {str(path)!r} holds no pairs; fill it with pairs (a header "
+            "line naming the columns first, in CSV and TSV), or list other files."
+        )
     wanted = _wanted(pairs)
     for setting, column in wanted:
         if column not in names:
-            raise DataError(f"pairs.files: {str(path)!r} has no column {column!r} (columns: "
-                            f"{', '.join(names) or 'none'}); set pairs.{setting} to one of its "
-                            "columns.")
+            raise DataError(
+                f"pairs.files: {str(path)!r} has no column {column!r} (columns: "
+                f"{', '.join(names) or 'none'}); set pairs.{setting} to one of its "
+                "columns."
+            )
     rows = [_row(record, wanted) for _, record in records]
     kept = [r for r in rows if r is not None]
     if len(kept) < len(rows):
-        log.warning("%s: left out %d row(s) with an empty or missing %s", path,
-                    len(rows) - len(kept), " or ".join(c for _, c in wanted))
+        log.warning(
+            "%s: left out %d row(s) with an empty or missing %s",
+            path,
+            len(rows) - len(kept),
+            " or ".join(c for _, c in wanted),
+        )
     return kept
 
 
@@ -201,16 +224,20 @@ def read_hub_pairs(pairs: EmbedPairsConfig) -> list[dict[str, str]]:
             ds = datasets.load_dataset(pairs.hub_name, pairs.hub_config, split=pairs.hub_split)
     except Exception as exc:  # offline, missing dataset, config or split
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160].rstrip(".")
-        raise DataError(f"pairs.hub_name: could not load the dataset {pairs.hub_name!r} "
-                        f"({reason}); save it where the Hub is reachable (save_to_disk) and set "
-                        "pairs.hub_name to that folder, or set pairs.files=[...] to files of "
-                        "pairs.") from None
+        raise DataError(
+            f"pairs.hub_name: could not load the dataset {pairs.hub_name!r} "
+            f"({reason}); save it where the Hub is reachable (save_to_disk) and set "
+            "pairs.hub_name to that folder, or set pairs.files=[...] to files of "
+            "pairs."
+        ) from None
     wanted = _wanted(pairs)
     for setting, column in wanted:
         if column not in ds.column_names:
-            raise DataError(f"pairs.hub_name: the dataset {pairs.hub_name!r} has no column "
-                            f"{column!r} (columns: {', '.join(ds.column_names)}); set "
-                            f"pairs.{setting}.")
+            raise DataError(
+                f"pairs.hub_name: the dataset {pairs.hub_name!r} has no column "
+                f"{column!r} (columns: {', '.join(ds.column_names)}); set "
+                f"pairs.{setting}."
+            )
     rows = [_row(r, wanted) for r in ds.select_columns([c for _, c in wanted])]
     return [r for r in rows if r is not None]
 
@@ -225,12 +252,16 @@ def pair_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[list[dict[str, str]
     else:
         rows, source = read_hub_pairs(pairs), f"{pairs.hub_name} ({pairs.hub_split})"
     rows, dropped = drop_held_out(rows, held_out, cfg.overlap, "training pairs")
-    rows = rows[:pairs.max_pairs] if pairs.max_pairs else rows
-    return rows, {"source": source, "dropped": dropped,
-                  "hard_negatives": pairs.negative_column is not None}
+    rows = rows[: pairs.max_pairs] if pairs.max_pairs else rows
+    return rows, {
+        "source": source,
+        "dropped": dropped,
+        "hard_negatives": pairs.negative_column is not None,
+    }
 
 
 # ---- the raw corpus -----------------------------------------------------------------------------
+
 
 def sentences(document: str) -> list[str]:
     """The sentences of ``document`` (cut at sentence-final punctuation; white space folded),
@@ -257,14 +288,19 @@ def corpus_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[Rows, dict[str, A
         else:
             rows += [{"anchor": a, "positive": b} for a, b in zip(found[::2], found[1::2])]
     if len(rows) < 2:
-        what, more = (("sentence", "") if cfg.objective == "simcse" else
-                      ("pair of sentences", ", two or more to a document"))
-        raise DataError(f"The corpus of data={cfg.data.source} gives {len(rows)} training {what}; "
-                        f"point data at more text (sentences of at least {MIN_SENTENCE_CHARS} "
-                        f"characters{more}).")
+        what, more = (
+            ("sentence", "")
+            if cfg.objective == "simcse"
+            else ("pair of sentences", ", two or more to a document")
+        )
+        raise DataError(
+            f"The corpus of data={cfg.data.source} gives {len(rows)} training {what}; "
+            f"point data at more text (sentences of at least {MIN_SENTENCE_CHARS} "
+            f"characters{more})."
+        )
     rows, dropped = drop_held_out(rows, held_out, cfg.overlap, "training rows")
     random.Random(cfg.seed).shuffle(rows)
-    rows = rows[:cfg.max_texts] if cfg.max_texts else rows
+    rows = rows[: cfg.max_texts] if cfg.max_texts else rows
     return rows, {"source": corpus_name(cfg), "dropped": dropped, "documents": len(documents)}
 
 
@@ -285,7 +321,9 @@ def training_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[Rows, dict[str,
     read = pair_rows if cfg.objective == "pairs" else corpus_rows
     rows, about = read(cfg, held_out)
     if len(rows) < 2:
-        raise DataError(f"{len(rows)} training row(s) are left after leaving out the evaluation "
-                        "data's texts; in-batch negatives need two or more: give more pairs or "
-                        "text.")
+        raise DataError(
+            f"{len(rows)} training row(s) are left after leaving out the evaluation "
+            "data's texts; in-batch negatives need two or more: give more pairs or "
+            "text."
+        )
     return rows, {**about, "rows": len(rows)}

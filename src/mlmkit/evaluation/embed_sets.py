@@ -36,16 +36,36 @@ from mlmkit.evaluation.embed_data import normalise, sentences
 from mlmkit.evaluation.finetune import load_split
 
 PASSAGE_SENTENCES = 4  # document-retrieval: a query's passage, its first sentence included
-STS_COLUMNS = ["index", "genre", "filename", "year", "old_index", "source1", "source2",
-               "sentence1", "sentence2", "score"]  # GLUE's STS-B TSV, without a header line
+STS_COLUMNS = [
+    "index",
+    "genre",
+    "filename",
+    "year",
+    "old_index",
+    "source1",
+    "source2",
+    "sentence1",
+    "sentence2",
+    "score",
+]  # GLUE's STS-B TSV, without a header line
 
 
 def stsb_task(sts_dir: str | Path) -> TaskConfig:
     """The STS-B layout of ``conf/task/stsb.yaml`` for the folder ``sts_dir``."""
-    return TaskConfig(name="stsb", data_dir=str(sts_dir), header=False, column_names=STS_COLUMNS,
-                      text_columns=["sentence1", "sentence2"], label_column="score", labels=[],
-                      kind="regression", label_range=[0.0, 5.0], metrics=["spearman", "pearson"],
-                      hub_path=None, hub_name=None)
+    return TaskConfig(
+        name="stsb",
+        data_dir=str(sts_dir),
+        header=False,
+        column_names=STS_COLUMNS,
+        text_columns=["sentence1", "sentence2"],
+        label_column="score",
+        labels=[],
+        kind="regression",
+        label_range=[0.0, 5.0],
+        metrics=["spearman", "pearson"],
+        hub_path=None,
+        hub_name=None,
+    )
 
 
 def sts_pairs(sts_dir: str | Path, split: str) -> list[tuple[str, str, float]]:
@@ -54,25 +74,33 @@ def sts_pairs(sts_dir: str | Path, split: str) -> list[tuple[str, str, float]]:
     return [(e["text"][0], e["text"][1], float(e["label"])) for e in examples]
 
 
-def write_beir(out: Path, queries: dict[str, str], corpus: dict[str, str],
-               relevant: dict[str, list[str]]) -> dict[str, int]:
+def write_beir(
+    out: Path, queries: dict[str, str], corpus: dict[str, str], relevant: dict[str, list[str]]
+) -> dict[str, int]:
     """Write a BEIR-format folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/test.tsv``)."""
     (out / "qrels").mkdir(parents=True, exist_ok=True)
     with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"_id": i, "title": "", "text": t}, ensure_ascii=False) + "\n"
-                     for i, t in corpus.items())
+        f.writelines(
+            json.dumps({"_id": i, "title": "", "text": t}, ensure_ascii=False) + "\n"
+            for i, t in corpus.items()
+        )
     with open(out / "queries.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"_id": i, "text": t}, ensure_ascii=False) + "\n"
-                     for i, t in queries.items())
+        f.writelines(
+            json.dumps({"_id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in queries.items()
+        )
     with open(out / "qrels" / "test.tsv", "w", encoding="utf-8") as f:
         f.write("query-id\tcorpus-id\tscore\n")
         f.writelines(f"{q}\t{d}\t1\n" for q, docs in relevant.items() for d in docs)
-    return {"queries": len(queries), "documents": len(corpus),
-            "judgments": sum(len(d) for d in relevant.values())}
+    return {
+        "queries": len(queries),
+        "documents": len(corpus),
+        "judgments": sum(len(d) for d in relevant.values()),
+    }
 
 
-def sts_retrieval(sts_dir: str | Path, out: str | Path, split: str = "dev",
-                  min_score: float = 4.0) -> dict[str, int]:
+def sts_retrieval(
+    sts_dir: str | Path, out: str | Path, split: str = "dev", min_score: float = 4.0
+) -> dict[str, int]:
     """Write the retrieval set of STS-B's ``split`` to ``out`` (see the module's docstring)."""
     pairs = sts_pairs(sts_dir, split)
     wanted: dict[str, set[str]] = {}  # query text -> relevant texts (normalised keys)
@@ -93,8 +121,9 @@ def sts_retrieval(sts_dir: str | Path, out: str | Path, split: str = "dev",
     return write_beir(Path(out), queries, {i: text_of[t] for t, i in doc_ids.items()}, relevant)
 
 
-def sts_training_pairs(sts_dir: str | Path, out: str | Path, split: str = "train",
-                       min_score: float = 4.0) -> int:
+def sts_training_pairs(
+    sts_dir: str | Path, out: str | Path, split: str = "train", min_score: float = 4.0
+) -> int:
     """Write STS-B's ``split`` pairs scored ``min_score`` or more as JSONL pairs; their count."""
     rows = [{"anchor": a, "positive": b} for a, b, s in sts_pairs(sts_dir, split) if s >= min_score]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -113,21 +142,24 @@ def document_retrieval(files: list[str], out: str | Path) -> dict[str, int]:
     for n, doc in enumerate(held_out):
         found = sentences(doc)
         for k in range(0, len(found) - 1, PASSAGE_SENTENCES):
-            passage = found[k:k + PASSAGE_SENTENCES]
+            passage = found[k : k + PASSAGE_SENTENCES]
             if len(passage) >= 2:
                 key = f"{n}-{k // PASSAGE_SENTENCES}"
                 queries[f"q{key}"], corpus[f"d{key}"] = passage[0], " ".join(passage[1:])
                 relevant[f"q{key}"] = [f"d{key}"]
     if len(queries) < 2:
-        raise DataError(f"The held-out documents of {', '.join(files)} give {len(queries)} queries "
-                        "(a passage needs two sentences); give more text.")
+        raise DataError(
+            f"The held-out documents of {', '.join(files)} give {len(queries)} queries "
+            "(a passage needs two sentences); give more text."
+        )
     return write_beir(Path(out), queries, corpus, relevant)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line of the module's docstring."""
-    parser = argparse.ArgumentParser(prog="python -m mlmkit.evaluation.embed_sets",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mlmkit.evaluation.embed_sets", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="kind", required=True)
     p = sub.add_parser("stsb", help="a retrieval set of STS-B dev, training pairs of STS-B train")
     p.add_argument("sts_dir")
@@ -141,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.kind == "stsb":
             out = Path(args.out)
             found = sts_retrieval(args.sts_dir, out / "retrieval", "dev", args.min_score)
-            found["training pairs"] = sts_training_pairs(args.sts_dir, out / "train-pairs.jsonl",
-                                                         "train", args.min_score)
+            found["training pairs"] = sts_training_pairs(
+                args.sts_dir, out / "train-pairs.jsonl", "train", args.min_score
+            )
         else:
             found = document_retrieval(args.files, args.out)
     except MLMKitError as exc:

@@ -82,8 +82,9 @@ def file_setting(task: TaskConfig, split: str) -> str:
     return "task.data_dir" if task.hub_path else f"task.{split}_file"
 
 
-def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
-              columns: list[str] | None = None) -> list[tuple[int, dict[str, str]]]:
+def read_rows(
+    path: Path, task: TaskConfig, setting: str = "task.data_dir", columns: list[str] | None = None
+) -> list[tuple[int, dict[str, str]]]:
     """``(line, {column: value})`` of each row of a TSV, CSV or JSONL file that holds all of
     ``columns`` (texts; default: the task's text and label columns); a file without one of the
     columns is an error, and so is a JSONL text column that holds no text (numbers, objects), as
@@ -92,27 +93,39 @@ def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
     in a text column. A JSONL label that is a number reads as that number's text."""
     if not path.is_file():
         if setting == "task.data_dir":
-            raise DataError(f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
-                            f"{task.train_file} and {task.eval_file}.")
-        raise DataError(f"{setting}: {str(path)!r} does not exist; set {setting} to a .tsv, .csv or "
-                        ".jsonl file (absolute, or relative to task.data_dir).")
+            raise DataError(
+                f"{str(path)!r} does not exist; set task.data_dir to the folder holding "
+                f"{task.train_file} and {task.eval_file}."
+            )
+        raise DataError(
+            f"{setting}: {str(path)!r} does not exist; set {setting} to a .tsv, .csv or "
+            ".jsonl file (absolute, or relative to task.data_dir)."
+        )
     check_not_binary(str(path), setting)  # UTF-16 (named) or binary: one sentence
     fmt = file_format(path)
     names, rows = _json_rows(path) if fmt == "jsonl" else _delimited_rows(path, task, fmt, setting)
     if names is None:
-        raise DataError(f"{setting}: {str(path)!r} is empty; fill it with examples, or point {setting} "
-                        "at other files.")
+        raise DataError(
+            f"{setting}: {str(path)!r} is empty; fill it with examples, or point {setting} "
+            "at other files."
+        )
     if not names:  # JSON lines, none of them an object
-        raise DataError(f"{setting}: {str(path)!r} holds no JSON object; write one object per line, "
-                        "its keys the columns.")
+        raise DataError(
+            f"{setting}: {str(path)!r} holds no JSON object; write one object per line, "
+            "its keys the columns."
+        )
     wanted = list(columns or [*task.text_columns, task.label_column])
     missing = [c for c in wanted if c not in names]
     if missing:
-        fix = ("set task.text_columns / task.label_column, or task.column_names for files without "
-               "a header" if setting.startswith("task.") else
-               f"give {setting} a file with the columns {', '.join(wanted)}")
-        raise DataError(f"{str(path)!r} has no column {missing[0]!r} (columns: {', '.join(names)}); "
-                        f"{fix}.")
+        fix = (
+            "set task.text_columns / task.label_column, or task.column_names for files without "
+            "a header"
+            if setting.startswith("task.")
+            else f"give {setting} a file with the columns {', '.join(wanted)}"
+        )
+        raise DataError(
+            f"{str(path)!r} has no column {missing[0]!r} (columns: {', '.join(names)}); {fix}."
+        )
     texts = list(columns or task.text_columns)
     if fmt == "jsonl":
         check_json_texts(path, rows, texts)
@@ -125,7 +138,9 @@ def read_rows(path: Path, task: TaskConfig, setting: str = "task.data_dir",
         elif any(not isinstance(row[c], str) for c in texts):
             skipped["not_text"] += 1
         else:
-            kept.append((line, {c: v if isinstance(v, str) else json.dumps(v) for c, v in row.items()}))
+            kept.append(
+                (line, {c: v if isinstance(v, str) else json.dumps(v) for c, v in row.items()})
+            )
     if len(kept) < len(rows):
         warn_skipped(path, fmt, skipped, texts)
     return kept
@@ -136,19 +151,29 @@ def check_json_texts(path: Path, rows: list[tuple[int, dict | None]], texts: lis
     pretraining's ``data.sources.check_text_column``): numbers or objects would become text such
     as "3" or "{...}" for the model to read."""
     for column in texts:
-        first = next((row[column] for _, row in rows if row is not None and row.get(column) is not None), "")
+        first = next(
+            (row[column] for _, row in rows if row is not None and row.get(column) is not None), ""
+        )
         if not isinstance(first, str):
-            what = "numbers" if isinstance(first, (int, float)) and not isinstance(first, bool) else \
-                f"{type(first).__name__} values"
-            raise DataError(f"{str(path)!r}: the column {column!r} holds {what}, not text; set "
-                            "task.text_columns to the columns of text.")
+            what = (
+                "numbers"
+                if isinstance(first, (int, float)) and not isinstance(first, bool)
+                else f"{type(first).__name__} values"
+            )
+            raise DataError(
+                f"{str(path)!r}: the column {column!r} holds {what}, not text; set "
+                "task.text_columns to the columns of text."
+            )
 
 
 def warn_skipped(path: Path, fmt: str, skipped: dict[str, int], texts: list[str]) -> None:
     """One warning counting the rows ``read_rows`` skipped, by cause."""
     bad = "that are not JSON objects" if fmt == "jsonl" else "with too few fields"
-    causes = [(skipped["bad"], f"line(s) {bad}"), (skipped["missing"], "row(s) with a value missing"),
-              (skipped["not_text"], f"row(s) whose {' or '.join(map(repr, texts))} is not text")]
+    causes = [
+        (skipped["bad"], f"line(s) {bad}"),
+        (skipped["missing"], "row(s) with a value missing"),
+        (skipped["not_text"], f"row(s) whose {' or '.join(map(repr, texts))} is not text"),
+    ]
     log.warning("%s: skipped %s", path, ", ".join(f"{n} {what}" for n, what in causes if n))
 
 
@@ -167,8 +192,10 @@ def _delimited_rows(path: Path, task: TaskConfig, fmt: str, setting: str):
     if not lines:
         return None, []
     names, lines = _columns(path, task, lines, fmt, setting)
-    return names, [(line, dict(zip(names, fields)) if len(fields) >= len(names) else None)
-                   for line, fields in lines]
+    return names, [
+        (line, dict(zip(names, fields)) if len(fields) >= len(names) else None)
+        for line, fields in lines
+    ]
 
 
 def _columns(path: Path, task: TaskConfig, lines: list, fmt: str, setting: str):
@@ -181,9 +208,11 @@ def _columns(path: Path, task: TaskConfig, lines: list, fmt: str, setting: str):
         return names, lines[1:]  # a header line that repeats task.column_names (GLUE's STS-B)
     if len(first) != len(names):
         sep = "tab" if fmt == "tsv" else "comma"
-        raise DataError(f"{str(path)!r} has {len(first)} {sep}-separated columns in its first line, "
-                        f"but {task.name} files have {len(names)} ({', '.join(names)}); point "
-                        f"{setting} at files in that format, or set task.column_names.")
+        raise DataError(
+            f"{str(path)!r} has {len(first)} {sep}-separated columns in its first line, "
+            f"but {task.name} files have {len(names)} ({', '.join(names)}); point "
+            f"{setting} at files in that format, or set task.column_names."
+        )
     return names, lines
 
 
@@ -206,18 +235,29 @@ def _json_rows(path: Path):
     return next((list(row) for _, row in rows if row is not None), []), rows
 
 
-def examples_of(rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig) -> list[dict[str, Any]]:
+def examples_of(
+    rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig
+) -> list[dict[str, Any]]:
     """Examples ``{"text": [...], "label": class id | score}`` of rows of ``path``."""
     label_of = _label_reader(path, task)
-    examples = [{"text": [row[c].strip() for c in task.text_columns],
-                 "label": label_of(row[task.label_column], line)} for line, row in rows]
+    examples = [
+        {
+            "text": [row[c].strip() for c in task.text_columns],
+            "label": label_of(row[task.label_column], line),
+        }
+        for line, row in rows
+    ]
     if not examples:
-        raise DataError(f"{str(path)!r} holds no usable example; check the columns and that it has "
-                        "lines below its header.")
+        raise DataError(
+            f"{str(path)!r} holds no usable example; check the columns and that it has "
+            "lines below its header."
+        )
     return examples
 
 
-def read_examples(path: Path, task: TaskConfig, setting: str = "task.data_dir") -> list[dict[str, Any]]:
+def read_examples(
+    path: Path, task: TaskConfig, setting: str = "task.data_dir"
+) -> list[dict[str, Any]]:
     """Examples ``{"text": [...], "label": class id | score}`` of a TSV, CSV or JSONL file."""
     return examples_of(read_rows(path, task, setting), path, task)
 
@@ -225,7 +265,9 @@ def read_examples(path: Path, task: TaskConfig, setting: str = "task.data_dir") 
 read_tsv = read_examples  # the name of the GLUE-format reader
 
 
-def discover_labels(rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig) -> list[str]:
+def discover_labels(
+    rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig
+) -> list[str]:
     """The label values of the training rows, sorted (numbers by value), for a task that lists none."""
     values = {row[task.label_column].strip() for _, row in rows}
 
@@ -236,16 +278,27 @@ def discover_labels(rows: list[tuple[int, dict[str, str]]], path: Path, task: Ta
             return None
 
     numbers = {v: number(v) for v in values}
-    labels = sorted(values, key=lambda v: (0, numbers[v], v) if numbers[v] is not None else (1, 0.0, v))
+    labels = sorted(
+        values, key=lambda v: (0, numbers[v], v) if numbers[v] is not None else (1, 0.0, v)
+    )
     if len(labels) < 2:
-        raise DataError(f"{str(path)!r}: every example has the {task.label_column} "
-                        f"{(labels or [''])[0]!r}; a classifier needs two labels or more (for scores "
-                        "set task.kind=regression).")
-    log.info("task.labels from %s: %s (class ids in this order; set task.labels=[...] to fix them)",
-             path, ", ".join(labels))
+        raise DataError(
+            f"{str(path)!r}: every example has the {task.label_column} "
+            f"{(labels or [''])[0]!r}; a classifier needs two labels or more (for scores "
+            "set task.kind=regression)."
+        )
+    log.info(
+        "task.labels from %s: %s (class ids in this order; set task.labels=[...] to fix them)",
+        path,
+        ", ".join(labels),
+    )
     if len(labels) > 20 and all(numbers[v] is not None for v in labels):
-        log.warning("%s: the %s takes %d different numbers; if they are scores, set task.kind=regression",
-                    path, task.label_column, len(labels))
+        log.warning(
+            "%s: the %s takes %d different numbers; if they are scores, set task.kind=regression",
+            path,
+            task.label_column,
+            len(labels),
+        )
     return labels
 
 
@@ -260,9 +313,11 @@ def _label_reader(path: Path, task: TaskConfig):
 
         def class_id(value: str, line: int) -> int:
             if value.strip() not in label_ids:
-                raise DataError(f"{str(path)!r} line {line}: the {task.label_column} {value.strip()!r} "
-                                f"is not one of task.labels ({', '.join(task.labels)}); correct the "
-                                "line, or list every label value in task.labels.")
+                raise DataError(
+                    f"{str(path)!r} line {line}: the {task.label_column} {value.strip()!r} "
+                    f"is not one of task.labels ({', '.join(task.labels)}); correct the "
+                    "line, or list every label value in task.labels."
+                )
             return label_ids[value.strip()]
 
         return class_id
@@ -274,9 +329,15 @@ def _label_reader(path: Path, task: TaskConfig):
         except ValueError:
             x = math.nan
         if not low <= x <= high:  # NaN fails too
-            what = "is not a number" if math.isnan(x) else f"is outside task.label_range [{low}, {high}]"
-            raise DataError(f"{str(path)!r} line {line}: the {task.label_column} {value.strip()!r} "
-                            f"{what}; correct the line, or use other files.")
+            what = (
+                "is not a number"
+                if math.isnan(x)
+                else f"is outside task.label_range [{low}, {high}]"
+            )
+            raise DataError(
+                f"{str(path)!r} line {line}: the {task.label_column} {value.strip()!r} "
+                f"{what}; correct the line, or use other files."
+            )
         return x
 
     return score
@@ -325,9 +386,11 @@ def _hub_columns(task: TaskConfig, features) -> tuple[list[str], str]:
         texts = strings if len(strings) == len(texts) else texts
     missing = [c for c in (*texts, label) if c not in features]
     if missing:
-        raise DataError(f"{task.hub_path} ({task.hub_name}) has no column {missing[0]!r} (columns: "
-                        f"{', '.join(features)}); set task.text_columns and task.label_column to its "
-                        "columns, or task.data_dir to a folder of the task's files.")
+        raise DataError(
+            f"{task.hub_path} ({task.hub_name}) has no column {missing[0]!r} (columns: "
+            f"{', '.join(features)}); set task.text_columns and task.label_column to its "
+            "columns, or task.data_dir to a folder of the task's files."
+        )
     return texts, label
 
 
@@ -345,8 +408,11 @@ def _from_hub(task: TaskConfig, splits: list[str]) -> list[list[dict[str, Any]]]
     def rows(split):
         texts, label_column = _hub_columns(task, ds[split].features)
         labelled = ((r, _hub_label(task, r[label_column])) for r in ds[split])
-        return [{"text": [r[c] for c in texts], "label": label}
-                for r, label in labelled if label is not None]
+        return [
+            {"text": [r[c] for c in texts], "label": label}
+            for r, label in labelled
+            if label is not None
+        ]
 
     return [rows(split) for split in splits]
 
@@ -359,13 +425,20 @@ class Collate:
 
     def __call__(self, examples):
         columns = list(zip(*(e["text"] for e in examples)))
-        enc = self.tokenizer(*columns, truncation=True, max_length=self.max_seq_length,
-                             padding=True, pad_to_multiple_of=8, return_tensors="pt")
+        enc = self.tokenizer(
+            *columns,
+            truncation=True,
+            max_length=self.max_seq_length,
+            padding=True,
+            pad_to_multiple_of=8,
+            return_tensors="pt",
+        )
         enc["labels"] = torch.tensor([e["label"] for e in examples])
         return dict(enc)
 
 
 # ---- model ----------------------------------------------------------------------------------
+
 
 def build_classifier(cfg: FinetuneConfig, mlm):
     """``Bert-`` (or ``ModernBertForSequenceClassification``) for ``cfg`` on the encoder of the
@@ -379,8 +452,13 @@ def build_classifier(cfg: FinetuneConfig, mlm):
     else:
         config.id2label = dict(enumerate(task.labels))
         config.label2id = {label: i for i, label in enumerate(task.labels)}
-    config.mlmkit_task = {"name": task.name, "kind": task.kind, "text_columns": list(task.text_columns),
-                          "label_column": task.label_column, "max_seq_length": cfg.max_seq_length}
+    config.mlmkit_task = {
+        "name": task.name,
+        "kind": task.kind,
+        "text_columns": list(task.text_columns),
+        "label_column": task.label_column,
+        "max_seq_length": cfg.max_seq_length,
+    }
     config.classifier_dropout = cfg.classifier_dropout
     config._attn_implementation = "sdpa"
     arch = parts_of(mlm)  # BERT or ModernBERT: the classifier of the same architecture
@@ -388,12 +466,18 @@ def build_classifier(cfg: FinetuneConfig, mlm):
     model = arch.sequence_classifier(config, cfg.pooling)
     if cfg.init == "pretrained":
         for name in arch.shared_with_classifier:
-            missing, unexpected = getattr(model, name).load_state_dict(getattr(mlm, name).state_dict(),
-                                                                      strict=False)
-            assert not unexpected and all(k.startswith("pooler.") for k in missing), (missing, unexpected)
+            missing, unexpected = getattr(model, name).load_state_dict(
+                getattr(mlm, name).state_dict(), strict=False
+            )
+            assert not unexpected and all(k.startswith("pooler.") for k in missing), (
+                missing,
+                unexpected,
+            )
     if cfg.max_seq_length > config.max_position_embeddings:
-        raise ConfigError(f"max_seq_length ({cfg.max_seq_length}) is longer than the model's "
-                          f"{config.max_position_embeddings} positions; lower max_seq_length.")
+        raise ConfigError(
+            f"max_seq_length ({cfg.max_seq_length}) is longer than the model's "
+            f"{config.max_position_embeddings} positions; lower max_seq_length."
+        )
     return model
 
 
@@ -415,7 +499,10 @@ def freeze_encoder(model) -> None:
         keep = name.startswith(("classifier.", "head.")) or ".pooler." in f".{name}"
         p.requires_grad_(keep)
         trainable += p.numel() if keep else 0
-    log.info("freeze_encoder: the encoder is frozen; %d parameters train (pooler and classifier)", trainable)
+    log.info(
+        "freeze_encoder: the encoder is frozen; %d parameters train (pooler and classifier)",
+        trainable,
+    )
 
 
 class FrozenEncoderCache:
@@ -440,16 +527,24 @@ class FrozenEncoderCache:
         keys = [ids[row].cpu().numpy().tobytes() for ids, row in zip(input_ids, keep)]
         new = sorted({i for i, key in enumerate(keys) if key not in self.states})
         if new:
-            self._encode(input_ids[new], attention_mask[new], keep[new], [keys[i] for i in new],
-                         {k: v[new] if torch.is_tensor(v) and v.shape[:1] == input_ids.shape[:1] else v
-                          for k, v in kwargs.items()})
+            self._encode(
+                input_ids[new],
+                attention_mask[new],
+                keep[new],
+                [keys[i] for i in new],
+                {
+                    k: v[new] if torch.is_tensor(v) and v.shape[:1] == input_ids.shape[:1] else v
+                    for k, v in kwargs.items()
+                },
+            )
         hidden = self.states[keys[0]]
         out = hidden.new_zeros(*input_ids.shape, hidden.shape[-1])
         for i, key in enumerate(keys):
             out[i, keep[i]] = self.states[key]
         pooler = getattr(self.encoder, "pooler", None)
-        return BaseModelOutputWithPooling(last_hidden_state=out,
-                                          pooler_output=pooler(out) if pooler is not None else None)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=out, pooler_output=pooler(out) if pooler is not None else None
+        )
 
     @torch.no_grad()
     def _encode(self, input_ids, attention_mask, keep, keys, kwargs) -> None:
@@ -469,6 +564,7 @@ class FrozenEncoderCache:
 
 
 # ---- loop -----------------------------------------------------------------------------------
+
 
 @torch.no_grad()
 def predict(accelerator, model, loader) -> tuple[list[float], list[float]]:
@@ -492,8 +588,17 @@ def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, floa
     return out
 
 
-def fit_classifier(accelerator, model, optimizer, scheduler, train_loader, eval_loader, total: int,
-                   task: TaskConfig, metrics) -> tuple[int, dict[str, Any], list[float]]:
+def fit_classifier(
+    accelerator,
+    model,
+    optimizer,
+    scheduler,
+    train_loader,
+    eval_loader,
+    total: int,
+    task: TaskConfig,
+    metrics,
+) -> tuple[int, dict[str, Any], list[float]]:
     """``total`` optimizer steps, the dev set scored after every epoch (and the last step);
     returns the steps taken, the last ``eval`` event and the dev predictions it scored."""
     step, epoch = 0, 0
@@ -516,24 +621,46 @@ def fit_classifier(accelerator, model, optimizer, scheduler, train_loader, eval_
         epoch += 1
         preds, refs = predict(accelerator, model, eval_loader)
         figures = score(task, preds, refs)
-        results = {"event": "eval", "step": step, "epoch": epoch, "train_loss": loss_sum / max(n, 1),
-                   **{f"eval_{k}": v for k, v in figures.items()}}
+        results = {
+            "event": "eval",
+            "step": step,
+            "epoch": epoch,
+            "train_loss": loss_sum / max(n, 1),
+            **{f"eval_{k}": v for k, v in figures.items()},
+        }
         metrics.write(results)
-        log.info("epoch %d | step %d | train loss %.4f | %s", epoch, step, results["train_loss"],
-                 " | ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+        log.info(
+            "epoch %d | step %d | train loss %.4f | %s",
+            epoch,
+            step,
+            results["train_loss"],
+            " | ".join(f"{k} {v:.4f}" for k, v in figures.items()),
+        )
     return step, results, preds
 
 
-def write_predictions(path: Path, task: TaskConfig, eval_set: list[dict[str, Any]], preds: list[float]) -> None:
+def write_predictions(
+    path: Path, task: TaskConfig, eval_set: list[dict[str, Any]], preds: list[float]
+) -> None:
     """``<run dir>/eval_predictions.jsonl``: each dev example's texts, label and prediction
     (label names, or scores for regression), in the order of the eval file."""
+
     def name(value):
         return task.labels[int(value)] if task.kind == "classification" else value
 
     with open(path, "w", encoding="utf-8") as f:
         for example, pred in zip(eval_set, preds, strict=True):
-            f.write(json.dumps({"text": example["text"], "label": name(example["label"]),
-                                "prediction": name(pred)}, ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "text": example["text"],
+                        "label": name(example["label"]),
+                        "prediction": name(pred),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
 
 
 def check_new_run_dir(run_dir: Path, what: str) -> None:
@@ -548,13 +675,16 @@ def check_new_run_dir(run_dir: Path, what: str) -> None:
         held = [run_dir.name]
     if held:
         shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
-        raise ConfigError(f"The run dir {str(run_dir)!r} is not empty ({shown}); a {what} writes "
-                          "only into a new or empty folder, so that nothing there is overwritten: "
-                          "choose a new hydra.run.dir.")
+        raise ConfigError(
+            f"The run dir {str(run_dir)!r} is not empty ({shown}); a {what} writes "
+            "only into a new or empty folder, so that nothing there is overwritten: "
+            "choose a new hydra.run.dir."
+        )
 
 
-def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike,
-             on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
+def finetune(
+    cfg: FinetuneConfig, run_dir: str | os.PathLike, on_open: Callable[[Path], None] | None = None
+) -> dict[str, Any]:
     """Fine-tune and evaluate after every epoch into ``run_dir`` (a new or empty folder); returns
     the final dev figures (and where the model was saved, ``model``). ``on_open(run_dir)`` is
     called on the main process once every check has passed, before anything is written there."""
@@ -565,12 +695,16 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike,
     run_dir = Path(run_dir)
     check_new_run_dir(run_dir, "fine-tuning")
     use_cpu = runs_on_cpu()
-    accelerator = Accelerator(cpu=use_cpu, mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu,
-                                                                              setting="precision"))
+    accelerator = Accelerator(
+        cpu=use_cpu,
+        mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision"),
+    )
     accelerator.wait_for_everyone()  # every rank has found the run dir empty before one writes there
     set_seed(cfg.seed)
     mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
-    train_set, eval_set = load_task(cfg.task)  # before the classifier: its labels may come from the data
+    train_set, eval_set = load_task(
+        cfg.task
+    )  # before the classifier: its labels may come from the data
     model = build_classifier(cfg, mlm)
     del mlm
     if accelerator.is_main_process:
@@ -580,52 +714,102 @@ def finetune(cfg: FinetuneConfig, run_dir: str | os.PathLike,
     if cfg.freeze_encoder:
         freeze_encoder(model)
     if cfg.max_train_samples:
-        train_set = train_set[:cfg.max_train_samples]
+        train_set = train_set[: cfg.max_train_samples]
     if cfg.task.kind == "regression":
         start_at_mean_label(model, train_set)
     collate = Collate(tokenizer, cfg.max_seq_length)
-    train_loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate,
-                              generator=torch.Generator().manual_seed(cfg.seed), drop_last=False)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        drop_last=False,
+    )
     eval_loader = DataLoader(eval_set, batch_size=cfg.batch_size * 2, collate_fn=collate)
     steps_per_epoch = math.ceil(len(train_set) / (cfg.batch_size * accelerator.num_processes))
     total = max(1, round(cfg.epochs * steps_per_epoch))
-    optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, beta2=0.999, eps=1e-8,
-                        warmup_steps=int(cfg.warmup_ratio * total), schedule="linear")
+    optim = OptimConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        beta2=0.999,
+        eps=1e-8,
+        warmup_steps=int(cfg.warmup_ratio * total),
+        schedule="linear",
+    )
     optimizer = build_optimizer(model, optim, accelerator.device.type)
     scheduler = build_scheduler(optimizer, optim, total)
-    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader
+    )
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     metrics.truncate_after(-1)
-    log.info("Fine-tuning %s (%s, %s pooling) on %s: %d train / %d dev examples, %d steps", source,
-             cfg.init, cfg.pooling, cfg.task.name, len(train_set), len(eval_set), total)
+    log.info(
+        "Fine-tuning %s (%s, %s pooling) on %s: %d train / %d dev examples, %d steps",
+        source,
+        cfg.init,
+        cfg.pooling,
+        cfg.task.name,
+        len(train_set),
+        len(eval_set),
+        total,
+    )
 
     t0 = time.perf_counter()
     cache = FrozenEncoderCache(accelerator.unwrap_model(model)) if cfg.freeze_encoder else None
     try:
-        step, results, preds = fit_classifier(accelerator, model, optimizer, scheduler, train_loader,
-                                              eval_loader, total, cfg.task, metrics)
+        step, results, preds = fit_classifier(
+            accelerator,
+            model,
+            optimizer,
+            scheduler,
+            train_loader,
+            eval_loader,
+            total,
+            cfg.task,
+            metrics,
+        )
     finally:
         if cache is not None:
             cache.close()
-    summary = {"task": cfg.task.name, "checkpoint": str(source), "init": cfg.init, "pooling": cfg.pooling,
-               "steps": step, "train_examples": len(train_set), "eval_examples": len(eval_set),
-               "seconds": round(time.perf_counter() - t0, 1),
-               **({"labels": list(cfg.task.labels)} if cfg.task.kind == "classification" else {}),
-               "model": str(run_dir / "model") if cfg.save_model else None,
-               **{k: v for k, v in results.items() if k.startswith("eval_")}}
+    summary = {
+        "task": cfg.task.name,
+        "checkpoint": str(source),
+        "init": cfg.init,
+        "pooling": cfg.pooling,
+        "steps": step,
+        "train_examples": len(train_set),
+        "eval_examples": len(eval_set),
+        "seconds": round(time.perf_counter() - t0, 1),
+        **({"labels": list(cfg.task.labels)} if cfg.task.kind == "classification" else {}),
+        "model": str(run_dir / "model") if cfg.save_model else None,
+        **{k: v for k, v in results.items() if k.startswith("eval_")},
+    }
     if accelerator.is_main_process:
-        save_results(run_dir, cfg.task, summary, eval_set, preds, accelerator.unwrap_model(model), tokenizer)
+        save_results(
+            run_dir, cfg.task, summary, eval_set, preds, accelerator.unwrap_model(model), tokenizer
+        )
     accelerator.end_training()
     return summary
 
 
-def save_results(run_dir: Path, task: TaskConfig, summary: dict[str, Any], eval_set: list[dict[str, Any]],
-                 preds: list[float], model, tokenizer) -> None:
+def save_results(
+    run_dir: Path,
+    task: TaskConfig,
+    summary: dict[str, Any],
+    eval_set: list[dict[str, Any]],
+    preds: list[float],
+    model,
+    tokenizer,
+) -> None:
     """results.json, eval_predictions.jsonl and, where ``summary`` names it, the model dir."""
     (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_predictions(run_dir / "eval_predictions.jsonl", task, eval_set, preds)
     if summary["model"]:
         model.save_pretrained(summary["model"])
         tokenizer.save_pretrained(summary["model"])
-        log.info("Saved the fine-tuned model to %s (mlmkit predict %s \"some text\")",
-                 summary["model"], summary["model"])
+        log.info(
+            'Saved the fine-tuned model to %s (mlmkit predict %s "some text")',
+            summary["model"],
+            summary["model"],
+        )

@@ -49,20 +49,25 @@ class GlueTask:
     folder: str  # its folder in glue_data/
     column: str  # its column in the table
     metrics: tuple[str, ...]  # averaged into the task's score
-    small: bool = False  # a small training set: more epochs and, in the modern protocol, MNLI's start
+    small: bool = (
+        False  # a small training set: more epochs and, in the modern protocol, MNLI's start
+    )
 
 
-TASKS = {t.name: t for t in (
-    GlueTask("cola", "CoLA", "CoLA", ("matthews_correlation",)),
-    GlueTask("sst2", "SST-2", "SST-2", ("accuracy",)),
-    GlueTask("mrpc", "MRPC", "MRPC", ("f1", "accuracy"), small=True),
-    GlueTask("stsb", "STS-B", "STS-B", ("pearson", "spearman"), small=True),
-    GlueTask("qqp", "QQP", "QQP", ("f1", "accuracy")),
-    GlueTask("mnli", "MNLI", "MNLI-m/mm", ("accuracy",)),
-    GlueTask("qnli", "QNLI", "QNLI", ("accuracy",)),
-    GlueTask("rte", "RTE", "RTE", ("accuracy",), small=True),
-    GlueTask("wnli", "WNLI", "WNLI", ("accuracy",)),
-)}
+TASKS = {
+    t.name: t
+    for t in (
+        GlueTask("cola", "CoLA", "CoLA", ("matthews_correlation",)),
+        GlueTask("sst2", "SST-2", "SST-2", ("accuracy",)),
+        GlueTask("mrpc", "MRPC", "MRPC", ("f1", "accuracy"), small=True),
+        GlueTask("stsb", "STS-B", "STS-B", ("pearson", "spearman"), small=True),
+        GlueTask("qqp", "QQP", "QQP", ("f1", "accuracy")),
+        GlueTask("mnli", "MNLI", "MNLI-m/mm", ("accuracy",)),
+        GlueTask("qnli", "QNLI", "QNLI", ("accuracy",)),
+        GlueTask("rte", "RTE", "RTE", ("accuracy",), small=True),
+        GlueTask("wnli", "WNLI", "WNLI", ("accuracy",)),
+    )
+}
 AVERAGED = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")  # GLUE's 8, WNLI aside
 
 
@@ -79,9 +84,14 @@ class Protocol:
     def describe(self) -> str:
         lrs = ", ".join(f"{lr:g}" for lr in self.lrs)
         seeds = ", ".join(map(str, self.seeds))
-        epochs = f"{self.epochs:g} epochs" + (f" ({self.small_epochs:g} for RTE, MRPC, STS-B)"
-                                              if self.small_epochs != self.epochs else "")
-        pick = "the best dev score" if len(self.seeds) == 1 else "the median over seeds at the best lr"
+        epochs = f"{self.epochs:g} epochs" + (
+            f" ({self.small_epochs:g} for RTE, MRPC, STS-B)"
+            if self.small_epochs != self.epochs
+            else ""
+        )
+        pick = (
+            "the best dev score" if len(self.seeds) == 1 else "the median over seeds at the best lr"
+        )
         start = "; RTE, MRPC and STS-B from the MNLI-fine-tuned weights" if self.from_mnli else ""
         return f"{self.name}: lr {{{lrs}}}, seeds {{{seeds}}}, {epochs}, {pick}{start}"
 
@@ -120,8 +130,10 @@ def task_config(name: str, data_dir: str | None) -> TaskConfig:
 def check_tasks(names: list[str]) -> None:
     unknown = [n for n in names if n not in TASKS]
     if unknown:
-        raise ConfigError(f"tasks: {', '.join(map(repr, unknown))} is not a GLUE task; choose from "
-                          f"{', '.join(TASKS)}.")
+        raise ConfigError(
+            f"tasks: {', '.join(map(repr, unknown))} is not a GLUE task; choose from "
+            f"{', '.join(TASKS)}."
+        )
 
 
 def missing_data(task: TaskConfig) -> str | None:
@@ -167,18 +179,44 @@ def choose(task: GlueTask, runs: list[dict[str, Any]]) -> tuple[float, float, di
     return best
 
 
-def finetune_run(cfg: GlueConfig, task: TaskConfig, checkpoint: str, init: str, lr: float, seed: int,
-                 epochs: float, out: Path) -> dict[str, Any]:
+def finetune_run(
+    cfg: GlueConfig,
+    task: TaskConfig,
+    checkpoint: str,
+    init: str,
+    lr: float,
+    seed: int,
+    epochs: float,
+    out: Path,
+) -> dict[str, Any]:
     """One fine-tuning (``mlmkit finetune``) and its dev figures."""
     from mlmkit.evaluation.finetune import finetune
 
-    ft = FinetuneConfig(checkpoint=checkpoint, init=init, task=task, max_seq_length=cfg.max_seq_length,
-                        batch_size=cfg.batch_size, epochs=epochs, max_train_samples=cfg.max_train_samples,
-                        lr=lr, pooling=cfg.pooling, precision=cfg.precision, seed=seed, save_model=True)
+    ft = FinetuneConfig(
+        checkpoint=checkpoint,
+        init=init,
+        task=task,
+        max_seq_length=cfg.max_seq_length,
+        batch_size=cfg.batch_size,
+        epochs=epochs,
+        max_train_samples=cfg.max_train_samples,
+        lr=lr,
+        pooling=cfg.pooling,
+        precision=cfg.precision,
+        seed=seed,
+        save_model=True,
+    )
     summary = finetune(ft, out)
-    return {"lr": lr, "seed": seed, "model": summary["model"],
-            "metrics": {k.removeprefix("eval_"): v for k, v in summary.items()
-                        if k.startswith("eval_") and k != "eval_examples"}}
+    return {
+        "lr": lr,
+        "seed": seed,
+        "model": summary["model"],
+        "metrics": {
+            k.removeprefix("eval_"): v
+            for k, v in summary.items()
+            if k.startswith("eval_") and k != "eval_examples"
+        },
+    }
 
 
 def mismatched_accuracy(model_dir: str, data_dir: str | None) -> float:
@@ -189,13 +227,18 @@ def mismatched_accuracy(model_dir: str, data_dir: str | None) -> float:
     task = task_config("mnli_mm", data_dir)
     examples = load_split(task, "eval")
     model, tokenizer, meta = load_classifier(model_dir)
-    preds = predict(model, tokenizer, [e["text"] for e in examples], meta.get("max_seq_length", 128))
+    preds = predict(
+        model, tokenizer, [e["text"] for e in examples], meta.get("max_seq_length", 128)
+    )
     names = list(task.labels)
-    return sum(names.index(p["label"]) == e["label"] for p, e in zip(preds, examples)) / max(len(examples), 1)
+    return sum(names.index(p["label"]) == e["label"] for p, e in zip(preds, examples)) / max(
+        len(examples), 1
+    )
 
 
-def run_task(cfg: GlueConfig, name: str, protocol: Protocol, run_dir: Path,
-             mnli_model: str | None) -> TaskResult:
+def run_task(
+    cfg: GlueConfig, name: str, protocol: Protocol, run_dir: Path, mnli_model: str | None
+) -> TaskResult:
     """Every (lr, seed) run of one task, and the score chosen from them."""
     from mlmkit.evaluation.workers import job_place
 
@@ -212,23 +255,38 @@ def run_task(cfg: GlueConfig, name: str, protocol: Protocol, run_dir: Path,
             out = run_dir / name / f"lr{lr:g}-seed{seed}"
             try:
                 run = finetune_run(cfg, task, checkpoint, init, lr, seed, epochs, out)
-            except DataError as exc:  # the Hub unreachable: the task is skipped; a local file's fault stops
+            except (
+                DataError
+            ) as exc:  # the Hub unreachable: the task is skipped; a local file's fault stops
                 if task.data_dir is not None or result.runs:
                     raise
                 result.skipped = str(exc)
                 return result
             if name == "mnli":
                 run["metrics"]["accuracy_mm"] = mismatched_accuracy(run["model"], cfg.data_dir)
-            run["score"] = task_score(meta, {**run["metrics"], **(
-                {"accuracy": (run["metrics"]["accuracy"] + run["metrics"]["accuracy_mm"]) / 2}
-                if name == "mnli" else {})})
+            run["score"] = task_score(
+                meta,
+                {
+                    **run["metrics"],
+                    **(
+                        {
+                            "accuracy": (run["metrics"]["accuracy"] + run["metrics"]["accuracy_mm"])
+                            / 2
+                        }
+                        if name == "mnli"
+                        else {}
+                    ),
+                },
+            )
             result.runs.append(run)
             log.info("GLUE %s lr %g seed %d: %.4f", name, lr, seed, run["score"])
     result.lr, result.score, result.metrics = choose(meta, result.runs)
     return result
 
 
-def run_tasks(cfg: GlueConfig, order: list[str], protocol: Protocol, run_dir: Path) -> dict[str, TaskResult]:
+def run_tasks(
+    cfg: GlueConfig, order: list[str], protocol: Protocol, run_dir: Path
+) -> dict[str, TaskResult]:
     """Each task's runs, ``cfg.parallel`` tasks at once (``workers.pool``: a process per task,
     pinned to a GPU); under a protocol that starts RTE, MRPC and STS-B from MNLI's model,
     those wait for MNLI. Returns the results in ``order``."""
@@ -239,7 +297,11 @@ def run_tasks(cfg: GlueConfig, order: list[str], protocol: Protocol, run_dir: Pa
     after_mnli = [n for n in order if protocol.from_mnli and TASKS[n].small and "mnli" in order]
     results: dict[str, TaskResult] = {}
     with pool(cfg.parallel) as executor:
-        running = {executor.submit(run_task, cfg, n, protocol, run_dir, None): n for n in order if n not in after_mnli}
+        running = {
+            executor.submit(run_task, cfg, n, protocol, run_dir, None): n
+            for n in order
+            if n not in after_mnli
+        }
         try:
             while running:
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -251,8 +313,12 @@ def run_tasks(cfg: GlueConfig, order: list[str], protocol: Protocol, run_dir: Pa
                     if name == "mnli":
                         runs = results[name].runs
                         mnli_model = max(runs, key=lambda r: r["score"])["model"] if runs else None
-                        running.update({executor.submit(run_task, cfg, n, protocol, run_dir, mnli_model): n
-                                        for n in after_mnli})
+                        running.update(
+                            {
+                                executor.submit(run_task, cfg, n, protocol, run_dir, mnli_model): n
+                                for n in after_mnli
+                            }
+                        )
         except BaseException:
             executor.shutdown(wait=True, cancel_futures=True)  # the running tasks end; none starts
             raise
@@ -283,10 +349,13 @@ def table(label: str, results: dict[str, TaskResult], names: list[str]) -> str:
     score, covered = average(results)
     head = f"GLUE ({len(covered)} of {len(AVERAGED)})"
     columns = [TASKS[n].column for n in names]
-    lines = ["| model | " + " | ".join(columns) + f" | {head} |",
-             "| --- |" + " ---: |" * (len(columns) + 1),
-             f"| {label} | " + " | ".join(cell(n, results.get(n)) for n in names)
-             + f" | {'-' if score is None else f'{100 * score:.1f}'} |"]
+    lines = [
+        "| model | " + " | ".join(columns) + f" | {head} |",
+        "| --- |" + " ---: |" * (len(columns) + 1),
+        f"| {label} | "
+        + " | ".join(cell(n, results.get(n)) for n in names)
+        + f" | {'-' if score is None else f'{100 * score:.1f}'} |",
+    ]
     return "\n".join(lines)
 
 
@@ -297,7 +366,9 @@ def bar_chart(path: Path, label: str, results: dict[str, TaskResult], names: lis
     import matplotlib.pyplot as plt
 
     score, covered = average(results)
-    bars = [(TASKS[n].column, 100 * results[n].score) for n in names if results[n].score is not None]
+    bars = [
+        (TASKS[n].column, 100 * results[n].score) for n in names if results[n].score is not None
+    ]
     if score is not None:
         bars.append((f"GLUE ({len(covered)} of {len(AVERAGED)})", 100 * score))
     fig, ax = plt.subplots(figsize=(1.2 * max(len(bars), 4), 4), constrained_layout=True)
@@ -310,7 +381,9 @@ def bar_chart(path: Path, label: str, results: dict[str, TaskResult], names: lis
     plt.close(fig)
 
 
-def glue(cfg: GlueConfig, run_dir: str | Path, on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
+def glue(
+    cfg: GlueConfig, run_dir: str | Path, on_open: Callable[[Path], None] | None = None
+) -> dict[str, Any]:
     """Run ``cfg``'s tasks (MNLI first when the protocol starts others from it), write
     results.json, results.md and glue.png to ``run_dir`` (a new or empty folder); returns what
     results.json holds. ``on_open(run_dir)`` is called once every check has passed, before
@@ -323,8 +396,10 @@ def glue(cfg: GlueConfig, run_dir: str | Path, on_open: Callable[[Path], None] |
     check_tasks(cfg.tasks)
     resolve_model_path(cfg.checkpoint)  # a wrong path is one sentence now, not one per task
     if cfg.data_dir is not None and not Path(cfg.data_dir).expanduser().is_dir():
-        raise DataError(f"data_dir={cfg.data_dir!r} is not a folder; set it to GLUE's data folder (CoLA/, "
-                        "SST-2/, MRPC/, ... as GLUE's download writes them), or to null for the Hub.")
+        raise DataError(
+            f"data_dir={cfg.data_dir!r} is not a folder; set it to GLUE's data folder (CoLA/, "
+            "SST-2/, MRPC/, ... as GLUE's download writes them), or to null for the Hub."
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     if on_open is not None:
         on_open(run_dir)
@@ -334,17 +409,27 @@ def glue(cfg: GlueConfig, run_dir: str | Path, on_open: Callable[[Path], None] |
     results = run_tasks(cfg, order, protocol, run_dir)
     if all(r.skipped for r in results.values()):
         first = results[names[0]]
-        raise DataError(f"No GLUE task could be run ({first.task}: {first.skipped.rstrip('.')}); set "
-                        "data_dir to GLUE's data folder (CoLA/, SST-2/, ...) or tasks to those it holds.")
+        raise DataError(
+            f"No GLUE task could be run ({first.task}: {first.skipped.rstrip('.')}); set "
+            "data_dir to GLUE's data folder (CoLA/, SST-2/, ...) or tasks to those it holds."
+        )
     label = f"{cfg.checkpoint}" + (" (random init)" if cfg.init == "random" else "")
     score, covered = average(results)
-    out = {"checkpoint": cfg.checkpoint, "init": cfg.init, "protocol": protocol.describe(),
-           "average": score, "average_tasks": covered, "table": table(label, results, names),
-           "tasks": {n: vars(results[n]) for n in names}}
+    out = {
+        "checkpoint": cfg.checkpoint,
+        "init": cfg.init,
+        "protocol": protocol.describe(),
+        "average": score,
+        "average_tasks": covered,
+        "table": table(label, results, names),
+        "tasks": {n: vars(results[n]) for n in names},
+    }
     (run_dir / "results.json").write_text(json.dumps(out, indent=2) + "\n")
     skipped = [f"{n}: {results[n].skipped}" for n in names if results[n].skipped]
     (run_dir / "results.md").write_text(
-        f"{out['table']}\n\nProtocol {out['protocol']}.\n" + "".join(f"Skipped {s}\n" for s in skipped))
+        f"{out['table']}\n\nProtocol {out['protocol']}.\n"
+        + "".join(f"Skipped {s}\n" for s in skipped)
+    )
     if any(results[n].score is not None for n in names):
         bar_chart(run_dir / "glue.png", label, results, names)
     return out

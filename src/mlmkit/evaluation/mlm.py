@@ -25,19 +25,31 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
 
     if cfg.files:
         docs = load_files(resolve_files(cfg.files, "files"), cfg.data, "files")
-        blocks = pack_corpus(datasets.DatasetDict({"validation": docs}), tokenizer,
-                             cfg.data.max_seq_length, cfg.data.num_proc, cfg.data.packing)["validation"]
+        blocks = pack_corpus(
+            datasets.DatasetDict({"validation": docs}),
+            tokenizer,
+            cfg.data.max_seq_length,
+            cfg.data.num_proc,
+            cfg.data.packing,
+        )["validation"]
         if cfg.data.max_eval_samples is not None and len(blocks) > cfg.data.max_eval_samples:
             blocks = blocks.select(range(cfg.data.max_eval_samples))
         blocks = blocks.with_format("torch")
     else:
-        blocks = prepare_datasets(cfg.data, tokenizer, Path(cfg.paths.cache_dir).expanduser())["validation"]
+        blocks = prepare_datasets(cfg.data, tokenizer, Path(cfg.paths.cache_dir).expanduser())[
+            "validation"
+        ]
     if len(blocks) == 0:
-        raise DataError(f"The evaluation text packs into zero blocks of {cfg.data.max_seq_length} "
-                        "tokens; add text or lower data.max_seq_length.")
+        raise DataError(
+            f"The evaluation text packs into zero blocks of {cfg.data.max_seq_length} "
+            "tokens; add text or lower data.max_seq_length."
+        )
     if cfg.files:
-        check_predictable(blocks.select(range(min(len(blocks), PREDICTABLE_SAMPLE)))["input_ids"],
-                          tokenizer, "files")
+        check_predictable(
+            blocks.select(range(min(len(blocks), PREDICTABLE_SAMPLE)))["input_ids"],
+            tokenizer,
+            "files",
+        )
     return blocks
 
 
@@ -60,12 +72,23 @@ def run_evaluation(cfg: EvalConfig, data: str | None = None) -> dict[str, Any]:
             )
         blocks = eval_dataset(cfg, tokenizer)
     batches = fixed_eval_batches(blocks, tokenizer, cfg.masking, cfg.batch_size)
-    objective = accelerator.prepare(MaskedLM(model, document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer)))
+    objective = accelerator.prepare(
+        MaskedLM(model, document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer))
+    )
     figures = evaluate(accelerator, objective, batches)  # the figures of the training loop's eval
     if data is None:
-        data = f"files {', '.join(cfg.files)} (whole)" if cfg.files else f"the validation split of data={cfg.data.source}"
-    result = {"checkpoint": str(resolved), "data": data, "blocks": len(blocks), "max_seq_length": cfg.data.max_seq_length,
-              **{key.removeprefix("eval_"): value for key, value in figures.items()}}
+        data = (
+            f"files {', '.join(cfg.files)} (whole)"
+            if cfg.files
+            else f"the validation split of data={cfg.data.source}"
+        )
+    result = {
+        "checkpoint": str(resolved),
+        "data": data,
+        "blocks": len(blocks),
+        "max_seq_length": cfg.data.max_seq_length,
+        **{key.removeprefix("eval_"): value for key, value in figures.items()},
+    }
     if accelerator.is_main_process and cfg.output:
         out = Path(cfg.output).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -41,11 +41,14 @@ def classifier_class(config: dict, source: str = "the model", setting: str = "mo
     ``BertForSequenceClassification``, a ModernBERT ``ModernBertForSequenceClassification``
     (which pools as its config says)."""
     names, model_type = list(config.get("architectures") or []), config.get("model_type")
-    if model_type not in ARCHITECTURES or not any(str(n).endswith("ForSequenceClassification")
-                                                  for n in names):
+    if model_type not in ARCHITECTURES or not any(
+        str(n).endswith("ForSequenceClassification") for n in names
+    ):
         what = names[0] if names else f"{model_type!r} model"
-        raise ConfigError(f"{setting}: {source} holds a {what}, not a fine-tuned classifier; pass "
-                          "the model/ dir of an mlmkit finetune run (or the run dir).")
+        raise ConfigError(
+            f"{setting}: {source} holds a {what}, not a fine-tuned classifier; pass "
+            "the model/ dir of an mlmkit finetune run (or the run dir)."
+        )
     if model_type == "bert" and config.get("classifier_pooling", "cls") == "mean":
         return MeanPoolBertForSequenceClassification
     return transformers_class(architecture(model_type).sequence_classification)
@@ -60,18 +63,28 @@ def load_classifier(model_dir: str | Path, setting: str = "model_dir"):
     if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
         path = path / "model"  # a finetune run dir
     if not (path / "config.json").is_file():
-        raise ConfigError(f"{setting}: {str(model_dir)!r} is not a model dir (no config.json); pass "
-                          "the model/ dir of an mlmkit finetune run (or the run dir).")
+        raise ConfigError(
+            f"{setting}: {str(model_dir)!r} is not a model dir (no config.json); pass "
+            "the model/ dir of an mlmkit finetune run (or the run dir)."
+        )
     # the kind of model first (its config.json read as JSON), then the checks of every loader
-    model_class = classifier_class(read_json_object(path / "config.json", setting),
-                                   repr(str(model_dir)), setting)
+    model_class = classifier_class(
+        read_json_object(path / "config.json", setting), repr(str(model_dir)), setting
+    )
     config = load_pretrained_config(str(path), setting)
     try:
-        model = model_class.from_pretrained(str(path), config=config, use_safetensors=True,
-                                            trust_remote_code=False, attn_implementation="sdpa")
+        model = model_class.from_pretrained(
+            str(path),
+            config=config,
+            use_safetensors=True,
+            trust_remote_code=False,
+            attn_implementation="sdpa",
+        )
     except Exception as exc:
-        raise ConfigError(f"{setting}: could not load the weights of {str(path)!r} ({first_line(exc)}); "
-                          "the dir is damaged, so pass another model dir.") from None
+        raise ConfigError(
+            f"{setting}: could not load the weights of {str(path)!r} ({first_line(exc)}); "
+            "the dir is damaged, so pass another model dir."
+        ) from None
     tokenizer = load_tokenizer(str(path), setting)
     fit_tokenizer(tokenizer, model)
     return model.eval(), tokenizer, dict(getattr(config, "mlmkit_task", None) or {})
@@ -81,10 +94,14 @@ def read_inputs(path: Path, columns: list[str]) -> list[list[str]]:
     """The inputs of ``--file``: each non-blank line of a text file (a pair's two texts split
     at a tab), or the ``columns`` of each row of a .jsonl, .csv or .tsv file."""
     if not path.is_file():
-        raise ConfigError(f"--file: {str(path)!r} does not exist; pass a .txt, .jsonl, .csv or .tsv file.")
+        raise ConfigError(
+            f"--file: {str(path)!r} does not exist; pass a .txt, .jsonl, .csv or .tsv file."
+        )
     if path.suffix.lower() in (".jsonl", ".json", ".csv", ".tsv"):
         task = TaskConfig(name="predict", text_columns=columns, labels=[], hub_path=None)
-        return [[row[c].strip() for c in columns] for _, row in read_rows(path, task, "--file", columns)]
+        return [
+            [row[c].strip() for c in columns] for _, row in read_rows(path, task, "--file", columns)
+        ]
     check_not_binary(str(path), "--file")
     inputs = []
     for line, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
@@ -92,9 +109,11 @@ def read_inputs(path: Path, columns: list[str]) -> list[list[str]]:
             continue
         texts = text.split("\t") if len(columns) == 2 else [text]
         if len(texts) != len(columns):
-            raise DataError(f"--file: {str(path)!r} line {line} holds {len(texts)} tab-separated "
-                            f"texts, but the model classifies pairs ({', '.join(columns)}); write "
-                            "each pair on one line, its two texts separated by a tab.")
+            raise DataError(
+                f"--file: {str(path)!r} line {line} holds {len(texts)} tab-separated "
+                f"texts, but the model classifies pairs ({', '.join(columns)}); write "
+                "each pair on one line, its two texts separated by a tab."
+            )
         inputs.append([t.strip() for t in texts])
     return inputs
 
@@ -106,27 +125,34 @@ def group_texts(texts: list[str], columns: list[str]) -> list[list[str]]:
             raise ConfigError(f"Text {i} on the command line is empty; give a text to classify.")
     n = len(columns)
     if len(texts) % n:
-        raise ConfigError(f"The model classifies pairs ({', '.join(columns)}), so give its texts two "
-                          f"by two, first and second, or --file; got {len(texts)} texts.")
-    return [texts[i:i + n] for i in range(0, len(texts), n)]
+        raise ConfigError(
+            f"The model classifies pairs ({', '.join(columns)}), so give its texts two "
+            f"by two, first and second, or --file; got {len(texts)} texts."
+        )
+    return [texts[i : i + n] for i in range(0, len(texts), n)]
 
 
 @torch.no_grad()
-def predict(model, tokenizer, inputs: list[list[str]], max_length: int, batch_size: int = 32) -> list[dict]:
+def predict(
+    model, tokenizer, inputs: list[list[str]], max_length: int, batch_size: int = 32
+) -> list[dict]:
     """``{"label", "probability"}`` (or ``{"score"}`` for one output) of each input: one text,
     or a pair's two."""
     device = next(model.parameters()).device
     out = []
     for start in range(0, len(inputs), batch_size):
-        columns = list(zip(*inputs[start:start + batch_size]))
-        enc = tokenizer(*columns, truncation=True, max_length=max_length, padding=True,
-                        return_tensors="pt").to(device)
+        columns = list(zip(*inputs[start : start + batch_size]))
+        enc = tokenizer(
+            *columns, truncation=True, max_length=max_length, padding=True, return_tensors="pt"
+        ).to(device)
         logits = model(**enc).logits.float()
         if logits.shape[-1] == 1:
             out += [{"score": s} for s in logits[:, 0].tolist()]
             continue
         probs = logits.softmax(-1)
         best = probs.argmax(-1)
-        out += [{"label": model.config.id2label[int(c)], "probability": float(probs[i, c])}
-                for i, c in enumerate(best)]
+        out += [
+            {"label": model.config.id2label[int(c)], "probability": float(probs[i, c])}
+            for i, c in enumerate(best)
+        ]
     return out

@@ -46,8 +46,15 @@ def token_ids(tokenizer, texts: list[list[str]], max_seq_length: int = 64):
 
 
 @torch.no_grad()
-def sentence_vectors(encode: Callable[[dict], torch.Tensor], tokenizer, texts: list[list[str]],
-                     max_seq_length: int = 64, batch_size: int = 64, device="cpu", ids=None) -> torch.Tensor:
+def sentence_vectors(
+    encode: Callable[[dict], torch.Tensor],
+    tokenizer,
+    texts: list[list[str]],
+    max_seq_length: int = 64,
+    batch_size: int = 64,
+    device="cpu",
+    ids=None,
+) -> torch.Tensor:
     """``(len(texts), hidden)`` float32 mean-pooled last-layer states; each item of ``texts`` is
     one sentence or a pair ``[a, b]``; ``encode`` maps a tokenized batch (on ``device``) to the
     encoder's last states (``encode_with``; a training run passes its objective's); ``ids``:
@@ -62,7 +69,7 @@ def sentence_vectors(encode: Callable[[dict], torch.Tensor], tokenizer, texts: l
     keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in ids]
     out = None
     for i in range(0, len(order), batch_size):
-        rows = order[i:i + batch_size]
+        rows = order[i : i + batch_size]
         enc = tokenizer.pad({k: [ids[k][r] for r in rows] for k in keys}, return_tensors="pt")
         enc = {k: v.to(device) for k, v in enc.items()}
         pooled = masked_mean(encode(enc).float(), enc["attention_mask"]).cpu()
@@ -72,15 +79,17 @@ def sentence_vectors(encode: Callable[[dict], torch.Tensor], tokenizer, texts: l
     return out
 
 
-def fit_logistic(x: torch.Tensor, y: torch.Tensor, n_classes: int, l2: float,
-                 max_iter: int = 200) -> tuple[torch.Tensor, torch.Tensor]:
+def fit_logistic(
+    x: torch.Tensor, y: torch.Tensor, n_classes: int, l2: float, max_iter: int = 200
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weights and bias of a multinomial logistic regression on ``x`` (standardised) with
     an L2 penalty of ``l2`` times the squared weights, fitted by L-BFGS."""
     w = torch.zeros(x.shape[1], n_classes, dtype=torch.float64, requires_grad=True)
     b = torch.zeros(n_classes, dtype=torch.float64, requires_grad=True)
     x64, y = x.double(), y.long()
-    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-6,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [w, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-6, line_search_fn="strong_wolfe"
+    )
 
     def closure():
         opt.zero_grad()
@@ -97,20 +106,34 @@ def accuracy(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, y: torch.Tensor)
     return float(((x.double() @ w + b).argmax(-1) == y).double().mean()) if len(y) else float("nan")
 
 
-def fit_and_score(train_x: torch.Tensor, train_y: torch.Tensor, eval_x: torch.Tensor,
-                  eval_y: torch.Tensor, n_classes: int) -> dict[str, float]:
+def fit_and_score(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    eval_x: torch.Tensor,
+    eval_y: torch.Tensor,
+    n_classes: int,
+) -> dict[str, float]:
     """Standardise by the training vectors, choose the L2 weight on a held-out fifth of them
     (a fixed draw), refit on all, score the dev vectors."""
     mean, std = train_x.mean(0), train_x.std(0).clamp(min=1e-6)
     train_x, eval_x = (train_x - mean) / std, (eval_x - mean) / std
     order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(0))
-    fit, held_out = order[max(len(order) // 5, 1):], order[:max(len(order) // 5, 1)]
-    held = {l2: accuracy(*fit_logistic(train_x[fit], train_y[fit], n_classes, l2),
-                         train_x[held_out], train_y[held_out]) for l2 in L2_GRID}
+    fit, held_out = order[max(len(order) // 5, 1) :], order[: max(len(order) // 5, 1)]
+    held = {
+        l2: accuracy(
+            *fit_logistic(train_x[fit], train_y[fit], n_classes, l2),
+            train_x[held_out],
+            train_y[held_out],
+        )
+        for l2 in L2_GRID
+    }
     best = max(L2_GRID, key=lambda l2: (held[l2], l2))  # ties: the stronger penalty
     w, b = fit_logistic(train_x, train_y, n_classes, best)
-    return {"probe_accuracy": accuracy(w, b, eval_x, eval_y), "probe_train_accuracy": accuracy(w, b, train_x, train_y),
-            "probe_l2": best}
+    return {
+        "probe_accuracy": accuracy(w, b, eval_x, eval_y),
+        "probe_train_accuracy": accuracy(w, b, train_x, train_y),
+        "probe_l2": best,
+    }
 
 
 @dataclass
@@ -124,31 +147,50 @@ class LinearProbe:
     eval_labels: torch.Tensor
     n_classes: int
     max_seq_length: int = 64
-    _ids: tuple | None = field(default=None, repr=False)  # (tokenizer, its token_ids): one tokenizing a run
+    _ids: tuple | None = field(
+        default=None, repr=False
+    )  # (tokenizer, its token_ids): one tokenizing a run
 
     @classmethod
-    def from_task(cls, task: TaskConfig, max_train_samples: int | None = 10000,
-                  max_eval_samples: int | None = None, max_seq_length: int = 64) -> LinearProbe:
+    def from_task(
+        cls,
+        task: TaskConfig,
+        max_train_samples: int | None = 10000,
+        max_eval_samples: int | None = None,
+        max_seq_length: int = 64,
+    ) -> LinearProbe:
         """The task's train and dev examples (its files or the Hub, as ``mlmkit finetune``
         reads them); a regression task is refused."""
         from mlmkit.evaluation.finetune import load_task
 
         if task.kind != "classification":
-            raise ConfigError(f"A linear probe classifies, and task={task.name} is a regression task; "
-                              "choose a classification task for the probe.")
+            raise ConfigError(
+                f"A linear probe classifies, and task={task.name} is a regression task; "
+                "choose a classification task for the probe."
+            )
         train, dev = load_task(task)
         train, dev = train[:max_train_samples], dev[:max_eval_samples]
         if len({e["label"] for e in train}) < 2:
-            raise ConfigError(f"The probe's training examples of task={task.name} hold one class; "
-                              "raise the probe's max_train_samples or use another task.")
-        return cls(task.name, [e["text"] for e in train], torch.tensor([e["label"] for e in train]),
-                   [e["text"] for e in dev], torch.tensor([e["label"] for e in dev]), len(task.labels),
-                   max_seq_length)
+            raise ConfigError(
+                f"The probe's training examples of task={task.name} hold one class; "
+                "raise the probe's max_train_samples or use another task."
+            )
+        return cls(
+            task.name,
+            [e["text"] for e in train],
+            torch.tensor([e["label"] for e in train]),
+            [e["text"] for e in dev],
+            torch.tensor([e["label"] for e in dev]),
+            len(task.labels),
+            max_seq_length,
+        )
 
     def describe(self, every: int) -> str:
         """The run log's line for this probe."""
-        return (f"Probe: {self.name}, {len(self.train_texts)} training and {len(self.eval_texts)} dev "
-                f"examples, every {every} steps")
+        return (
+            f"Probe: {self.name}, {len(self.train_texts)} training and {len(self.eval_texts)} dev "
+            f"examples, every {every} steps"
+        )
 
     def score(self, encoder, tokenizer) -> dict[str, Any]:
         """``probe_accuracy`` on the dev examples (with the training accuracy, the L2 weight
@@ -160,17 +202,28 @@ class LinearProbe:
         finally:
             encoder.train(was_training)
 
-    def score_encoded(self, encode: Callable[[dict], torch.Tensor], device, tokenizer) -> dict[str, Any]:
+    def score_encoded(
+        self, encode: Callable[[dict], torch.Tensor], device, tokenizer
+    ) -> dict[str, Any]:
         """``score`` for an ``encode`` function (``sentence_vectors``) on ``device``."""
         t0 = time.perf_counter()
         texts = self.train_texts + self.eval_texts
         if self._ids is None or self._ids[0] is not tokenizer:
             self._ids = (tokenizer, token_ids(tokenizer, texts, self.max_seq_length))
-        vectors = sentence_vectors(encode, tokenizer, texts, self.max_seq_length, device=device, ids=self._ids[1])
+        vectors = sentence_vectors(
+            encode, tokenizer, texts, self.max_seq_length, device=device, ids=self._ids[1]
+        )
         n = len(self.train_texts)
-        figures = fit_and_score(vectors[:n], self.train_labels, vectors[n:], self.eval_labels, self.n_classes)
-        return {**figures, "probe_task": self.name, "probe_train_examples": n,
-                "probe_eval_examples": len(self.eval_texts), "probe_seconds": time.perf_counter() - t0}
+        figures = fit_and_score(
+            vectors[:n], self.train_labels, vectors[n:], self.eval_labels, self.n_classes
+        )
+        return {
+            **figures,
+            "probe_task": self.name,
+            "probe_train_examples": n,
+            "probe_eval_examples": len(self.eval_texts),
+            "probe_seconds": time.perf_counter() - t0,
+        }
 
 
 def probe_for_run(cfg: ProbeConfig) -> LinearProbe | None:
@@ -179,7 +232,9 @@ def probe_for_run(cfg: ProbeConfig) -> LinearProbe | None:
     if not cfg.every:
         return None
     try:
-        probe = LinearProbe.from_task(cfg.task, cfg.max_train_samples, cfg.max_eval_samples, cfg.max_seq_length)
+        probe = LinearProbe.from_task(
+            cfg.task, cfg.max_train_samples, cfg.max_eval_samples, cfg.max_seq_length
+        )
     except MLMKitError as exc:  # the task's messages name task.*: here they are probe.task.*
         raise type(exc)(re.sub(r"(?<![\w.])task([.=])", r"probe.task\1", str(exc))) from None
     return probe

@@ -57,6 +57,7 @@ class BeirData:
 
 # ---- reading the folder -----------------------------------------------------------------------
 
+
 def read_beir(data_dir: str | Path, split: str = "test") -> BeirData:
     """The documents, queries and relevance judgments of the BEIR-format folder ``data_dir``."""
     folder = Path(data_dir).expanduser()
@@ -83,12 +84,16 @@ def read_jsonl(path: Path, with_title: bool) -> dict[str, str]:
             try:
                 obj = json.loads(raw)
             except ValueError as exc:
-                raise DataError(f"{str(path)!r} line {line} is not valid JSON ({exc}); write one JSON "
-                                f"object per line, with {keys}.") from None
+                raise DataError(
+                    f"{str(path)!r} line {line} is not valid JSON ({exc}); write one JSON "
+                    f"object per line, with {keys}."
+                ) from None
             doc_id, text = _entry(obj, path, line, keys, with_title)
             if doc_id in texts:
-                raise DataError(f"{str(path)!r} line {line} repeats the _id {doc_id!r} of an earlier "
-                                "line; give each line its own _id.")
+                raise DataError(
+                    f"{str(path)!r} line {line} repeats the _id {doc_id!r} of an earlier "
+                    "line; give each line its own _id."
+                )
             texts[doc_id] = text
     if not texts:
         raise DataError(f"{str(path)!r} is empty; write one JSON object per line, with {keys}.")
@@ -110,8 +115,9 @@ def _entry(obj: Any, path: Path, line: int, keys: str, with_title: bool) -> tupl
     if not isinstance(text, str):
         raise DataError(f'{where} has no "text" (a JSON string); give every line one.')
     if title is not None and not isinstance(title, str):
-        raise DataError(f'{where} has a "title" that is not a JSON string; write it as text, or leave '
-                        "it out.")
+        raise DataError(
+            f'{where} has a "title" that is not a JSON string; write it as text, or leave it out.'
+        )
     return doc_id, f"{title} {text}" if title else text
 
 
@@ -122,10 +128,14 @@ def qrels_file(folder: Path, split: str) -> Path:
         return path
     present = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
     if present:
-        raise DataError(f"{str(path)!r} does not exist; set split to one of {', '.join(present)} "
-                        "(the files of qrels/).")
-    raise DataError(f"{str(path)!r} does not exist; set data_dir to {LAYOUT}, or add the judgments "
-                    "as that file.")
+        raise DataError(
+            f"{str(path)!r} does not exist; set split to one of {', '.join(present)} "
+            "(the files of qrels/)."
+        )
+    raise DataError(
+        f"{str(path)!r} does not exist; set data_dir to {LAYOUT}, or add the judgments "
+        "as that file."
+    )
 
 
 def read_qrels(path: Path, corpus: dict[str, str], queries: dict[str, str]) -> dict[str, set[str]]:
@@ -133,41 +143,56 @@ def read_qrels(path: Path, corpus: dict[str, str], queries: dict[str, str]) -> d
     name a query of ``queries`` and a document of ``corpus``."""
     check_not_binary(str(path), "split")
     with open(path, encoding="utf-8-sig", errors="replace") as f:
-        rows = [(line, raw.rstrip("\r\n").split("\t")) for line, raw in enumerate(f, 1) if raw.strip()]
+        rows = [
+            (line, raw.rstrip("\r\n").split("\t")) for line, raw in enumerate(f, 1) if raw.strip()
+        ]
     if not rows or [c.strip().lower() for c in rows[0][1]] != QRELS_HEADER:
-        raise DataError(f"{str(path)!r} does not start with the header line query-id<TAB>corpus-id"
-                        "<TAB>score; add it as the first line (BEIR's qrels format).")
+        raise DataError(
+            f"{str(path)!r} does not start with the header line query-id<TAB>corpus-id"
+            "<TAB>score; add it as the first line (BEIR's qrels format)."
+        )
     relevant: dict[str, set[str]] = {}
     for line, fields in rows[1:]:
         query_id, doc_id, score = _judgment(fields, path, line)
         if query_id not in queries:
-            raise DataError(f"{str(path)!r} line {line} names the query-id {query_id!r}, which "
-                            "queries.jsonl lacks; add that query or remove the row.")
+            raise DataError(
+                f"{str(path)!r} line {line} names the query-id {query_id!r}, which "
+                "queries.jsonl lacks; add that query or remove the row."
+            )
         if doc_id not in corpus:
-            raise DataError(f"{str(path)!r} line {line} names the corpus-id {doc_id!r}, which "
-                            "corpus.jsonl lacks; add that document or remove the row.")
+            raise DataError(
+                f"{str(path)!r} line {line} names the corpus-id {doc_id!r}, which "
+                "corpus.jsonl lacks; add that document or remove the row."
+            )
         if score > 0:
             relevant.setdefault(query_id, set()).add(doc_id)
     if not relevant:
-        raise DataError(f"{str(path)!r} marks no document relevant to any query; give relevant "
-                        "documents a score above 0, or choose another split.")
+        raise DataError(
+            f"{str(path)!r} marks no document relevant to any query; give relevant "
+            "documents a score above 0, or choose another split."
+        )
     return relevant
 
 
 def _judgment(fields: list[str], path: Path, line: int) -> tuple[str, str, float]:
     """``(query id, corpus id, score)`` of one row of a qrels file."""
     if len(fields) != 3:
-        raise DataError(f"{str(path)!r} line {line} has {len(fields)} tab-separated fields; write "
-                        "query-id<TAB>corpus-id<TAB>score.")
+        raise DataError(
+            f"{str(path)!r} line {line} has {len(fields)} tab-separated fields; write "
+            "query-id<TAB>corpus-id<TAB>score."
+        )
     try:
         score = float(fields[2])
     except ValueError:
-        raise DataError(f"{str(path)!r} line {line}: the score {fields[2].strip()!r} is not a number; "
-                        "write the relevance as a number (above 0: relevant).") from None
+        raise DataError(
+            f"{str(path)!r} line {line}: the score {fields[2].strip()!r} is not a number; "
+            "write the relevance as a number (above 0: relevant)."
+        ) from None
     return fields[0].strip(), fields[1].strip(), score
 
 
 # ---- scoring ----------------------------------------------------------------------------------
+
 
 class TextEmbedder:
     """What ``InformationRetrievalEvaluator`` asks of the model it scores (``encode_query``,
@@ -214,22 +239,33 @@ def _evaluator_class():
         try:  # sentence-transformers before 6.0
             from sentence_transformers.evaluation import InformationRetrievalEvaluator
         except ImportError:
-            raise ConfigError("eval-retrieval scores with sentence-transformers, which is not "
-                              "installed; pip install 'mlmkit[embeddings]' (or sentence-transformers)."
-                              ) from None
+            raise ConfigError(
+                "eval-retrieval scores with sentence-transformers, which is not "
+                "installed; pip install 'mlmkit[embeddings]' (or sentence-transformers)."
+            ) from None
     return InformationRetrievalEvaluator
 
 
-def retrieval_scores(embed_texts: Callable[[list[str]], torch.Tensor], data: BeirData,
-                     batch_size: int = 64) -> dict[str, Any]:
+def retrieval_scores(
+    embed_texts: Callable[[list[str]], torch.Tensor], data: BeirData, batch_size: int = 64
+) -> dict[str, Any]:
     """``{"queries", "documents", "ndcg@10", "recall@100", "mrr@10"}`` of the rankings by the
     cosine similarity of ``embed_texts``'s embeddings (queries without a relevant document
     are left out, as BEIR leaves them out)."""
     evaluator = _evaluator_class()(
-        queries=data.queries, corpus=data.corpus, relevant_docs=data.relevant,
-        mrr_at_k=[10], ndcg_at_k=[10], accuracy_at_k=[10], precision_recall_at_k=[100],
-        map_at_k=[100], batch_size=batch_size, show_progress_bar=False, write_csv=False,
-        score_functions={"cosine": _cosine})
+        queries=data.queries,
+        corpus=data.corpus,
+        relevant_docs=data.relevant,
+        mrr_at_k=[10],
+        ndcg_at_k=[10],
+        accuracy_at_k=[10],
+        precision_recall_at_k=[100],
+        map_at_k=[100],
+        batch_size=batch_size,
+        show_progress_bar=False,
+        write_csv=False,
+        score_functions={"cosine": _cosine},
+    )
     quiet = logging.getLogger("sentence_transformers")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # its per-metric report: the figures are returned
@@ -237,11 +273,15 @@ def retrieval_scores(embed_texts: Callable[[list[str]], torch.Tensor], data: Bei
         metrics = evaluator(TextEmbedder(embed_texts))
     finally:
         quiet.setLevel(level)
-    return {"queries": len(evaluator.queries), "documents": len(evaluator.corpus),
-            **{name: float(metrics[f"cosine_{name}"]) for name in FIGURES}}
+    return {
+        "queries": len(evaluator.queries),
+        "documents": len(evaluator.corpus),
+        **{name: float(metrics[f"cosine_{name}"]) for name in FIGURES},
+    }
 
 
 # ---- the model --------------------------------------------------------------------------------
+
 
 def embedding_length(cfg: RetrievalEvalConfig, resolved: Path, encoder) -> int:
     """Tokens kept of each text: ``max_seq_length``, else the length the model dir's
@@ -263,7 +303,9 @@ def embedding_length(cfg: RetrievalEvalConfig, resolved: Path, encoder) -> int:
     return min(int(length) if isinstance(length, int) and length > 0 else DEFAULT_LENGTH, positions)
 
 
-def model_embedder(cfg: RetrievalEvalConfig) -> tuple[Callable[[list[str]], torch.Tensor], Path, int]:
+def model_embedder(
+    cfg: RetrievalEvalConfig,
+) -> tuple[Callable[[list[str]], torch.Tensor], Path, int]:
     """``(texts -> embeddings, resolved path, tokens kept)`` for the encoder of ``cfg.checkpoint``
     (``init=random``: the same architecture with seeded random weights)."""
     encoder, tokenizer, resolved = load_encoder(cfg)
@@ -272,8 +314,14 @@ def model_embedder(cfg: RetrievalEvalConfig) -> tuple[Callable[[list[str]], torc
     def embed_texts(texts: list[str]) -> torch.Tensor:
         # longest first, so that each batch pads to a similar length; then back in order
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        vectors = embed(encoder, tokenizer, [texts[i] for i in order], pooling=cfg.pooling,
-                        batch_size=cfg.batch_size, max_seq_length=length)
+        vectors = embed(
+            encoder,
+            tokenizer,
+            [texts[i] for i in order],
+            pooling=cfg.pooling,
+            batch_size=cfg.batch_size,
+            max_seq_length=length,
+        )
         out = torch.empty_like(vectors)
         out[order] = vectors
         return out
@@ -288,8 +336,15 @@ def evaluate_retrieval(cfg: RetrievalEvalConfig) -> dict[str, Any]:
     embed_texts, resolved, length = model_embedder(cfg)
     t0 = time.perf_counter()
     scores = retrieval_scores(embed_texts, data, batch_size=cfg.batch_size)
-    result = {"checkpoint": str(resolved), "init": cfg.init, "data_dir": str(cfg.data_dir),
-              "split": cfg.split, "pooling": cfg.pooling, "max_seq_length": length, **scores,
-              "seconds": round(time.perf_counter() - t0, 1)}
+    result = {
+        "checkpoint": str(resolved),
+        "init": cfg.init,
+        "data_dir": str(cfg.data_dir),
+        "split": cfg.split,
+        "pooling": cfg.pooling,
+        "max_seq_length": length,
+        **scores,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     write_output(cfg.output, result)
     return result

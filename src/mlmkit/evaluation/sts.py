@@ -32,18 +32,34 @@ log = logging.getLogger("mlmkit")
 
 
 @torch.inference_mode()
-def embed(encoder, tokenizer, sentences: list[str], pooling: str = "mean", batch_size: int = 64,
-          max_seq_length: int = 128) -> torch.Tensor:
+def embed(
+    encoder,
+    tokenizer,
+    sentences: list[str],
+    pooling: str = "mean",
+    batch_size: int = 64,
+    max_seq_length: int = 128,
+) -> torch.Tensor:
     """``(len(sentences), hidden)`` float32 embeddings from ``encoder`` (``BertModel``, ...)."""
     device = next(encoder.parameters()).device
     out = []
     for i in range(0, len(sentences), batch_size):
-        enc = tokenizer(sentences[i:i + batch_size], truncation=True, max_length=max_seq_length,
-                        padding=True, return_tensors="pt")
-        enc = {k: v.to(device) for k, v in enc.items()
-               if k in ("input_ids", "attention_mask", "token_type_ids")}
+        enc = tokenizer(
+            sentences[i : i + batch_size],
+            truncation=True,
+            max_length=max_seq_length,
+            padding=True,
+            return_tensors="pt",
+        )
+        enc = {
+            k: v.to(device)
+            for k, v in enc.items()
+            if k in ("input_ids", "attention_mask", "token_type_ids")
+        }
         hidden = encoder(**enc).last_hidden_state.float()
-        out.append(masked_mean(hidden, enc["attention_mask"]) if pooling == "mean" else hidden[:, 0])
+        out.append(
+            masked_mean(hidden, enc["attention_mask"]) if pooling == "mean" else hidden[:, 0]
+        )
     return torch.cat(out).cpu() if out else torch.empty(0)
 
 
@@ -75,14 +91,26 @@ def evaluate_sts(cfg: StsEvalConfig) -> dict[str, Any]:
     encoder, tokenizer, resolved = load_encoder(cfg)
     t0 = time.perf_counter()
     max_length = min(cfg.max_seq_length, encoder.config.max_position_embeddings)
-    predicted = pair_similarities(encoder, tokenizer, [e["text"] for e in examples],
-                                  pooling=cfg.pooling, batch_size=cfg.batch_size,
-                                  max_seq_length=max_length)
+    predicted = pair_similarities(
+        encoder,
+        tokenizer,
+        [e["text"] for e in examples],
+        pooling=cfg.pooling,
+        batch_size=cfg.batch_size,
+        max_seq_length=max_length,
+    )
     gold = [e["label"] for e in examples]
-    result = {"checkpoint": str(resolved), "init": cfg.init, "task": cfg.task.name,
-              "split": cfg.split, "pooling": cfg.pooling, "pairs": len(examples),
-              "spearman": spearman(predicted, gold), "pearson": pearson(predicted, gold),
-              "seconds": round(time.perf_counter() - t0, 1)}
+    result = {
+        "checkpoint": str(resolved),
+        "init": cfg.init,
+        "task": cfg.task.name,
+        "split": cfg.split,
+        "pooling": cfg.pooling,
+        "pairs": len(examples),
+        "spearman": spearman(predicted, gold),
+        "pearson": pearson(predicted, gold),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     write_output(cfg.output, result)
     return result
 

@@ -31,7 +31,7 @@ def visible_gpus() -> list[str]:
         return []
     named = os.environ.get("CUDA_VISIBLE_DEVICES")
     if named:
-        return [d.strip() for d in named.split(",") if d.strip()][:torch.cuda.device_count()]
+        return [d.strip() for d in named.split(",") if d.strip()][: torch.cuda.device_count()]
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
@@ -42,9 +42,11 @@ def worker_count(parallel: int | None, gpus: list[str]) -> int:
     if parallel is None:
         return 1 if launched else max(len(gpus), 1)
     if parallel > 1 and launched:
-        raise ConfigError(f"parallel={parallel} runs jobs in processes of their own, which a distributed launch "
-                          "(accelerate launch with several processes) cannot; set parallel=1 there, or run the "
-                          "command without accelerate launch to give each job its own GPU.")
+        raise ConfigError(
+            f"parallel={parallel} runs jobs in processes of their own, which a distributed launch "
+            "(accelerate launch with several processes) cannot; set parallel=1 there, or run the "
+            "command without accelerate launch to give each job its own GPU."
+        )
     return parallel
 
 
@@ -63,8 +65,11 @@ def _start_worker(slots: Any, ready: Any, threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s] [{WORKER['device']} pid {os.getpid()}] "
-                        "%(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[%(asctime)s] [{WORKER['device']} pid {os.getpid()}] %(message)s",
+        datefmt="%H:%M:%S",
+    )
     ready.wait(timeout=600)
 
 
@@ -92,10 +97,16 @@ def pool(parallel: int | None) -> Executor:
     for device in slot_devices(count, gpus):
         slots.put(device)
     threads = max(1, (os.cpu_count() or 1) // count)
-    log.info("%d jobs side by side: %s", count, ", ".join(f"GPU {d}" for d in slot_devices(count, gpus))
-             if gpus else f"on the CPU, {threads} thread(s) each")
-    return ProcessPoolExecutor(count, mp_context=context, initializer=_start_worker,
-                               initargs=(slots, ready, threads))
+    log.info(
+        "%d jobs side by side: %s",
+        count,
+        ", ".join(f"GPU {d}" for d in slot_devices(count, gpus))
+        if gpus
+        else f"on the CPU, {threads} thread(s) each",
+    )
+    return ProcessPoolExecutor(
+        count, mp_context=context, initializer=_start_worker, initargs=(slots, ready, threads)
+    )
 
 
 def job_place() -> dict[str, Any]:

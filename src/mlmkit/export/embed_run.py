@@ -22,16 +22,17 @@ from mlmkit.evaluation.embed import quiet_libraries, train_embedder
 
 OBJECTIVES = {
     "pairs": "in-batch negatives on pairs (MultipleNegativesRankingLoss: each anchor's positive "
-             "against the other rows' positives{negatives})",
+    "against the other rows' positives{negatives})",
     "simcse": "unsupervised SimCSE (Gao et al., 2021): each sentence paired with itself, dropout "
-              "the only difference, the other sentences of the batch its negatives",
+    "the only difference, the other sentences of the batch its negatives",
     "same_document": "neighbouring sentences of one document as pairs, the other rows of the "
-                     "batch as negatives",
+    "batch as negatives",
 }
 
 
-def embed(cfg: EmbedConfig, run_dir: str | os.PathLike,
-          on_open: Callable[[Path], None] | None = None) -> dict[str, Any]:
+def embed(
+    cfg: EmbedConfig, run_dir: str | os.PathLike, on_open: Callable[[Path], None] | None = None
+) -> dict[str, Any]:
     """Train ``cfg``'s embedder in ``run_dir`` and write ``final/`` and ``results.json`` (main
     process); returns the summary, with ``final`` the folder written. ``on_open(run_dir)``: called
     once every check has passed, before anything is written there."""
@@ -73,6 +74,7 @@ def _figure_rows(summary: dict[str, Any]) -> str:
     names = list(dict.fromkeys([*after, *before]))
     if not names:
         return "No held-out data was given (sts_dir, retrieval_dir), so none was scored."
+
     def cell(figures: dict[str, float], key: str) -> str:
         return f"{figures[key]:.4f}" if key in figures else "-"
 
@@ -86,11 +88,15 @@ def embedder_card(summary: dict[str, Any]) -> str:
     negatives = ", and the hard negative of its row" if data.get("hard_negatives") else ""
     objective = OBJECTIVES[summary["objective"]].format(negatives=negatives)
     cached = summary["loss"] == "cached_mnrl"
-    loss = ("CachedMultipleNegativesRankingLoss (gradient caching)" if cached
-            else "MultipleNegativesRankingLoss")
+    loss = (
+        "CachedMultipleNegativesRankingLoss (gradient caching)"
+        if cached
+        else "MultipleNegativesRankingLoss"
+    )
     dims = summary.get("matryoshka_dims") or []
-    matryoshka = (f"; MatryoshkaLoss over the first {', '.join(map(str, dims))} dimensions"
-                  if dims else "")
+    matryoshka = (
+        f"; MatryoshkaLoss over the first {', '.join(map(str, dims))} dimensions" if dims else ""
+    )
     held_out = "; ".join(summary["held_out"]) or "none given"
     base_run = f" (pretraining run {summary['base_run']})" if summary.get("base_run") else ""
     ended = "ended by max_time" if summary["stopped_by"] == "max_time" else "all it planned"
@@ -102,19 +108,19 @@ tags: [sentence-transformers, sentence-similarity, feature-extraction, mlmkit]
 
 # Sentence embedder (mlmkit embed)
 
-A {summary['model_type']} encoder fine-tuned by mlmkit as a sentence embedder: mean pooling of
-the last layer's token states, {summary['dimension']} dimensions, cosine similarity, inputs cut
-at {summary['max_seq_length']} tokens.
+A {summary["model_type"]} encoder fine-tuned by mlmkit as a sentence embedder: mean pooling of
+the last layer's token states, {summary["dimension"]} dimensions, cosine similarity, inputs cut
+at {summary["max_seq_length"]} tokens.
 
-- Base model: {summary['checkpoint']}{base_run}.
-- Objective: {objective}; {loss}, scale {summary['scale']}{matryoshka}.
-- Data: {data['rows']} training rows from {data['source']}; {data['dropped']} left out for sharing
+- Base model: {summary["checkpoint"]}{base_run}.
+- Objective: {objective}; {loss}, scale {summary["scale"]}{matryoshka}.
+- Data: {data["rows"]} training rows from {data["source"]}; {data["dropped"]} left out for sharing
   a text with the held-out data.
 - Held out (never trained on): {held_out}.
-- Training: {summary['steps']} optimizer steps ({ended}), batch
-  {summary['batch_size']} per process x {summary['processes']}, lr {summary['lr']}, dropout
-  {summary['dropout'] if summary['dropout'] is not None else "as the base model's config"},
-  {summary['seconds']} s.
+- Training: {summary["steps"]} optimizer steps ({ended}), batch
+  {summary["batch_size"]} per process x {summary["processes"]}, lr {summary["lr"]}, dropout
+  {summary["dropout"] if summary["dropout"] is not None else "as the base model's config"},
+  {summary["seconds"]} s.
 
 ## Held-out figures
 

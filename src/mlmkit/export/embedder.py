@@ -24,11 +24,19 @@ POOLING_DIR = "1_Pooling"
 # the module class names of the sentence-transformers format (the names every release reads)
 TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
 POOLING_MODULE = "sentence_transformers.models.Pooling"
-POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens",
-                 "weightedmean_tokens", "lasttoken")
+POOLING_MODES = (
+    "cls_token",
+    "mean_tokens",
+    "max_tokens",
+    "mean_sqrt_len_tokens",
+    "weightedmean_tokens",
+    "lasttoken",
+)
 
 
-def embedder_files(hidden_size: int, max_seq_length: int, pooling: str = "mean_tokens") -> dict[str, dict | list]:
+def embedder_files(
+    hidden_size: int, max_seq_length: int, pooling: str = "mean_tokens"
+) -> dict[str, dict | list]:
     """``{relative path: JSON content}`` of the sentence-transformers files."""
     if pooling not in POOLING_MODES:
         raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {pooling!r}")
@@ -36,15 +44,20 @@ def embedder_files(hidden_size: int, max_seq_length: int, pooling: str = "mean_t
         {"idx": 0, "name": "0", "path": "", "type": TRANSFORMER_MODULE},
         {"idx": 1, "name": "1", "path": POOLING_DIR, "type": POOLING_MODULE},
     ]
-    pooling_config = {"word_embedding_dimension": hidden_size,
-                      **{f"pooling_mode_{mode}": mode == pooling for mode in POOLING_MODES},
-                      "include_prompt": True}
+    pooling_config = {
+        "word_embedding_dimension": hidden_size,
+        **{f"pooling_mode_{mode}": mode == pooling for mode in POOLING_MODES},
+        "include_prompt": True,
+    }
     return {
         "modules.json": modules,
         f"{POOLING_DIR}/config.json": pooling_config,
         "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
-        "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None,
-                                              "similarity_fn_name": "cosine"},
+        "config_sentence_transformers.json": {
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
     }
 
 

@@ -19,10 +19,15 @@ def _origin_lines(config: dict[str, Any], summary: dict[str, Any]) -> str:
     lines = f"- Continued pretraining of: {init_from}.\n" if init_from else ""
     phase = config.get("phase")
     if phase:
-        settings = ", ".join(f"{k}={v}" for k, v in phase.get("set", {}).items()) or "the run's own settings"
-        lines += (f"- Phase: {phase['name']} of a phased run ({phase['share']:.0%} of its budget, learning "
-                  f"rate {phase['schedule']}; {settings}): {summary.get('phase_steps')} steps, "
-                  f"{summary.get('phase_tokens')} tokens.\n")
+        settings = (
+            ", ".join(f"{k}={v}" for k, v in phase.get("set", {}).items())
+            or "the run's own settings"
+        )
+        lines += (
+            f"- Phase: {phase['name']} of a phased run ({phase['share']:.0%} of its budget, learning "
+            f"rate {phase['schedule']}; {settings}): {summary.get('phase_steps')} steps, "
+            f"{summary.get('phase_tokens')} tokens.\n"
+        )
     return lines
 
 
@@ -42,14 +47,19 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
     attention = ""
     if c.model_type == "modernbert":
         n_global = sum(kind == "full_attention" for kind in c.layer_types)
-        attention = (f"; {n_global} global layers, the others attend within {c.local_attention} tokens, "
-                     "rotary positions, GeGLU FFN")
+        attention = (
+            f"; {n_global} global layers, the others attend within {c.local_attention} tokens, "
+            "rotary positions, GeGLU FFN"
+        )
     if source == "files":
         source = ", ".join(data.get("train_files", []))
     started = _origin_lines(config, summary)
     unk = summary.get("validation_unk_share")
-    unk_line = (f"- Tokenizer: {vocab} tokens; [UNK] is {unk:.2%} of the validation text's tokens.\n"
-                if unk is not None else "")
+    unk_line = (
+        f"- Tokenizer: {vocab} tokens; [UNK] is {unk:.2%} of the validation text's tokens.\n"
+        if unk is not None
+        else ""
+    )
     return f"""---
 library_name: transformers
 pipeline_tag: fill-mask
@@ -130,8 +140,14 @@ def without_tied_copies(model, state_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state_dict.items() if k not in aliases}
 
 
-def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, Any],
-                 summary: dict[str, Any], state_dict: dict[str, Any] | None = None) -> Path:
+def export_final(
+    model,
+    tokenizer,
+    path: str | os.PathLike,
+    config: dict[str, Any],
+    summary: dict[str, Any],
+    state_dict: dict[str, Any] | None = None,
+) -> Path:
     """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md, and the
     sentence-transformers files of ``export.embedder``) atomically.
 
@@ -143,8 +159,11 @@ def export_final(model, tokenizer, path: str | os.PathLike, config: dict[str, An
         shutil.rmtree(tmp)
     tokenizer.model_max_length = model.config.max_position_embeddings
     # save_pretrained empties the dict it is given; the caller's may be written again (a phase's export)
-    model.save_pretrained(str(tmp), safe_serialization=True,
-                          state_dict=dict(state_dict) if state_dict is not None else None)
+    model.save_pretrained(
+        str(tmp),
+        safe_serialization=True,
+        state_dict=dict(state_dict) if state_dict is not None else None,
+    )
     tokenizer.save_pretrained(str(tmp))
     write_embedder_files(tmp, model.config.hidden_size, embedding_length(model, config))
     (tmp / "README.md").write_text(model_card(model, tokenizer, config, summary))

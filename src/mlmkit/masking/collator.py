@@ -45,14 +45,18 @@ IGNORE_INDEX = -100
 def _is_ideograph(ch: str) -> bool:
     import unicodedata
 
-    return unicodedata.name(ch, "").startswith(("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH"))
+    return unicodedata.name(ch, "").startswith(
+        ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH")
+    )
 
 
 def _bincount(index: torch.Tensor, size: int, weights: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.bincount(index, weights, minlength=size)`` for indices below ``size``, without
     its host wait on a GPU (bincount reads the largest index to size its output)."""
     if weights is None:
-        return torch.zeros(size, dtype=torch.int64, device=index.device).index_add_(0, index, torch.ones_like(index))
+        return torch.zeros(size, dtype=torch.int64, device=index.device).index_add_(
+            0, index, torch.ones_like(index)
+        )
     return torch.zeros(size, dtype=weights.dtype, device=index.device).index_add_(0, index, weights)
 
 
@@ -77,7 +81,11 @@ def continuation_lookup(tokenizer, size: int) -> torch.Tensor:
         ids = [i for t, i in vocab.items() if not t.startswith(mark) and i not in special]
         # a token of CJK ideographs starts a word, though no space came before it
         text = (lambda t: t) if mark == "▁" else (lambda t: tokenizer.convert_tokens_to_string([t]))
-        starts = {i for t, i in vocab.items() if not t.isascii() and (s := text(t).strip()) and _is_ideograph(s[0])}
+        starts = {
+            i
+            for t, i in vocab.items()
+            if not t.isascii() and (s := text(t).strip()) and _is_ideograph(s[0])
+        }
         ids = [i for i in ids if i not in starts]
     cont[[i for i in ids if i < size]] = True
     return cont
@@ -118,11 +126,20 @@ class MLMCollator:
         apply_mask: bool = True,
         max_word_tokens: int = 8,
     ) -> None:
-        check_masking(mlm_probability, mask_replace_prob, random_replace_prob, strategy, span_p, span_max_words)
+        check_masking(
+            mlm_probability,
+            mask_replace_prob,
+            random_replace_prob,
+            strategy,
+            span_p,
+            span_max_words,
+        )
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ConfigError("pad_to_multiple_of must be a positive integer.")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
-            raise ConfigError("The tokenizer needs a [MASK] and a [PAD] token for masked-LM training.")
+            raise ConfigError(
+                "The tokenizer needs a [MASK] and a [PAD] token for masked-LM training."
+            )
 
         self.tokenizer = tokenizer
         self.mlm_probability = float(mlm_probability)
@@ -149,10 +166,14 @@ class MLMCollator:
         self.continuation = continuation_lookup(tokenizer, vocab_size) & ~special
         self.random_ids = torch.nonzero(~special).squeeze(1)  # candidates for random replacement
         if self.random_ids.numel() == 0:
-            raise ConfigError("The tokenizer has no non-special tokens to sample replacements from.")
+            raise ConfigError(
+                "The tokenizer has no non-special tokens to sample replacements from."
+            )
 
         self.generator = torch.Generator()
-        self.generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
+        self.generator.manual_seed(
+            seed if seed is not None else int(torch.randint(2**62, ()).item())
+        )
         self._worker_key: tuple[int, int] | None = None
         self._device_tables: dict[torch.device, tuple] = {}
         # masking inside the training step (masking.on_device) draws from a generator of its own,
@@ -185,7 +206,11 @@ class MLMCollator:
     def step_generator_state(self) -> torch.Tensor | None:
         """The state of the generator that masks inside the training step (None before its first
         draw in a fresh run)."""
-        return self._step_generator.get_state() if self._step_generator is not None else self._step_state
+        return (
+            self._step_generator.get_state()
+            if self._step_generator is not None
+            else self._step_state
+        )
 
     def load_step_generator_state(self, state: torch.Tensor | None) -> None:
         """Restore ``step_generator_state()``; applied on the device at the next draw."""
@@ -208,15 +233,20 @@ class MLMCollator:
         if device.type == "cpu":
             return self.special_lookup, self.continuation, self.random_ids
         if device not in self._device_tables:
-            self._device_tables[device] = (self.special_lookup.to(device), self.continuation.to(device),
-                                           self.random_ids.to(device))
+            self._device_tables[device] = (
+                self.special_lookup.to(device),
+                self.continuation.to(device),
+                self.random_ids.to(device),
+            )
         return self._device_tables[device]
 
     # -- collation --------------------------------------------------------------------
     def pad(self, examples: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Stack examples into ``input_ids`` and ``attention_mask``, padding on the right."""
-        seqs = [torch.as_tensor(e["input_ids"] if isinstance(e, dict) else e, dtype=torch.long)
-                for e in examples]
+        seqs = [
+            torch.as_tensor(e["input_ids"] if isinstance(e, dict) else e, dtype=torch.long)
+            for e in examples
+        ]
         lengths = torch.tensor([len(s) for s in seqs])
         max_len = int(lengths.max())
         if self.pad_to_multiple_of and int(lengths.min()) < max_len:  # only batches that pad
@@ -231,14 +261,19 @@ class MLMCollator:
         attention_mask = (torch.arange(max_len)[None, :] < lengths[:, None]).long()
         return input_ids, attention_mask
 
-    def mask_in_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask_in_step(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``mask`` inside the training step (``masking.on_device``): on ``input_ids``'s device,
         from the step's own generator there, whose state a checkpoint keeps. No host wait."""
         return self.mask(input_ids, attention_mask, self._step_generator_on(input_ids.device))
 
-    def mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (masked input_ids, labels); runs on ``input_ids``'s device, leaves it as is.
         ``generator``: where the draws come from (the collator's own, on the CPU, by default)."""
         special, cont, random_ids = self._tables(input_ids.device)
@@ -254,14 +289,22 @@ class MLMCollator:
         # One uniform draw per group (token, word or span) decides [MASK] / random / unchanged.
         u = torch.rand(input_ids.numel(), generator=g, device=input_ids.device)[group]
         to_mask = chosen & (u < self.mask_replace_prob)
-        to_random = chosen & (u >= self.mask_replace_prob) & (u < self.mask_replace_prob + self.random_replace_prob)
+        to_random = (
+            chosen
+            & (u >= self.mask_replace_prob)
+            & (u < self.mask_replace_prob + self.random_replace_prob)
+        )
 
         out = torch.where(to_mask, self.mask_id, input_ids)
-        picks = torch.randint(random_ids.numel(), input_ids.shape, generator=g, device=input_ids.device)
+        picks = torch.randint(
+            random_ids.numel(), input_ids.shape, generator=g, device=input_ids.device
+        )
         out = torch.where(to_random, random_ids[picks], out)
         return out, labels
 
-    def _word_ids(self, ids: torch.Tensor, cont: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
+    def _word_ids(
+        self, ids: torch.Tensor, cont: torch.Tensor, special: torch.Tensor
+    ) -> torch.Tensor:
         """Batch-unique word index of every position (a word = a start token + continuations).
 
         A continuation right after a special token (a word cut by packing) starts a word, and
@@ -271,7 +314,9 @@ class MLMCollator:
         starts[:, 0] = True
         starts[:, 1:] |= special[ids[:, :-1]]
         pos = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
-        in_word = pos - torch.where(starts, pos, 0).cummax(dim=1).values  # sub-tokens since the start
+        in_word = (
+            pos - torch.where(starts, pos, 0).cummax(dim=1).values
+        )  # sub-tokens since the start
         starts |= in_word % self.max_word_tokens == 0
         word = starts.long().cumsum(dim=1) - 1
         return word + torch.arange(ids.size(0), device=ids.device)[:, None] * ids.size(1)
@@ -281,7 +326,9 @@ class MLMCollator:
         p = self.mlm_probability
         positions = torch.arange(ids.numel(), device=ids.device).view_as(ids)
         if self.strategy == "bernoulli":
-            return (torch.rand(ids.shape, generator=g, device=ids.device) < p) & candidates, positions
+            return (
+                torch.rand(ids.shape, generator=g, device=ids.device) < p
+            ) & candidates, positions
         if self.strategy == "whole_word":
             word = self._word_ids(ids, cont, special)
             chosen_word = torch.rand(ids.numel(), generator=g, device=ids.device) < p
@@ -291,9 +338,15 @@ class MLMCollator:
             # every packed row (whatever [SEP]s it holds inside) predicts the same count
             frame = (ids != self.pad_id).sum(dim=1) - 2
             k = torch.minimum(torch.round(frame.clamp(min=0) * p), candidates.sum(dim=1)).long()
-            scores = torch.rand(ids.shape, generator=g, device=ids.device).masked_fill(~candidates, 2.0)
+            scores = torch.rand(ids.shape, generator=g, device=ids.device).masked_fill(
+                ~candidates, 2.0
+            )
             rank = torch.empty_like(positions)
-            rank.scatter_(1, scores.argsort(dim=1), torch.arange(ids.size(1), device=ids.device).expand_as(ids))
+            rank.scatter_(
+                1,
+                scores.argsort(dim=1),
+                torch.arange(ids.size(1), device=ids.device).expand_as(ids),
+            )
             return (rank < k[:, None]) & candidates, positions
         return self._choose_spans(ids, candidates, cont, special, g)
 
@@ -372,7 +425,7 @@ class MLMCollator:
             rows = []
             for i, example in enumerate(examples):
                 self.generator.manual_seed(int(example["mask_seed"]))
-                rows.append(self.mask(input_ids[i:i + 1], attention_mask[i:i + 1]))
+                rows.append(self.mask(input_ids[i : i + 1], attention_mask[i : i + 1]))
             masked, labels = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
         else:
             masked, labels = self.mask(input_ids, attention_mask)

@@ -117,7 +117,7 @@ class Bert:
                 rows = torch.arange(dh // 2) * 2 + h * dh
                 sin_col, cos_col = 2 * pairs, 2 * pairs + 1
                 for tensor in (query.weight, key.weight, query.bias, key.bias):
-                    tensor[h * dh:(h + 1) * dh] = 0.0
+                    tensor[h * dh : (h + 1) * dh] = 0.0
                 query.weight[rows, sin_col] = LOCAL_HEAD_SCALE
                 query.weight[rows + 1, cos_col] = LOCAL_HEAD_SCALE
                 # the key is the input rotated by `angle`: (sin, cos)(a) -> (sin, cos)(a + angle)
@@ -265,8 +265,10 @@ def architecture(name: str):
     """The parts of the architecture ``name`` (a ``model.architecture`` or a config's
     ``model_type``)."""
     if name not in ARCHITECTURES:
-        raise ConfigError(f"{name!r} models are not trained by mlmkit; it trains "
-                          f"{' and '.join(ARCHITECTURES)} models.")
+        raise ConfigError(
+            f"{name!r} models are not trained by mlmkit; it trains "
+            f"{' and '.join(ARCHITECTURES)} models."
+        )
     return ARCHITECTURES[name]
 
 
@@ -302,8 +304,11 @@ def set_rope_theta(model, global_theta: float, local_theta: float) -> bool:
         return False
     wanted = {"full_attention": float(global_theta), "sliding_attention": float(local_theta)}
     params = config.rope_parameters
-    changed = [kind for kind, theta in wanted.items()
-               if kind in params and float(params[kind]["rope_theta"]) != theta]
+    changed = [
+        kind
+        for kind, theta in wanted.items()
+        if kind in params and float(params[kind]["rope_theta"]) != theta
+    ]
     for kind in changed:
         params[kind]["rope_theta"] = wanted[kind]
     if not changed:
@@ -315,7 +320,9 @@ def set_rope_theta(model, global_theta: float, local_theta: float) -> bool:
             buffer = getattr(module, f"{kind}_inv_freq", None)
             if buffer is None:
                 continue
-            inv_freq, _ = module.compute_default_rope_parameters(config, buffer.device, layer_type=kind)
+            inv_freq, _ = module.compute_default_rope_parameters(
+                config, buffer.device, layer_type=kind
+            )
             buffer.copy_(inv_freq.to(buffer.dtype))
             getattr(module, f"{kind}_original_inv_freq").copy_(inv_freq.to(buffer.dtype))
     return True

@@ -58,8 +58,10 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
     """
     if name != "auto":
         if name == "flash_attention_2" and not flash_attn_available():
-            raise ConfigError("model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
-                              "flash-attn package; use model.attn_implementation=auto or sdpa.")
+            raise ConfigError(
+                "model.attn_implementation=flash_attention_2 needs a CUDA GPU and the "
+                "flash-attn package; use model.attn_implementation=auto or sdpa."
+            )
         return name
     if device_type == "cuda" and precision in ("bf16", "fp16") and flash_attn_available():
         return "flash_attention_2"
@@ -68,8 +70,13 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
     return "sdpa"
 
 
-def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
-                attn_implementation: str | None = None, base_tokenizer=None):
+def build_model(
+    cfg: ModelConfig,
+    tokenizer,
+    max_seq_length: int | None = None,
+    attn_implementation: str | None = None,
+    base_tokenizer=None,
+):
     """``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (``cfg.architecture``) from a size
     preset, or from ``cfg.init_from`` (continued pretraining; its own architecture).
 
@@ -91,7 +98,9 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
                 f"{emb} embeddings; use the tokenizer of that model (tokenizer.name_or_path=null)."
             )
         # Dropout is a recipe choice of this run, not of the checkpoint.
-        parts_of(model).set_dropout(model, cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob)
+        parts_of(model).set_dropout(
+            model, cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob
+        )
         if cfg.extend_positions_to:
             extend_positions(model, cfg.extend_positions_to)
     else:
@@ -103,7 +112,11 @@ def build_model(cfg: ModelConfig, tokenizer, max_seq_length: int | None = None,
         architecture(cfg.architecture).init_attention(model, cfg.attention_init)
     limit = model.config.max_position_embeddings
     if max_seq_length is not None and max_seq_length > limit:
-        grow = " or set model.extend_positions_to" if cfg.init_from else " or raise model.max_position_embeddings"
+        grow = (
+            " or set model.extend_positions_to"
+            if cfg.init_from
+            else " or raise model.max_position_embeddings"
+        )
         raise ConfigError(
             f"data.max_seq_length ({max_seq_length}, the longest of the run and its phases) is larger than "
             f"the model's max_position_embeddings ({limit}); lower data.max_seq_length{grow}."
@@ -122,20 +135,26 @@ def extend_positions(model, rows: int) -> int:
     config = model.config
     old = config.max_position_embeddings
     if rows < old:
-        raise ConfigError(f"model.extend_positions_to ({rows}) is below the {old} positions of "
-                          "model.init_from; set it above them, or to null.")
+        raise ConfigError(
+            f"model.extend_positions_to ({rows}) is below the {old} positions of "
+            "model.init_from; set it above them, or to null."
+        )
     if rows == old:
         return 0
     if config.model_type == "bert":
         embeddings = model.bert.embeddings
         table = embeddings.position_embeddings
-        grown = torch.nn.Embedding(rows, table.embedding_dim, device=table.weight.device, dtype=table.weight.dtype)
+        grown = torch.nn.Embedding(
+            rows, table.embedding_dim, device=table.weight.device, dtype=table.weight.dtype
+        )
         for start in range(0, rows, old):
             n = min(old, rows - start)
-            grown.weight[start:start + n] = table.weight[:n]
+            grown.weight[start : start + n] = table.weight[:n]
         embeddings.position_embeddings = grown
         embeddings.position_ids = torch.arange(rows, device=table.weight.device).expand((1, -1))
-        embeddings.token_type_ids = torch.zeros((1, rows), dtype=torch.long, device=table.weight.device)
+        embeddings.token_type_ids = torch.zeros(
+            (1, rows), dtype=torch.long, device=table.weight.device
+        )
     config.max_position_embeddings = rows
     return rows - old
 
@@ -155,7 +174,9 @@ def init_output_bias(model, counts: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1, unspelt: str = "average") -> int:
+def extend_embeddings(
+    model, tokenizer, base_tokenizer, multiple: int = 1, unspelt: str = "average"
+) -> int:
     """Grow the embeddings of a model made for ``base_tokenizer`` (and its tied output layer
     and bias) to the ids ``tokenizer`` adds after the base's last. Each new row, and its output
     bias, starts as the mean of those of the base pieces its word splits into, its [UNK] pieces
@@ -172,7 +193,10 @@ def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1, unspe
     new = max(tokenizer.get_vocab().values()) + 1
     if new <= old:
         return 0
-    if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+    if (
+        model.get_output_embeddings().weight.data_ptr()
+        != model.get_input_embeddings().weight.data_ptr()
+    ):
         raise ConfigError(
             "tokenizer.extend_vocab grows a model whose output layer shares its input embeddings (as "
             "BERT's and ModernBERT's do); this one's are untied: set tokenizer.extend_vocab=0."
@@ -183,7 +207,9 @@ def extend_embeddings(model, tokenizer, base_tokenizer, multiple: int = 1, unspe
     weight = model.get_input_embeddings().weight
     bias = parts_of(model).output_bias(model)
     word = {i: w for w, i in tokenizer.get_vocab().items() if i >= old}
-    pieces = base_tokenizer([word[i] for i in range(old, new)], add_special_tokens=False)["input_ids"]
+    pieces = base_tokenizer([word[i] for i in range(old, new)], add_special_tokens=False)[
+        "input_ids"
+    ]
     unk = base_tokenizer.unk_token_id
     average = _average_rows(base_tokenizer, old)
     for i, ids in zip(range(old, new), pieces):
@@ -212,7 +238,11 @@ def _average_rows(base_tokenizer, old: int):
     """``word -> base ids`` whose mean row stands for the average word of ``word``'s script (all
     the base's ordinary tokens where it has few of that script)."""
     special = set(base_tokenizer.all_special_ids)
-    ordinary = {i: t.removeprefix("##") for t, i in base_tokenizer.get_vocab().items() if i < old and i not in special}
+    ordinary = {
+        i: t.removeprefix("##")
+        for t, i in base_tokenizer.get_vocab().items()
+        if i < old and i not in special
+    }
     by_script: dict[str, list[int]] = {}
     for i, text in ordinary.items():
         by_script.setdefault(_script(text), []).append(i)
@@ -254,15 +284,20 @@ def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
     source = str(local) if local.exists() else name_or_path
     if local.exists():  # checked before transformers opens anything in it
         if not (local / "config.json").is_file():
-            raise ConfigError(f"{setting}={name_or_path!r} has no config.json; point {setting} at a "
-                              "model dir with config.json and model.safetensors.")
+            raise ConfigError(
+                f"{setting}={name_or_path!r} has no config.json; point {setting} at a "
+                "model dir with config.json and model.safetensors."
+            )
         refuse_custom_code(local, setting)
         require_safetensors(local, setting)
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except Exception as exc:
-        where = ("its config.json could not be read" if local.exists() else
-                 "not a local model dir, and the Hugging Face Hub could not provide it")
+        where = (
+            "its config.json could not be read"
+            if local.exists()
+            else "not a local model dir, and the Hugging Face Hub could not provide it"
+        )
         raise ConfigError(
             f"Could not load {setting}={name_or_path!r} ({where}: {first_line(exc)}); point "
             f"{setting} at a local dir with config.json and model.safetensors."
@@ -275,7 +310,9 @@ def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
     return config
 
 
-def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", setting: str = "model.init_from"):
+def load_pretrained(
+    name_or_path: str, attn_implementation: str = "sdpa", setting: str = "model.init_from"
+):
     """Load a ``BertForMaskedLM`` or ``ModernBertForMaskedLM`` (safetensors only, no custom
     code) with one clear error on failure; ``setting`` names where the path came from. The
     weights load in fp32 whatever dtype they were saved in (a bf16 ``final/`` of a DeepSpeed
@@ -287,8 +324,11 @@ def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", settin
     masked_lm = transformers_class(architecture(config.model_type).masked_lm)
     try:
         return masked_lm.from_pretrained(
-            source, attn_implementation=attn_implementation, use_safetensors=True,
-            trust_remote_code=False, dtype=torch.float32,
+            source,
+            attn_implementation=attn_implementation,
+            use_safetensors=True,
+            trust_remote_code=False,
+            dtype=torch.float32,
         )
     except Exception as exc:
         raise ConfigError(
@@ -297,8 +337,9 @@ def load_pretrained(name_or_path: str, attn_implementation: str = "sdpa", settin
         ) from None
 
 
-def model_from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str = "sdpa",
-                          setting: str = "checkpoint"):
+def model_from_checkpoint(
+    ckpt: Path, spec: Path, attn_implementation: str = "sdpa", setting: str = "checkpoint"
+):
     """The masked-LM model of a training checkpoint folder ``ckpt`` (its ``model.safetensors``)
     on the architecture of ``spec``, the config.json its run wrote, with one clear error on
     failure; ``spec`` is refused if it asks for custom code."""
@@ -345,8 +386,6 @@ def model_from_checkpoint(ckpt: Path, spec: Path, attn_implementation: str = "sd
     return model
 
 
-
-
 class MaskedLM(nn.Module):
     """The training objective around a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM``.
 
@@ -357,7 +396,9 @@ class MaskedLM(nn.Module):
     are those of the full head. The wrapped model is saved as it is.
     """
 
-    def __init__(self, model, sparse_prediction: bool = True, document_sep_id: int | None = None) -> None:
+    def __init__(
+        self, model, sparse_prediction: bool = True, document_sep_id: int | None = None
+    ) -> None:
         super().__init__()
         self.model = model
         self.sparse_prediction = sparse_prediction
@@ -367,10 +408,16 @@ class MaskedLM(nn.Module):
         # FSDP (conf/accelerate/fsdp.yaml) shards one unit per encoder layer of this class
         self._no_split_modules = [self.parts.layer_class]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-                targets: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, **varlen) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        **varlen,
+    ) -> dict[str, torch.Tensor]:
         """``positions``/``targets``: ``prediction_positions(labels)``, computed ahead (in the
         dataloader, on the CPU) so the step needs no host-device synchronisation; without
         them they are computed here (``nonzero`` waits for the device). Without ``labels``:

@@ -40,10 +40,15 @@ class MeanPoolBertForSequenceClassification(BertForSequenceClassification):
         config.classifier_pooling = "mean"
         super().__init__(config)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
-                **kwargs) -> SequenceClassifierOutput:
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                           token_type_ids=token_type_ids, **kwargs).last_hidden_state
+    def forward(
+        self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs
+    ) -> SequenceClassifierOutput:
+        hidden = self.bert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            **kwargs,
+        ).last_hidden_state
         pooler = self.bert.pooler
         pooled = pooler.activation(pooler.dense(masked_mean(hidden, attention_mask)))
         logits = self.classifier(self.dropout(pooled))

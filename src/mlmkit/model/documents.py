@@ -53,7 +53,9 @@ def document_layout(input_ids: torch.Tensor, sep_id: int) -> tuple[torch.Tensor,
     return document, index - first
 
 
-def block_diagonal_mask(document: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def block_diagonal_mask(
+    document: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """(batch, 1, seq, seq) booleans, True where query and key are in the same document
     (and the key is not padding). Every token keeps itself, so no row is empty."""
     same = document[:, :, None] == document[:, None, :]
@@ -63,8 +65,9 @@ def block_diagonal_mask(document: torch.Tensor, attention_mask: torch.Tensor | N
     return same[:, None]
 
 
-def document_inputs(model, input_ids: torch.Tensor, sep_id: int,
-                    attention_mask: torch.Tensor | None = None) -> dict:
+def document_inputs(
+    model, input_ids: torch.Tensor, sep_id: int, attention_mask: torch.Tensor | None = None
+) -> dict:
     """The keyword arguments of the encoder (or the whole masked-LM) of ``model`` that keep
     attention within each document and restart positions at each one. With flash-attn the
     ids come back flattened to one row: the caller's hidden states are then (1, batch x seq,
@@ -76,13 +79,22 @@ def document_inputs(model, input_ids: torch.Tensor, sep_id: int,
         starts = torch.nonzero(flat_positions[0] == 0).squeeze(1)
         total = torch.tensor([flat_positions.size(1)], device=starts.device)
         cu = torch.cat([starts, total]).to(torch.int32)
-        return {"input_ids": input_ids.reshape(1, -1), "position_ids": flat_positions,
-                "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
-                "max_length_q": input_ids.size(1), "max_length_k": input_ids.size(1)}
-    return _masked_inputs(config, input_ids, positions, block_diagonal_mask(document, attention_mask))
+        return {
+            "input_ids": input_ids.reshape(1, -1),
+            "position_ids": flat_positions,
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": input_ids.size(1),
+            "max_length_k": input_ids.size(1),
+        }
+    return _masked_inputs(
+        config, input_ids, positions, block_diagonal_mask(document, attention_mask)
+    )
 
 
-def _masked_inputs(config, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> dict:
+def _masked_inputs(
+    config, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+) -> dict:
     """SDPA's or eager attention's inputs with a (batch, 1, seq, seq) boolean ``mask``; for
     ModernBERT also its sliding-window variant for the local layers."""
     if config.model_type == "modernbert":
@@ -90,13 +102,17 @@ def _masked_inputs(config, input_ids: torch.Tensor, positions: torch.Tensor, mas
         index = torch.arange(seq, device=input_ids.device)
         window = (index[:, None] - index[None, :]).abs() <= config.sliding_window
         masks = {"full_attention": mask, "sliding_attention": mask & window}
-        return {"input_ids": input_ids, "position_ids": positions,
-                "attention_mask": {k: _for(config, m) for k, m in masks.items()}}
+        return {
+            "input_ids": input_ids,
+            "position_ids": positions,
+            "attention_mask": {k: _for(config, m) for k, m in masks.items()},
+        }
     return {"input_ids": input_ids, "position_ids": positions, "attention_mask": _for(config, mask)}
 
 
-def sequence_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                     sep_id: int | None = None) -> torch.Tensor:
+def sequence_lengths(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, sep_id: int | None = None
+) -> torch.Tensor:
     """The lengths of the sequences attention runs over in a collated batch (on the CPU), in
     order: each row's real tokens, or with ``sep_id`` (documents isolated) each document of a
     row (a [SEP] closes one; a row's tail is one too)."""
@@ -118,14 +134,23 @@ def varlen_layout(attention_mask: torch.Tensor | None, lengths: torch.Tensor) ->
     ``cu_seq_lens_q/k`` (int32, the cumulative lengths from 0) and ``max_length_q/k`` (the
     longest sequence, a Python int)."""
     tokens = int(lengths.sum())
-    flat_index = (torch.nonzero(attention_mask.reshape(-1)).squeeze(1) if attention_mask is not None
-                  else torch.arange(tokens))
+    flat_index = (
+        torch.nonzero(attention_mask.reshape(-1)).squeeze(1)
+        if attention_mask is not None
+        else torch.arange(tokens)
+    )
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
     position_ids = (torch.arange(tokens) - cu[:-1].long().repeat_interleave(lengths))[None]
     longest = int(lengths.max()) if lengths.numel() else 0
-    return {"flat_index": flat_index, "position_ids": position_ids, "cu_seq_lens_q": cu,
-            "cu_seq_lens_k": cu.clone(), "max_length_q": longest, "max_length_k": longest}
+    return {
+        "flat_index": flat_index,
+        "position_ids": position_ids,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu.clone(),
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def flatten_rows(batch: dict) -> dict:
@@ -141,18 +166,33 @@ def flatten_rows(batch: dict) -> dict:
     return batch
 
 
-def varlen_inputs(model, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seq_lens_q: torch.Tensor,
-                  cu_seq_lens_k: torch.Tensor, max_length_q: int, max_length_k: int) -> dict:
+def varlen_inputs(
+    model,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seq_lens_q: torch.Tensor,
+    cu_seq_lens_k: torch.Tensor,
+    max_length_q: int,
+    max_length_k: int,
+) -> dict:
     """The encoder's keyword arguments for a flattened batch (``flatten_rows``): flash-attn's
     variable-length kernel gets the cumulative lengths as they are (attention mask None, so
     transformers builds none); SDPA and eager attention get the block-diagonal mask of the
     sequences (and ModernBERT's window), the same masks as ``document_inputs``."""
     if model.config._attn_implementation == "flash_attention_2":
-        return {"input_ids": input_ids, "position_ids": position_ids, "cu_seq_lens_q": cu_seq_lens_q,
-                "cu_seq_lens_k": cu_seq_lens_k, "max_length_q": max_length_q, "max_length_k": max_length_k}
+        return {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "cu_seq_lens_q": cu_seq_lens_q,
+            "cu_seq_lens_k": cu_seq_lens_k,
+            "max_length_q": max_length_q,
+            "max_length_k": max_length_k,
+        }
     index = torch.arange(input_ids.size(1), device=input_ids.device)
     sequence = torch.searchsorted(cu_seq_lens_q[1:].to(index.device, torch.long), index, right=True)
-    return _masked_inputs(model.config, input_ids, position_ids, block_diagonal_mask(sequence[None]))
+    return _masked_inputs(
+        model.config, input_ids, position_ids, block_diagonal_mask(sequence[None])
+    )
 
 
 def padding_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
@@ -170,7 +210,10 @@ def padding_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
         index = torch.arange(input_ids.size(1), device=input_ids.device)
         window = (index[:, None] - index[None, :]).abs() <= config.sliding_window
         masks = {"full_attention": keys, "sliding_attention": keys & window}
-        return {"input_ids": input_ids, "attention_mask": {k: _for(config, m) for k, m in masks.items()}}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": {k: _for(config, m) for k, m in masks.items()},
+        }
     return {"input_ids": input_ids, "attention_mask": _for(config, keys)}
 
 
@@ -178,4 +221,6 @@ def _for(config, mask: torch.Tensor) -> torch.Tensor:
     """SDPA takes the boolean mask; eager attention adds its mask to the scores."""
     if config._attn_implementation != "eager":
         return mask
-    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(torch.float32).min
+    )

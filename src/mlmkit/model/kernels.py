@@ -32,7 +32,7 @@ class _CrossEntropySum(torch.autograd.Function):
         n = logits.size(0)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         for i in range(0, n, CE_ROWS):
-            lse[i:i + CE_ROWS] = torch.logsumexp(logits[i:i + CE_ROWS].float(), dim=-1)
+            lse[i : i + CE_ROWS] = torch.logsumexp(logits[i : i + CE_ROWS].float(), dim=-1)
         valid = targets != IGNORE_INDEX
         safe = torch.where(valid, targets, torch.zeros_like(targets))
         picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1).float()
@@ -68,7 +68,8 @@ class _Bf16AttentionFp32Backward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, scale):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, False, attn_mask=None, scale=scale)
+            query, key, value, 0.0, False, attn_mask=None, scale=scale
+        )
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.scale = scale
         return out
@@ -78,25 +79,42 @@ class _Bf16AttentionFp32Backward(torch.autograd.Function):
         query, key, value, out, lse = ctx.saved_tensors
         f32 = torch.float32
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out.to(f32), query.to(f32), key.to(f32), value.to(f32), out.to(f32), lse,
-            0.0, False, attn_mask=None, scale=ctx.scale)
+            grad_out.to(f32),
+            query.to(f32),
+            key.to(f32),
+            value.to(f32),
+            out.to(f32),
+            lse,
+            0.0,
+            False,
+            attn_mask=None,
+            scale=ctx.scale,
+        )
         return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None
 
 
 CPU_ATTENTION = "mlmkit_cpu_sdpa"
 
 
-def cpu_sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                               **kwargs):
+def cpu_sdpa_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):
     """transformers' attention-function signature; (batch, seq, heads, dim) out, no weights."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if (query.device.type != "cpu" or query.dtype != torch.bfloat16 or attention_mask is not None
-            or dropout > 0.0 or kwargs.get("is_causal", getattr(module, "is_causal", False))
-            or not torch.is_grad_enabled()
-            or query.shape[-1] != value.shape[-1] or query.shape[1] != key.shape[1]):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+    if (
+        query.device.type != "cpu"
+        or query.dtype != torch.bfloat16
+        or attention_mask is not None
+        or dropout > 0.0
+        or kwargs.get("is_causal", getattr(module, "is_causal", False))
+        or not torch.is_grad_enabled()
+        or query.shape[-1] != value.shape[-1]
+        or query.shape[1] != key.shape[1]
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     out = _Bf16AttentionFp32Backward.apply(query, key, value, scaling)
     return out.transpose(1, 2).contiguous(), None
 

@@ -26,11 +26,15 @@ def read_json_object(path: Path, setting: str, error: type[MLMKitError] = Config
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         detail = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
-        raise error(f"{setting}: {str(path)!r} is not a valid JSON file ({detail}); restore it, "
-                    f"or point {setting} at another dir.") from None
+        raise error(
+            f"{setting}: {str(path)!r} is not a valid JSON file ({detail}); restore it, "
+            f"or point {setting} at another dir."
+        ) from None
     if not isinstance(data, dict):
-        raise error(f"{setting}: {str(path)!r} holds a JSON {type(data).__name__}, not an object; "
-                    f"restore it, or point {setting} at another dir.")
+        raise error(
+            f"{setting}: {str(path)!r} holds a JSON {type(data).__name__}, not an object; "
+            f"restore it, or point {setting} at another dir."
+        )
     return data
 
 
@@ -57,5 +61,7 @@ def require_safetensors(folder: Path, setting: str) -> None:
             "mlmkit never loads; convert it to model.safetensors (save_pretrained with "
             "safe_serialization=True, where you trust the file)."
         )
-    raise ConfigError(f"{setting}: {str(folder)!r} has no model.safetensors; point {setting} at "
-                      "a model dir with config.json and model.safetensors.")
+    raise ConfigError(
+        f"{setting}: {str(folder)!r} has no model.safetensors; point {setting} at "
+        "a model dir with config.json and model.safetensors."
+    )

@@ -24,10 +24,18 @@ log = logging.getLogger(__name__)
 def warn_long_warmup(optim: OptimConfig, max_steps: int | None) -> bool:
     """Warn when the warmup is not shorter than the step budget (the learning rate would
     never reach optim.lr nor decay)."""
-    if optim.warmup_fraction is None and max_steps is not None and optim.warmup_steps >= max_steps > 0:
-        log.warning("optim.warmup_steps (%d) is not shorter than train.max_steps (%d), so the learning "
-                    "rate rises for the whole run and never decays; lower optim.warmup_steps or raise "
-                    "train.max_steps.", optim.warmup_steps, max_steps)
+    if (
+        optim.warmup_fraction is None
+        and max_steps is not None
+        and optim.warmup_steps >= max_steps > 0
+    ):
+        log.warning(
+            "optim.warmup_steps (%d) is not shorter than train.max_steps (%d), so the learning "
+            "rate rises for the whole run and never decays; lower optim.warmup_steps or raise "
+            "train.max_steps.",
+            optim.warmup_steps,
+            max_steps,
+        )
         return True
     return False
 
@@ -35,8 +43,13 @@ def warn_long_warmup(optim: OptimConfig, max_steps: int | None) -> bool:
 class Budget:
     """Where a run stands against its budgets, and the learning-rate multiplier there."""
 
-    def __init__(self, optim: OptimConfig, max_steps: int | None, max_tokens: int | None = None,
-                 max_time: float | None = None) -> None:
+    def __init__(
+        self,
+        optim: OptimConfig,
+        max_steps: int | None,
+        max_tokens: int | None = None,
+        max_time: float | None = None,
+    ) -> None:
         self.optim = optim
         self.max_steps, self.max_tokens, self.max_time = max_steps, max_tokens, max_time
         self.step_only = max_tokens is None and max_time is None and optim.warmup_fraction is None
@@ -102,10 +115,14 @@ class Budget:
         return schedule_multiplier(o, p, warm_end)
 
     def state_dict(self) -> dict[str, float]:
-        return {"tokens": self.tokens, "step_tokens": self.step_tokens, "synced_time": self.synced_time,
-                "synced_step": self.synced_step, "seconds_per_step": self.seconds_per_step}
+        return {
+            "tokens": self.tokens,
+            "step_tokens": self.step_tokens,
+            "synced_time": self.synced_time,
+            "synced_step": self.synced_step,
+            "seconds_per_step": self.seconds_per_step,
+        }
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         for key, value in state.items():
             setattr(self, key, type(getattr(self, key))(value))
-

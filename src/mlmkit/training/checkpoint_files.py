@@ -66,8 +66,9 @@ def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
     return path
 
 
-def save_checkpoint(accelerator, ckpt_dir: Path, step: int, loop_state: dict[str, Any],
-                    keep_last: int) -> Path:
+def save_checkpoint(
+    accelerator, ckpt_dir: Path, step: int, loop_state: dict[str, Any], keep_last: int
+) -> Path:
     """Save on every rank (sharded engines need it); rename and prune on the main process.
 
     A failed write (a full disk, say) removes the partial folder and raises one sentence;
@@ -126,9 +127,12 @@ def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
             safe_load(rng_file)
         accelerator.load_state(str(path))
         if not rng_file.exists():
-            log.warning("The checkpoint %s has no %s, so the resumed run draws other random numbers "
-                        "than an uninterrupted run would (exact resume is lost); continuing.",
-                        path, rng_file.name)
+            log.warning(
+                "The checkpoint %s has no %s, so the resumed run draws other random numbers "
+                "than an uninterrupted run would (exact resume is lost); continuing.",
+                path,
+                rng_file.name,
+            )
         return loop_state
     except Exception as exc:  # a truncated file fails in json, safetensors or torch.load
         raise CheckpointError(
@@ -142,8 +146,11 @@ def check_loop_state(state: Any) -> None:
     rewritten by hand has not)."""
     if not isinstance(state, dict):
         raise ValueError(f"{LOOP_STATE} holds no JSON object")
-    wrong = [key for key, kind in (("step", int), ("tokens_seen", int), ("stream", dict))
-             if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
+    wrong = [
+        key
+        for key, kind in (("step", int), ("tokens_seen", int), ("stream", dict))
+        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)
+    ]
     if wrong:
         raise ValueError(f"{LOOP_STATE} lacks a valid {', '.join(wrong)}")
 
@@ -154,15 +161,18 @@ def load_failure(exc: BaseException) -> str:
 
     if isinstance(exc, pickle.UnpicklingError) or "Weights only load failed" in str(exc):
         # torch's own message suggests weights_only=False, which would run the file's code
-        return ("a pickled file in it holds objects other than tensors and plain data, which "
-                "could run code when loaded, so it is refused")
+        return (
+            "a pickled file in it holds objects other than tensors and plain data, which "
+            "could run code when loaded, so it is refused"
+        )
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 def load_latest(accelerator, ckpt_dir: Path, first: Path) -> tuple[Path, dict[str, Any]]:
     """Load ``first``; if it is damaged, warn and fall back to the next older checkpoint."""
-    candidates = [first] + [p for p in reversed(list_checkpoints(ckpt_dir)) if p != first
-                            and p.name < first.name]
+    candidates = [first] + [
+        p for p in reversed(list_checkpoints(ckpt_dir)) if p != first and p.name < first.name
+    ]
     for i, path in enumerate(candidates):
         try:
             return path, load_checkpoint(accelerator, path)

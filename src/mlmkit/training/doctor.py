@@ -49,8 +49,10 @@ log = logging.getLogger("mlmkit")
 # What a run of each width reached here: MFU measured by `make bench-scaling` (docs/benchmarks.md,
 # "Scaling") on a 2-core CPU with bf16 hardware at seq 128, and on a GPU the goal of bert-base at
 # 128 tokens in bf16 (40%, what cramming and MosaicBERT report on A100s), less for narrow models.
-EXPECTED_MFU = {"cpu": ((128, 0.068), (256, 0.151), (512, 0.234), (768, 0.347)),
-                "cuda": ((128, 0.05), (256, 0.10), (512, 0.25), (768, 0.40))}
+EXPECTED_MFU = {
+    "cpu": ((128, 0.068), (256, 0.151), (512, 0.234), (768, 0.347)),
+    "cuda": ((128, 0.05), (256, 0.10), (512, 0.25), (768, 0.40)),
+}
 # a finding below this share of what is expected (a shared machine is noisy)
 MFU_SLACK = 0.5
 DATA_WAIT_LIMIT, PADDING_LIMIT = 0.10, 0.10
@@ -62,22 +64,31 @@ MIXED_TOLERANCE = {"logits": 5e-2, "loss": 1e-2}
 
 # ---- 1. the machine --------------------------------------------------------------------------
 
-def machine_report(device: torch.device, precision: str, reference_flops: float | None = None) -> dict[str, Any]:
+
+def machine_report(
+    device: torch.device, precision: str, reference_flops: float | None = None
+) -> dict[str, Any]:
     """The machine, its number formats and its peak (datasheet) or measured matmul rate
     (``reference_flops``: the rate the run's MFU is taken against, when it has one)."""
     import accelerate
     import transformers
 
     report: dict[str, Any] = {
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__, "flash_attn": flash_attn_available(),
-        "python": platform.python_version(), "precision": precision,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "flash_attn": flash_attn_available(),
+        "python": platform.python_version(),
+        "precision": precision,
     }
     if device.type == "cuda":
-        report.update(device=torch.cuda.get_device_name(device), gpus=torch.cuda.device_count(),
-                      bf16=torch.cuda.is_bf16_supported(),
-                      tf32=torch.backends.cuda.matmul.allow_tf32,
-                      capability=".".join(map(str, torch.cuda.get_device_capability(device))))
+        report.update(
+            device=torch.cuda.get_device_name(device),
+            gpus=torch.cuda.device_count(),
+            bf16=torch.cuda.is_bf16_supported(),
+            tf32=torch.backends.cuda.matmul.allow_tf32,
+            capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+        )
         known = chip_bf16_peak(device)
         if known is not None:
             report.update(peak_tflops=known[0] / 1e12, peak="datasheet dense bf16")
@@ -86,17 +97,24 @@ def machine_report(device: torch.device, precision: str, reference_flops: float 
         report.update(device=describe_cpu(), gpus=0, bf16=cpu_has_bf16(), tf32=False)
     dtype = compute_dtype(device, precision)
     rate = reference_flops or measure_matmul_rate(dtype, device, min_seconds=0.05, repeats=2)
-    report.update(peak_tflops=rate / 1e12, peak=f"measured {str(dtype).replace('torch.', '')} matmul rate")
+    report.update(
+        peak_tflops=rate / 1e12, peak=f"measured {str(dtype).replace('torch.', '')} matmul rate"
+    )
     return report
 
 
 # ---- 2. attention ------------------------------------------------------------------------------
 
+
 def _backends():
     from torch.nn.attention import SDPBackend
 
-    return {"flash": SDPBackend.FLASH_ATTENTION, "memory-efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "memory-efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
 
 
 def sdpa_kernels(q: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
@@ -123,21 +141,33 @@ def attention_report(cfg: Config, device: torch.device, precision: str) -> dict[
     dtype = compute_dtype(device, precision)
     q = torch.randn(2, heads, seq, m.hidden_size // heads, device=device, dtype=dtype)
     index = torch.arange(seq, device=device)
-    cases = {"packed rows, no mask": None,
-             "padded rows (key-padding mask)": (index < seq - 3)[None, None, None, :].expand(2, 1, 1, seq),
-             "documents (block-diagonal mask)": ((index[:, None] < seq // 2) == (index[None, :] < seq // 2))[None, None]}
+    cases = {
+        "packed rows, no mask": None,
+        "padded rows (key-padding mask)": (index < seq - 3)[None, None, None, :].expand(
+            2, 1, 1, seq
+        ),
+        "documents (block-diagonal mask)": (
+            (index[:, None] < seq // 2) == (index[None, :] < seq // 2)
+        )[None, None],
+    }
     if m.architecture == "modernbert":
         cases["ModernBERT's local layers (window)"] = (
-            (index[:, None] - index[None, :]).abs() <= m.local_attention // 2)[None, None]
+            (index[:, None] - index[None, :]).abs() <= m.local_attention // 2
+        )[None, None]
     kernels = {}
     for case, mask in cases.items():
         accepted = sdpa_kernels(q, mask)
         taken = next((k for k in ("flash", "memory-efficient", "math") if k in accepted), None)
         kernels[case] = {"accepted": accepted, "taken": taken}
-    return {"implementation": implementation, "dtype": str(dtype).replace("torch.", ""), "kernels": kernels}
+    return {
+        "implementation": implementation,
+        "dtype": str(dtype).replace("torch.", ""),
+        "kernels": kernels,
+    }
 
 
 # ---- 3. the rehearsal -------------------------------------------------------------------------
+
 
 class HostReads:
     """Counts the host's waits for the device while ``counting`` is set. On CUDA: every
@@ -176,10 +206,13 @@ class HostReads:
 
             def counted(tensor, *args, _original=original, _name=name, **kwargs):
                 if self._counting and self.refuse:
-                    raise RuntimeError(f"a host read of a tensor's value (Tensor.{_name}) where none may be")
+                    raise RuntimeError(
+                        f"a host read of a tensor's value (Tensor.{_name}) where none may be"
+                    )
                 if self._counting:
                     self.count += 1
                 return _original(tensor, *args, **kwargs)
+
             setattr(torch.Tensor, name, counted)
         return self
 
@@ -226,7 +259,9 @@ class _WatchedStream:
         return getattr(self._stream, name)
 
 
-def rehearsal_config(cfg: Config, run_dir: Path, steps: int, warmup: int, max_seconds: float) -> Config:
+def rehearsal_config(
+    cfg: Config, run_dir: Path, steps: int, warmup: int, max_seconds: float
+) -> Config:
     """``cfg`` for ``warmup + steps`` steps (or ``max_seconds``) in ``run_dir``: logged every
     step, no evaluation, checkpoint, tracker, probe or progress bar."""
     cfg = copy.deepcopy(cfg)
@@ -240,7 +275,9 @@ def rehearsal_config(cfg: Config, run_dir: Path, steps: int, warmup: int, max_se
     return cfg
 
 
-def rehearse(cfg: Config, run_dir: Path, steps: int = 20, warmup: int = 3, max_seconds: float = 30.0):
+def rehearse(
+    cfg: Config, run_dir: Path, steps: int = 20, warmup: int = 3, max_seconds: float = 30.0
+):
     """``(figures, trainer)`` of the run trained for ``steps`` timed steps after ``warmup``."""
     from accelerate.state import AcceleratorState
 
@@ -263,18 +300,21 @@ def rehearse(cfg: Config, run_dir: Path, steps: int = 20, warmup: int = 3, max_s
             trainer.log(result)  # rehearsal_config: every step
         trainer.end_fit()
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = [e for e in events if e.get("event") == "train" and e["step"] > warmup] or \
-        [e for e in events if e.get("event") == "train"]
+    timed = [e for e in events if e.get("event") == "train" and e["step"] > warmup] or [
+        e for e in events if e.get("event") == "train"
+    ]
     seconds = [e["tokens_per_s"] and 1 / e["tokens_per_s"] for e in timed]
     tokens_per_s = len(timed) / max(sum(seconds), 1e-12)  # the harmonic mean: equal tokens a step
     figures = {
-        "steps": len(timed), "tokens_per_s": tokens_per_s,
+        "steps": len(timed),
+        "tokens_per_s": tokens_per_s,
         "mfu": sum(e["mfu"] for e in timed) / len(timed),
         "peak_memory_gb": max(e["peak_memory_gb"] for e in timed),
         "data_wait_share": sum(e["data_wait_share"] for e in timed) / len(timed),
         "host_reads_per_step": reads.count / max(counted_steps, 1),
         "padding_share": stream.padding / max(stream.positions, 1),
-        "loss": timed[-1]["loss"], "finite": all(math.isfinite(e["loss"]) for e in timed),
+        "loss": timed[-1]["loss"],
+        "finite": all(math.isfinite(e["loss"]) for e in timed),
     }
     return figures, trainer
 
@@ -287,6 +327,7 @@ def expected_mfu(hidden: int, device_type: str) -> float | None:
 
 
 # ---- 4. parity ---------------------------------------------------------------------------------
+
 
 def _paths(device: torch.device, run_path: str) -> list[str]:
     from mlmkit.model.kernels import register_cpu_attention
@@ -303,8 +344,11 @@ def _outputs(model, batches, device, autocast_dtype=None) -> tuple[torch.Tensor,
     """(logits of the chosen positions of ``batches``, summed loss / chosen tokens)."""
     objective = MaskedLM(model).to(device).eval()
     logits, loss, count = [], 0.0, 0
-    autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
-                else nullcontext())
+    autocast = (
+        torch.autocast(device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else nullcontext()
+    )
     with torch.no_grad(), autocast:
         for batch in batches:
             out = objective(**{k: v.to(device) for k, v in batch.items()})
@@ -317,9 +361,11 @@ def _outputs(model, batches, device, autocast_dtype=None) -> tuple[torch.Tensor,
 def _differences(logits, loss, ref_logits, ref_loss) -> dict[str, float]:
     scale = float(ref_logits.abs().max().clamp(min=1e-6))
     finite = bool(torch.isfinite(logits).all()) and math.isfinite(loss)
-    return {"logits": float((logits - ref_logits).abs().max()) / scale if finite else math.inf,
-            "loss": abs(loss - ref_loss) / max(abs(ref_loss), 1e-6) if finite else math.inf,
-            "finite": finite}
+    return {
+        "logits": float((logits - ref_logits).abs().max()) / scale if finite else math.inf,
+        "loss": abs(loss - ref_loss) / max(abs(ref_loss), 1e-6) if finite else math.inf,
+        "finite": finite,
+    }
 
 
 @contextmanager
@@ -337,8 +383,14 @@ def exact_fp32():
         matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
-def parity_report(model, batches, device: torch.device, run_path: str, mixed: torch.dtype | None,
-                  sep_id: int | None) -> dict[str, Any]:
+def parity_report(
+    model,
+    batches,
+    device: torch.device,
+    run_path: str,
+    mixed: torch.dtype | None,
+    sep_id: int | None,
+) -> dict[str, Any]:
     """Each attention path at hand against eager in fp32 on ``batches``; the run's path in its
     mixed precision; document isolation against each document alone. The reference and every
     fp32 check run in full fp32 (``exact_fp32``), the mixed-precision ones as the run does."""
@@ -352,18 +404,25 @@ def parity_report(model, batches, device: torch.device, run_path: str, mixed: to
                 continue
             variant = copy.deepcopy(base)
             variant.set_attn_implementation(path)
-            checks[f"{path}, fp32"] = {**_differences(*_outputs(variant, batches, device), ref_logits, ref_loss),
-                                       "tolerance": FP32_TOLERANCE}
+            checks[f"{path}, fp32"] = {
+                **_differences(*_outputs(variant, batches, device), ref_logits, ref_loss),
+                "tolerance": FP32_TOLERANCE,
+            }
     if mixed is not None:  # the run's path, SDPA, and flash-attn (bf16/fp16 only) where installed
-        for path in dict.fromkeys([run_path, "sdpa", *(["flash_attention_2"] if flash_attn_available() else [])]):
+        for path in dict.fromkeys(
+            [run_path, "sdpa", *(["flash_attention_2"] if flash_attn_available() else [])]
+        ):
             variant = copy.deepcopy(base)
             variant.set_attn_implementation(path)
             name = str(mixed).replace("torch.", "")
             checks[f"{path}, {name} autocast"] = {
                 **_differences(*_outputs(variant, batches, device, mixed), ref_logits, ref_loss),
-                "tolerance": MIXED_TOLERANCE}
+                "tolerance": MIXED_TOLERANCE,
+            }
     for check in checks.values():
-        check["ok"] = check["finite"] and all(check[k] <= check["tolerance"][k] for k in ("logits", "loss"))
+        check["ok"] = check["finite"] and all(
+            check[k] <= check["tolerance"][k] for k in ("logits", "loss")
+        )
     report = {"reference": "eager, fp32", "reference_loss": ref_loss, "checks": checks}
     if sep_id is not None:
         with exact_fp32():
@@ -394,18 +453,27 @@ def documents_check(model, row: torch.Tensor, sep_id: int, device: torch.device)
         worst = 0.0
         for start, end in zip(starts, ends):
             alone = encoder(input_ids=ids[:, start:end]).last_hidden_state[0]
-            worst = max(worst, float((packed[start:end] - alone).abs().max()) / float(alone.abs().max()))
-    return {"documents": len(ends), "difference": worst, "tolerance": FP32_TOLERANCE["logits"],
-            "ok": len(ends) > 0 and worst <= FP32_TOLERANCE["logits"]}
+            worst = max(
+                worst, float((packed[start:end] - alone).abs().max()) / float(alone.abs().max())
+            )
+    return {
+        "documents": len(ends),
+        "difference": worst,
+        "tolerance": FP32_TOLERANCE["logits"],
+        "ok": len(ends) > 0 and worst <= FP32_TOLERANCE["logits"],
+    }
 
 
 # ---- 5. findings -------------------------------------------------------------------------------
 
+
 def findings(cfg: Config, device: torch.device, report: dict[str, Any]) -> list[str]:
     """One sentence per problem found, each naming the setting to change."""
-    return (rehearsal_findings(cfg, device, report.get("rehearsal", {}))
-            + parity_findings(report.get("parity", {}))
-            + kernel_findings(cfg, device, report.get("attention", {})))
+    return (
+        rehearsal_findings(cfg, device, report.get("rehearsal", {}))
+        + parity_findings(report.get("parity", {}))
+        + kernel_findings(cfg, device, report.get("attention", {}))
+    )
 
 
 def rehearsal_findings(cfg: Config, device: torch.device, r: dict[str, Any]) -> list[str]:
@@ -413,22 +481,32 @@ def rehearsal_findings(cfg: Config, device: torch.device, r: dict[str, Any]) -> 
         return []
     out = []
     if not r["finite"]:
-        out.append(f"The rehearsal's loss is not finite ({r['loss']}); lower optim.lr, set "
-                   "optim.max_grad_norm, or set train.precision=fp32 to see whether the mixed precision causes it.")
+        out.append(
+            f"The rehearsal's loss is not finite ({r['loss']}); lower optim.lr, set "
+            "optim.max_grad_norm, or set train.precision=fp32 to see whether the mixed precision causes it."
+        )
     if r["data_wait_share"] > DATA_WAIT_LIMIT:
-        out.append(f"The step waits for batches {r['data_wait_share']:.0%} of its time; raise "
-                   f"train.num_workers (now {cfg.workers(device.type)}) or set masking.on_device=true.")
+        out.append(
+            f"The step waits for batches {r['data_wait_share']:.0%} of its time; raise "
+            f"train.num_workers (now {cfg.workers(device.type)}) or set masking.on_device=true."
+        )
     if r["padding_share"] > PADDING_LIMIT:
-        out.append(f"{r['padding_share']:.0%} of the positions the model computes are padding; set "
-                   "data.packing=concatenate (or documents, to keep documents apart) to fill every row.")
+        out.append(
+            f"{r['padding_share']:.0%} of the positions the model computes are padding; set "
+            "data.packing=concatenate (or documents, to keep documents apart) to fill every row."
+        )
     if device.type == "cuda" and r["host_reads_per_step"] >= 1:
-        out.append(f"The step makes the host wait for the GPU {r['host_reads_per_step']:.1f} times; set "
-                   "masking.on_device=false or another masking.strategy, and report it if that does not help.")
+        out.append(
+            f"The step makes the host wait for the GPU {r['host_reads_per_step']:.1f} times; set "
+            "masking.on_device=false or another masking.strategy, and report it if that does not help."
+        )
     expected = expected_mfu(cfg.model.hidden_size, device.type)
     if expected is not None and r["mfu"] < MFU_SLACK * expected:
-        out.append(f"MFU {r['mfu']:.1%} is below half of the {expected:.0%} a model of width "
-                   f"{cfg.model.hidden_size} reaches on such a machine; check the findings above, "
-                   "then raise train.batch_size or set train.compile=true.")
+        out.append(
+            f"MFU {r['mfu']:.1%} is below half of the {expected:.0%} a model of width "
+            f"{cfg.model.hidden_size} reaches on such a machine; check the findings above, "
+            "then raise train.batch_size or set train.compile=true."
+        )
     return out
 
 
@@ -437,15 +515,22 @@ def parity_findings(parity: dict[str, Any]) -> list[str]:
     for name, check in parity.get("checks", {}).items():
         if not check["ok"]:
             path = name.split(",")[0]
-            what = "NaN or Inf" if not check["finite"] else (
-                f"logits {check['logits']:.2e} and loss {check['loss']:.2e} apart")
-            out.append(f"The {name} attention path gives {what} against eager fp32 (tolerance "
-                       f"{check['tolerance']['logits']:.0e}); set model.attn_implementation to a path "
-                       f"that agrees{' (eager)' if path != 'eager' else ''} or train.precision=fp32.")
+            what = (
+                "NaN or Inf"
+                if not check["finite"]
+                else (f"logits {check['logits']:.2e} and loss {check['loss']:.2e} apart")
+            )
+            out.append(
+                f"The {name} attention path gives {what} against eager fp32 (tolerance "
+                f"{check['tolerance']['logits']:.0e}); set model.attn_implementation to a path "
+                f"that agrees{' (eager)' if path != 'eager' else ''} or train.precision=fp32."
+            )
     documents = parity.get("documents")
     if documents and not documents["ok"]:
-        out.append(f"Document isolation leaks between documents (states {documents['difference']:.2e} "
-                   "apart from each document alone); set data.packing=concatenate until it is fixed.")
+        out.append(
+            f"Document isolation leaks between documents (states {documents['difference']:.2e} "
+            "apart from each document alone); set data.packing=concatenate until it is fixed."
+        )
     return out
 
 
@@ -453,31 +538,48 @@ def kernel_findings(cfg: Config, device: torch.device, attention: dict[str, Any]
     """On a GPU through SDPA: the run's masked batches keeping SDPA off its flash kernel."""
     if device.type != "cuda" or attention.get("implementation") != "sdpa":
         return []
-    case = {"line_by_line": "padded rows (key-padding mask)",
-            "documents": "documents (block-diagonal mask)"}.get(cfg.data.packing)
-    if cfg.model.architecture == "modernbert" and cfg.data.max_seq_length > cfg.model.local_attention // 2 + 1:
+    case = {
+        "line_by_line": "padded rows (key-padding mask)",
+        "documents": "documents (block-diagonal mask)",
+    }.get(cfg.data.packing)
+    if (
+        cfg.model.architecture == "modernbert"
+        and cfg.data.max_seq_length > cfg.model.local_attention // 2 + 1
+    ):
         case = case or "ModernBERT's local layers (window)"
     taken = attention["kernels"].get(case, {}).get("taken") if case else None
     if not taken or taken == "flash":
         return []
-    return [f"With {case}, SDPA takes its {taken} kernel, not flash; install flash-attn (its "
-            "variable-length and window kernels need no mask) or set data.packing=concatenate."]
+    return [
+        f"With {case}, SDPA takes its {taken} kernel, not flash; install flash-attn (its "
+        "variable-length and window kernels need no mask) or set data.packing=concatenate."
+    ]
 
 
 # ---- the whole check ---------------------------------------------------------------------------
+
 
 def parity_rows(batch: dict, rows: int) -> dict[str, torch.Tensor]:
     """The first ``rows`` rows of a validation batch, on the CPU, with their chosen positions."""
     from mlmkit.model.bert import prediction_positions
 
-    out = {k: v[:rows].cpu() for k, v in batch.items()
-           if isinstance(v, torch.Tensor) and k not in ("positions", "targets")}
+    out = {
+        k: v[:rows].cpu()
+        for k, v in batch.items()
+        if isinstance(v, torch.Tensor) and k not in ("positions", "targets")
+    }
     out["positions"], out["targets"] = prediction_positions(out["labels"])
     return out
 
 
-def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float = 20.0,
-               parity_batches: int = 2, parity_rows_per_batch: int = 8) -> dict[str, Any]:
+def run_doctor(
+    cfg: Config,
+    steps: int = 20,
+    warmup: int = 3,
+    max_seconds: float = 20.0,
+    parity_batches: int = 2,
+    parity_rows_per_batch: int = 8,
+) -> dict[str, Any]:
     """The report of ``mlmkit doctor`` for the run ``cfg`` (see the module's docstring)."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlmkit-doctor-") as scratch:
@@ -491,23 +593,42 @@ def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float
         report: dict[str, Any] = {
             "machine": machine_report(device, precision, trainer.meter.reference_flops),
             "attention": attention_report(cfg, device, precision),
-            "rehearsal": {**figures, "expected_mfu": expected_mfu(cfg.model.hidden_size, device.type)},
+            "rehearsal": {
+                **figures,
+                "expected_mfu": expected_mfu(cfg.model.hidden_size, device.type),
+            },
         }
         model = trainer.accelerator.unwrap_model(trainer.objective).model
-        weights = "the run's (model.init_from)" if cfg.model.init_from else "transformers' standard random init"
-        if not cfg.model.init_from:  # a fresh start may zero layers whose paths parity must tell apart
+        weights = (
+            "the run's (model.init_from)"
+            if cfg.model.init_from
+            else "transformers' standard random init"
+        )
+        if (
+            not cfg.model.init_from
+        ):  # a fresh start may zero layers whose paths parity must tell apart
             torch.manual_seed(0)
             model = type(model)(model.config)
         mixed = autocast_dtype(precision)
         if device.type == "cpu" and mixed == torch.float16:
             mixed = None
-        batches = [parity_rows(b, parity_rows_per_batch) for b in trainer.eval_batches[:parity_batches]]
-        report["parity"] = parity_report(model, batches, device, report["attention"]["implementation"],
-                                         mixed, trainer.tokenizer.sep_token_id)
+        batches = [
+            parity_rows(b, parity_rows_per_batch) for b in trainer.eval_batches[:parity_batches]
+        ]
+        report["parity"] = parity_report(
+            model,
+            batches,
+            device,
+            report["attention"]["implementation"],
+            mixed,
+            trainer.tokenizer.sep_token_id,
+        )
         report["parity"]["weights"] = weights
     from accelerate.state import AcceleratorState
 
-    AcceleratorState._reset_state(reset_partial_state=True)  # the rehearsal's precision goes with it
+    AcceleratorState._reset_state(
+        reset_partial_state=True
+    )  # the rehearsal's precision goes with it
     report["findings"] = findings(cfg, device, report)
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
@@ -516,28 +637,41 @@ def run_doctor(cfg: Config, steps: int = 20, warmup: int = 3, max_seconds: float
 def format_report(report: dict[str, Any]) -> str:
     """The report as the lines ``mlmkit doctor`` prints."""
     m, a, r, p = report["machine"], report["attention"], report["rehearsal"], report["parity"]
-    lines = [f"machine: {m['device']}; {m['gpus']} GPU(s); bf16 {'yes' if m['bf16'] else 'no'}, TF32 "
-             f"{'on' if m['tf32'] else 'off'}; {m['peak']} {m['peak_tflops']:.2f} TFLOP/s",
-             f"software: torch {m['torch']}, transformers {m['transformers']}, accelerate {m['accelerate']}, "
-             f"flash-attn {'installed' if m['flash_attn'] else 'not installed'}; precision {m['precision']}",
-             f"attention: {a['implementation']} ({a['dtype']}); SDPA's kernels:"]
+    lines = [
+        f"machine: {m['device']}; {m['gpus']} GPU(s); bf16 {'yes' if m['bf16'] else 'no'}, TF32 "
+        f"{'on' if m['tf32'] else 'off'}; {m['peak']} {m['peak_tflops']:.2f} TFLOP/s",
+        f"software: torch {m['torch']}, transformers {m['transformers']}, accelerate {m['accelerate']}, "
+        f"flash-attn {'installed' if m['flash_attn'] else 'not installed'}; precision {m['precision']}",
+        f"attention: {a['implementation']} ({a['dtype']}); SDPA's kernels:",
+    ]
     for case, k in a["kernels"].items():
-        lines.append(f"  {case}: takes {k['taken']} (accepted: {', '.join(k['accepted']) or 'none'})")
-    expected = (f"expected about {r['expected_mfu']:.0%} here" if r["expected_mfu"] is not None
-                else "no figure for this width")
-    lines += [f"rehearsal ({r['steps']} timed steps): {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%} "
-              f"({expected}), peak memory {r['peak_memory_gb']:.2f} GB, "
-              f"waiting for batches {r['data_wait_share']:.1%}, host reads {r['host_reads_per_step']:.1f} "
-              f"a step, padding {r['padding_share']:.1%}, loss {r['loss']:.3f}",
-              f"parity against {p['reference']} (loss {p['reference_loss']:.4f}; weights: {p['weights']}):"]
+        lines.append(
+            f"  {case}: takes {k['taken']} (accepted: {', '.join(k['accepted']) or 'none'})"
+        )
+    expected = (
+        f"expected about {r['expected_mfu']:.0%} here"
+        if r["expected_mfu"] is not None
+        else "no figure for this width"
+    )
+    lines += [
+        f"rehearsal ({r['steps']} timed steps): {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%} "
+        f"({expected}), peak memory {r['peak_memory_gb']:.2f} GB, "
+        f"waiting for batches {r['data_wait_share']:.1%}, host reads {r['host_reads_per_step']:.1f} "
+        f"a step, padding {r['padding_share']:.1%}, loss {r['loss']:.3f}",
+        f"parity against {p['reference']} (loss {p['reference_loss']:.4f}; weights: {p['weights']}):",
+    ]
     for name, c in p["checks"].items():
-        lines.append(f"  {name}: logits {c['logits']:.1e}, loss {c['loss']:.1e} "
-                     f"(tolerance {c['tolerance']['logits']:.0e} / {c['tolerance']['loss']:.0e}) "
-                     f"{'ok' if c['ok'] else 'FAILS'}")
+        lines.append(
+            f"  {name}: logits {c['logits']:.1e}, loss {c['loss']:.1e} "
+            f"(tolerance {c['tolerance']['logits']:.0e} / {c['tolerance']['loss']:.0e}) "
+            f"{'ok' if c['ok'] else 'FAILS'}"
+        )
     if "documents" in p:
         d = p["documents"]
-        lines.append(f"  documents isolated vs alone ({d['documents']} documents): {d['difference']:.1e} "
-                     f"{'ok' if d['ok'] else 'FAILS'}")
+        lines.append(
+            f"  documents isolated vs alone ({d['documents']} documents): {d['difference']:.1e} "
+            f"{'ok' if d['ok'] else 'FAILS'}"
+        )
     lines.append("findings:" if report["findings"] else "findings: none")
     lines += [f"  - {f}" for f in report["findings"]]
     lines.append(f"({report['seconds']:.0f} s)")

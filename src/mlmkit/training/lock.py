@@ -52,8 +52,11 @@ def acquire(run_dir: Path) -> None:
             ) from None
         except OSError as exc:  # a filesystem without locks
             os.close(fd)
-            log.warning("Could not lock the run dir %s (%s); make sure no other run writes into it.",
-                        run_dir, exc.strerror)
+            log.warning(
+                "Could not lock the run dir %s (%s); make sure no other run writes into it.",
+                run_dir,
+                exc.strerror,
+            )
             return
         if _is_at(fd, path):
             break

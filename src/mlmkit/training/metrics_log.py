@@ -61,6 +61,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         if isinstance(event, dict) and isinstance(event.get("event"), str):
             events.append(event)
     if not events:
-        raise DataError(f"{str(path)!r} holds no events (JSON lines with an \"event\" name); pass "
-                        "the dirs of runs that have logged.")
+        raise DataError(
+            f'{str(path)!r} holds no events (JSON lines with an "event" name); pass '
+            "the dirs of runs that have logged."
+        )
     return events

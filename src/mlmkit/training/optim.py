@@ -34,7 +34,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
+) -> torch.optim.Optimizer:
     kwargs = {}
     if device_type in ("cuda", "cpu"):
         # One kernel for the whole update. On a CPU torch's default is a per-tensor loop
@@ -80,9 +82,12 @@ def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:
     return schedule_multiplier(cfg, step / total, warmup / total)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | None,
-                    factor=None):
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | None, factor=None
+):
     """LambdaLR over ``lr_lambda``, or over ``factor(step)`` (a budget's schedule) when given."""
     if factor is None:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_lambda(step, cfg, total_steps))
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_lambda(step, cfg, total_steps)
+        )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

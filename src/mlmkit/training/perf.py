@@ -86,30 +86,58 @@ CHIP_BF16_PEAK = {
 }
 
 
-def train_flops(num_layers: int, hidden: int, intermediate: int, vocab: int, tokens: float,
-                predicted: float, pairs: float, ffn_matrices: int = 2, local_layers: int = 0,
-                local_pairs: float | None = None) -> float:
+def train_flops(
+    num_layers: int,
+    hidden: int,
+    intermediate: int,
+    vocab: int,
+    tokens: float,
+    predicted: float,
+    pairs: float,
+    ffn_matrices: int = 2,
+    local_layers: int = 0,
+    local_pairs: float | None = None,
+) -> float:
     """Training FLOPs (the formula in the module docstring, summed) of ``tokens`` tokens, of which
     ``predicted`` are predicted, whose attention scores ``pairs`` (query, key) pairs in each
     layer, ``local_pairs`` in each of the ``local_layers`` that attend within a window.
     ``ffn_matrices``: 2 for BERT's FFN, 3 for a GeGLU."""
     h, i = hidden, intermediate
     local_pairs = pairs if local_pairs is None else local_pairs
-    encoder = (tokens * num_layers * (8 * h * h + ffn_matrices * 2 * h * i)
-               + 4 * h * ((num_layers - local_layers) * pairs + local_layers * local_pairs))
+    encoder = tokens * num_layers * (8 * h * h + ffn_matrices * 2 * h * i) + 4 * h * (
+        (num_layers - local_layers) * pairs + local_layers * local_pairs
+    )
     head = predicted * (2 * h * h + 2 * h * vocab)
     return 3.0 * (encoder + head)
 
 
-def train_flops_per_token(num_layers: int, hidden: int, intermediate: int, vocab: int,
-                          seq_len: int, predicted_share: float, ffn_matrices: int = 2,
-                          local_layers: int = 0, local_window: int | None = None) -> float:
+def train_flops_per_token(
+    num_layers: int,
+    hidden: int,
+    intermediate: int,
+    vocab: int,
+    seq_len: int,
+    predicted_share: float,
+    ffn_matrices: int = 2,
+    local_layers: int = 0,
+    local_window: int | None = None,
+) -> float:
     """Training FLOPs per token of full rows of ``seq_len`` tokens (the formula in the module
     docstring). ``ffn_matrices``: 2 for BERT's FFN, 3 for a GeGLU; ``local_layers`` of the
     layers attend within ``local_window`` tokens."""
     s = seq_len
-    return train_flops(num_layers, hidden, intermediate, vocab, 1, predicted_share, s, ffn_matrices,
-                       local_layers, min(s, local_window or s))
+    return train_flops(
+        num_layers,
+        hidden,
+        intermediate,
+        vocab,
+        1,
+        predicted_share,
+        s,
+        ffn_matrices,
+        local_layers,
+        min(s, local_window or s),
+    )
 
 
 def model_flops_per_token(config, seq_len: int, predicted_share: float) -> float:
@@ -126,14 +154,26 @@ def model_train_flops(config, blocks: Mapping[int, int], predicted: float) -> fl
     longest row."""
     tokens = sum(n * count for n, count in blocks.items())
     pairs = sum(n * n * count for n, count in blocks.items())
-    shape = (config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size)
+    shape = (
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    )
     if config.model_type != "modernbert":
         return train_flops(*shape, tokens, predicted, pairs)
     local = sum(kind == "sliding_attention" for kind in config.layer_types)
     window = config.local_attention
     local_pairs = sum(n * min(n, window) * count for n, count in blocks.items())
-    return train_flops(*shape, tokens, predicted, pairs, ffn_matrices=3, local_layers=local,
-                       local_pairs=local_pairs)
+    return train_flops(
+        *shape,
+        tokens,
+        predicted,
+        pairs,
+        ffn_matrices=3,
+        local_layers=local,
+        local_pairs=local_pairs,
+    )
 
 
 def chip_peak(name: str) -> float | None:
@@ -157,8 +197,13 @@ def chip_bf16_peak(device: torch.device | str | None = None) -> tuple[float, str
     return (peak, name) if peak is not None else None
 
 
-def _best_rate(products, device: torch.device, min_seconds: float, repeats: int,
-               max_seconds: float | None = None) -> float:
+def _best_rate(
+    products,
+    device: torch.device,
+    min_seconds: float,
+    repeats: int,
+    max_seconds: float | None = None,
+) -> float:
     """The best FLOP/s of ``products`` (a list of ``(flops, fn)``), each timed ``repeats``
     times for at least ``min_seconds`` (and at least one call) after a warm-up call; after
     ``max_seconds`` (a busy machine can slow the products tenfold) nothing more is timed."""
@@ -193,8 +238,13 @@ def _best_rate(products, device: torch.device, min_seconds: float, repeats: int,
     return best
 
 
-def measure_matmul_rate(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
-                        n: int | None = None, min_seconds: float = 0.5, repeats: int = 3) -> float:
+def measure_matmul_rate(
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    n: int | None = None,
+    min_seconds: float = 0.5,
+    repeats: int = 3,
+) -> float:
     """The best matmul rate (FLOP/s) of this machine for square ``n x n`` products in ``dtype``.
 
     Best of ``repeats`` timings, each at least ``min_seconds`` long. Without ``n``: the best
@@ -227,20 +277,33 @@ def model_matmul_shapes(config, tokens: int, predicted: int) -> tuple[tuple[int,
     h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
     shapes = {(tokens, h, h), (tokens, h, i), (tokens, i, h), (predicted, h, h), (predicted, h, v)}
     if config.model_type == "modernbert":
-        shapes = {(tokens, h, 3 * h), (tokens, h, h), (tokens, h, 2 * i), (tokens, i, h),
-                  (predicted, h, h), (predicted, h, v)}
+        shapes = {
+            (tokens, h, 3 * h),
+            (tokens, h, h),
+            (tokens, h, 2 * i),
+            (tokens, i, h),
+            (predicted, h, h),
+            (predicted, h, v),
+        }
     return tuple(sorted(s for s in shapes if min(s) > 0))
 
 
-def measure_shapes_rate(shapes, dtype: torch.dtype, device: torch.device | str = "cpu",
-                        min_seconds: float = 0.02, repeats: int = 3,
-                        max_seconds: float | None = None) -> float:
+def measure_shapes_rate(
+    shapes,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    min_seconds: float = 0.02,
+    repeats: int = 3,
+    max_seconds: float | None = None,
+) -> float:
     """The best rate (FLOP/s) over the products a training step makes of each ``(m, k, n)``:
     the forward ``x @ W^T`` (as ``F.linear``), the input gradient ``g @ W`` and the weight
     gradient ``g^T @ x``. Smallest first; none is started after ``max_seconds`` (the largest
     behave as the large squares of ``measure_matmul_rate`` do)."""
     device = torch.device(device)
-    return _best_rate(shape_products(shapes, dtype, device), device, min_seconds, repeats, max_seconds)
+    return _best_rate(
+        shape_products(shapes, dtype, device), device, min_seconds, repeats, max_seconds
+    )
 
 
 def shape_products(shapes, dtype: torch.dtype, device: torch.device):
@@ -251,9 +314,11 @@ def shape_products(shapes, dtype: torch.dtype, device: torch.device):
         w = torch.randn(n, k, device=device).to(dtype)
         g = torch.randn(m, n, device=device).to(dtype)
         flops = 2.0 * m * k * n
-        products += [(flops, lambda x=x, w=w: torch.mm(x, w.t())),
-                     (flops, lambda g=g, w=w: torch.mm(g, w)),
-                     (flops, lambda g=g, x=x: torch.mm(g.t(), x))]
+        products += [
+            (flops, lambda x=x, w=w: torch.mm(x, w.t())),
+            (flops, lambda g=g, w=w: torch.mm(g, w)),
+            (flops, lambda g=g, x=x: torch.mm(g.t(), x)),
+        ]
     return products
 
 
@@ -268,8 +333,9 @@ def compute_dtype(device: torch.device, precision: str) -> torch.dtype:
 
 
 @functools.cache
-def reference_rate(device: torch.device, precision: str,
-                   shapes: tuple[tuple[int, int, int], ...] = ()) -> tuple[float, str]:
+def reference_rate(
+    device: torch.device, precision: str, shapes: tuple[tuple[int, int, int], ...] = ()
+) -> tuple[float, str]:
     """(FLOP/s, how it was found) that MFU is taken against for a run on ``device``.
 
     ``precision`` is the accelerate value (``bf16``, ``fp16``, ``no``). A known GPU in
@@ -308,9 +374,13 @@ IMPLAUSIBLE_RATE = 0.05e12
 IMPLAUSIBLE_SHARE = 0.1
 
 
-def stored_reference_rate(cache_dir: Path | None, device: torch.device, precision: str,
-                          shapes: tuple[tuple[int, int, int], ...] = (), measure=None
-                          ) -> tuple[float, str, bool]:
+def stored_reference_rate(
+    cache_dir: Path | None,
+    device: torch.device,
+    precision: str,
+    shapes: tuple[tuple[int, int, int], ...] = (),
+    measure=None,
+) -> tuple[float, str, bool]:
     """``(rate, how it was found, reliable)``: ``reference_rate``, measured once for this machine,
     software, thread count and set of products and kept under ``cache_dir/matmul_rates/`` (about
     1.5 s saved at each later start on a CPU). A datasheet peak is never stored; an unwritable
@@ -324,8 +394,15 @@ def stored_reference_rate(cache_dir: Path | None, device: torch.device, precisio
     if device.type == "cuda" and precision in ("bf16", "fp16") and chip_bf16_peak(device):
         return (*measure(device, precision, shapes), True)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    settings = [machine, device.type, torch.__version__, torch.get_num_threads(), precision,
-                str(compute_dtype(device, precision)), [os.environ.get(v) for v in _ISA_VARIABLES]]
+    settings = [
+        machine,
+        device.type,
+        torch.__version__,
+        torch.get_num_threads(),
+        precision,
+        str(compute_dtype(device, precision)),
+        [os.environ.get(v) for v in _ISA_VARIABLES],
+    ]
     key = json.dumps([*settings[:6], sorted(shapes), settings[6]])
     folder = Path(cache_dir) / "matmul_rates" if cache_dir is not None else None
     path = folder / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json" if folder else None
@@ -340,22 +417,28 @@ def stored_reference_rate(cache_dir: Path | None, device: torch.device, precisio
         if hasattr(measure, "cache_clear"):
             measure.cache_clear()  # nor kept in memory for a later start in this process
     if rate < floor:
-        return rate, f"{how}; implausibly low for this machine (at least {floor / 1e12:.2g} " \
-                     "TFLOP/s expected), not stored", False
+        return (
+            rate,
+            f"{how}; implausibly low for this machine (at least {floor / 1e12:.2g} "
+            "TFLOP/s expected), not stored",
+            False,
+        )
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.name}.{os.getpid()}")
-            partial.write_text(json.dumps({"key": key, "settings": json.dumps(settings), "rate": rate,
-                                           "how": how}))
+            partial.write_text(
+                json.dumps({"key": key, "settings": json.dumps(settings), "rate": rate, "how": how})
+            )
             partial.replace(path)  # whole or absent for a reader
         except OSError:
             pass
     return rate, how, True
 
 
-def _stored_rates(folder: Path | None, key: str, settings: str
-                  ) -> tuple[tuple[float, str] | None, list[float]]:
+def _stored_rates(
+    folder: Path | None, key: str, settings: str
+) -> tuple[tuple[float, str] | None, list[float]]:
     """(the ``(rate, how)`` stored under ``key``, or None; the rates stored for the same
     ``settings`` with other products) in ``folder``; a damaged file counts as none."""
     stored, others = None, []
@@ -394,8 +477,9 @@ class ThroughputMeter:
         self.model_config = model_config
         self.reference_flops = reference_flops
 
-    def figures(self, blocks: Mapping[int, int], masked: float, seconds: float,
-                world: int = 1) -> dict[str, float]:
+    def figures(
+        self, blocks: Mapping[int, int], masked: float, seconds: float, world: int = 1
+    ) -> dict[str, float]:
         """The window's figures: ``blocks``, this process's attended blocks by length (each of
         the ``world`` processes taken to have fed as many); ``masked``, the chosen tokens of all
         processes; ``seconds``, the window's training time."""
@@ -406,9 +490,12 @@ class ThroughputMeter:
         if self.reference_flops and rate > self.reference_flops:
             # A measured reference is a lower bound of the true peak, and so is a rate the
             # run reached: take the larger, so that MFU never reads above 100%.
-            log.warning("The run reached %.3g TFLOP/s, above the measured matmul rate MFU was "
-                        "taken against (%.3g); MFU is taken against the run's rate from here on.",
-                        rate / 1e12, self.reference_flops / 1e12)
+            log.warning(
+                "The run reached %.3g TFLOP/s, above the measured matmul rate MFU was "
+                "taken against (%.3g); MFU is taken against the run's rate from here on.",
+                rate / 1e12,
+                self.reference_flops / 1e12,
+            )
             self.reference_flops = rate
         return {
             "tokens_per_s": tokens / seconds,

@@ -41,7 +41,9 @@ class PhasePlan:
             total += phase.share
             self.ends.append(total)
         self.ends[-1] = 1.0
-        self.starts: list[dict[str, Any]] = []  # {"name", "set", "step", "tokens", "elapsed"} per phase begun
+        self.starts: list[
+            dict[str, Any]
+        ] = []  # {"name", "set", "step", "tokens", "elapsed"} per phase begun
 
     @property
     def index(self) -> int:
@@ -58,20 +60,34 @@ class PhasePlan:
     def begin(self, step: int, tokens: int, elapsed: float) -> int:
         """Record the start of the next phase; returns its index."""
         phase = self.phases[len(self.starts)]
-        self.starts.append({"name": phase.name, "set": phase.set, "step": step, "tokens": tokens,
-                            "elapsed": elapsed})
+        self.starts.append(
+            {
+                "name": phase.name,
+                "set": phase.set,
+                "step": step,
+                "tokens": tokens,
+                "elapsed": elapsed,
+            }
+        )
         return self.index
 
     def due(self, step: int) -> bool:
         """Whether the next phase begins after ``step`` steps: the current phase's share of the
         budget is spent and the run is not over."""
         i = self.index
-        return i + 1 < len(self.phases) and not self.budget.done(step) and \
-            self.budget.progress(step) >= self.ends[i] - 1e-12
+        return (
+            i + 1 < len(self.phases)
+            and not self.budget.done(step)
+            and self.budget.progress(step) >= self.ends[i] - 1e-12
+        )
 
     def span(self, i: int) -> tuple[float, float]:
         """Phase ``i``'s start and end as shares of the budget (an ended phase keeps its own)."""
-        start = self._progress_at(self.starts[i]) if i < len(self.starts) else (self.ends[i - 1] if i else 0.0)
+        start = (
+            self._progress_at(self.starts[i])
+            if i < len(self.starts)
+            else (self.ends[i - 1] if i else 0.0)
+        )
         end = self._progress_at(self.starts[i + 1]) if i + 1 < len(self.starts) else self.ends[i]
         return start, max(end, start)
 
@@ -93,8 +109,11 @@ class PhasePlan:
         if phase.schedule == "decay":
             d = math.sqrt(q) if o.decay_shape == "1-sqrt" else q
             return o.min_lr_ratio + (ratio - o.min_lr_ratio) * (1.0 - d)
-        warmup = phase.warmup_steps if phase.warmup_steps is not None else (
-            o.warmup_steps if phase.schedule == "rewarm" else 0)
+        warmup = (
+            phase.warmup_steps
+            if phase.warmup_steps is not None
+            else (o.warmup_steps if phase.schedule == "rewarm" else 0)
+        )
         if warmup and into < warmup:
             return ratio * (into + 1) / warmup
         if phase.schedule == "constant":
@@ -110,7 +129,9 @@ class PhasePlan:
         return {"starts": self.starts, "names": [p.name for p in self.phases]}
 
 
-def begun_phases(cfg: Config, saved: dict[str, Any] | None, checkpoint: Path | None) -> list[dict[str, Any]]:
+def begun_phases(
+    cfg: Config, saved: dict[str, Any] | None, checkpoint: Path | None
+) -> list[dict[str, Any]]:
     """The starts of the phases a resumed checkpoint had begun (``saved``: its loop state's
     ``phases``), checked against this run's list: those phases keep their names, order and
     settings (a checkpoint of a run without phases was in a first phase with the run's own
@@ -120,7 +141,8 @@ def begun_phases(cfg: Config, saved: dict[str, Any] | None, checkpoint: Path | N
         if len(starts) > 1:
             raise ConfigError(
                 f"train.resume: {checkpoint.name} was written in phase {starts[-1]['name']!r} of a phased "
-                "run; resume with the run's phases list (phases=...).")
+                "run; resume with the run's phases list (phases=...)."
+            )
         return []
     if checkpoint is None:
         return []
@@ -130,14 +152,16 @@ def begun_phases(cfg: Config, saved: dict[str, Any] | None, checkpoint: Path | N
         raise ConfigError(
             f"train.resume: {checkpoint.name} is in phase {starts[-1]['name']!r}, the "
             f"{len(starts)}th, but phases lists {len(cfg.phases)}; keep the phases that ran "
-            "and add new ones after them.")
+            "and add new ones after them."
+        )
     for i, (old, phase) in enumerate(zip(starts, cfg.phases)):
         if old["name"] != phase.name or _canonical(old["set"]) != _canonical(phase.set):
             raise ConfigError(
                 f"train.resume: phase {i} of {checkpoint.name} was {old['name']!r} with "
                 f"{json.dumps(old['set'])} and is now {phase.name!r} with {json.dumps(phase.set)}; a "
                 "phase that has begun keeps its name and settings: change only later phases, or "
-                "start a new run with model.init_from.")
+                "start a new run with model.init_from."
+            )
     return starts
 
 
@@ -162,7 +186,9 @@ class BatchRamp:
     more micro-batches per optimizer step; the learning rate follows the real batch (scaled
     by the batch's share of the target, Goyal et al. (2017)'s linear scaling)."""
 
-    def __init__(self, tokens: int, start_batch: int | None, per_pass: int, target_accum: int) -> None:
+    def __init__(
+        self, tokens: int, start_batch: int | None, per_pass: int, target_accum: int
+    ) -> None:
         self.tokens, self.per_pass, self.target = tokens, per_pass, target_accum
         start = start_batch if start_batch is not None else per_pass
         self.start = max(1, min(target_accum, math.ceil(start / per_pass)))
@@ -172,7 +198,9 @@ class BatchRamp:
         if not self.tokens or tokens_seen >= self.tokens:
             return self.target
         share = tokens_seen / self.tokens
-        return max(self.start, min(self.target, self.start + int((self.target - self.start) * share)))
+        return max(
+            self.start, min(self.target, self.start + int((self.target - self.start) * share))
+        )
 
     def lr_ratio(self, tokens_seen: int) -> float:
         return self.accum(tokens_seen) / self.target
@@ -187,4 +215,3 @@ class BatchRamp:
         """``factor`` (a schedule's multiplier) times the batch's share of its target for the
         step it sets the rate of (the batch after the budget's tokens so far)."""
         return lambda step: factor(step) * self.lr_ratio(budget.tokens)
-

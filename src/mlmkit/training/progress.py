@@ -34,7 +34,9 @@ class Progress:
     """The progress of a run against its budget (steps, tokens or time: whichever it has, as a
     share, so that a time-budgeted streaming run shows a total and the time left too)."""
 
-    def __init__(self, budget, start_step: int, enabled: bool, terminal: bool | None = None) -> None:
+    def __init__(
+        self, budget, start_step: int, enabled: bool, terminal: bool | None = None
+    ) -> None:
         self.budget, self.enabled = budget, enabled
         self.terminal = on_terminal() if terminal is None else terminal
         self.started, self.last_line = time.monotonic(), time.monotonic()
@@ -44,9 +46,13 @@ class Progress:
         if enabled and self.terminal:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=1000, initial=round(1000 * self.start_share), desc="train",
-                            dynamic_ncols=True, bar_format="{desc} {percentage:3.0f}%|{bar}| {postfix} "
-                            "[{elapsed}<{remaining}]")
+            self.bar = tqdm(
+                total=1000,
+                initial=round(1000 * self.start_share),
+                desc="train",
+                dynamic_ncols=True,
+                bar_format="{desc} {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]",
+            )
 
     def update(self, step: int) -> None:
         """Move to ``step`` (after each optimizer step)."""

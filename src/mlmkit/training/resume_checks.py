@@ -35,26 +35,46 @@ from mlmkit.training.checkpoint_files import LOOP_STATE, list_checkpoints
 log = logging.getLogger("mlmkit")
 
 # model settings that change neither the shape nor the meaning of the weights
-_MODEL_FREE = {"model.name", "model.init_from", "model.attn_implementation", "model.sparse_prediction",
-               "model.hidden_dropout_prob", "model.attention_probs_dropout_prob",
-               # the init only: a resume loads the checkpoint's weights
-               "model.position_init", "model.attention_init",
-               "model.output_bias_init"}
+_MODEL_FREE = {
+    "model.name",
+    "model.init_from",
+    "model.attn_implementation",
+    "model.sparse_prediction",
+    "model.hidden_dropout_prob",
+    "model.attention_probs_dropout_prob",
+    # the init only: a resume loads the checkpoint's weights
+    "model.position_init",
+    "model.attention_init",
+    "model.output_bias_init",
+}
 # data settings that change neither the blocks nor their order
 _DATA_FREE = {"data.pad_to_multiple_of", "data.num_proc", "data.max_eval_samples", "data.cache"}
 # settings a resume does not look at
-_IGNORED = {"train.resume", "train.progress", "train.num_workers", "train.reuse_cpu_memory",
-            "phases"}  # phases: checked by phases.begun_phases
+_IGNORED = {
+    "train.resume",
+    "train.progress",
+    "train.num_workers",
+    "train.reuse_cpu_memory",
+    "phases",
+}  # phases: checked by phases.begun_phases
 _IGNORED_SECTIONS = ("paths.", "logger.")
 
 # the model config fields that decide the shape of the weights (and, for ModernBERT, which
 # layers attend locally, how far, and their rotary bases); a field the saved config lacks
 # (type_vocab_size of a ModernBERT) is not compared
-MODEL_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "max_position_embeddings", "type_vocab_size", "model_type",
-                    "layer_types", "local_attention", "rope_parameters")
-
-
+MODEL_SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "model_type",
+    "layer_types",
+    "local_attention",
+    "rope_parameters",
+)
 
 
 def is_fixed(name: str) -> bool:
@@ -72,7 +92,9 @@ def saved_loop_state(resume_from: Path) -> dict[str, Any]:
     """The loop state of ``resume_from``, or of the newest older checkpoint whose loop state
     can be read (a damaged one is passed over here and when loading); empty when none can."""
     ckpt_dir = resume_from.parent
-    candidates = [resume_from] + [p for p in reversed(list_checkpoints(ckpt_dir)) if p.name < resume_from.name]
+    candidates = [resume_from] + [
+        p for p in reversed(list_checkpoints(ckpt_dir)) if p.name < resume_from.name
+    ]
     for path in candidates:
         try:
             state = json.loads((path / LOOP_STATE).read_text())
@@ -93,9 +115,15 @@ def check_settings(cfg: Config, saved: dict[str, Any] | None, resume_from: Path)
     if not isinstance(saved, dict):  # a checkpoint written before settings were recorded
         return []
     new, old = flat_settings(asdict(cfg)), flat_settings(saved)
-    changed = [k for k in sorted(new.keys() | old.keys())
-               if k in new and k in old and new[k] != old[k]
-               and k not in _IGNORED and not k.startswith(_IGNORED_SECTIONS)]
+    changed = [
+        k
+        for k in sorted(new.keys() | old.keys())
+        if k in new
+        and k in old
+        and new[k] != old[k]
+        and k not in _IGNORED
+        and not k.startswith(_IGNORED_SECTIONS)
+    ]
     fixed = [k for k in changed if is_fixed(k)]
     if fixed:
         k = fixed[0]
@@ -127,7 +155,9 @@ def check_model_shape(run_model_dir: Path, config, resume_from: Path) -> None:
         )
 
 
-def check_data(saved: dict[str, Any], corpus: str, train_blocks: int | None, resume_from: Path) -> None:
+def check_data(
+    saved: dict[str, Any], corpus: str, train_blocks: int | None, resume_from: Path
+) -> None:
     """Refuse a resume whose data position cannot carry over: another number of training
     blocks (map mode) or other streamed text; warn when the text changed but the position
     still carries over."""
@@ -142,8 +172,11 @@ def check_data(saved: dict[str, Any], corpus: str, train_blocks: int | None, res
             f"now {now}), so its data position cannot carry over; restore the files of "
             "data.train_files, or start a new run with model.init_from=<run>/final."
         )
-    log.warning("The training text changed since %s was written (same number of blocks); the run "
-                "continues at the same position in the new text.", resume_from.name)
+    log.warning(
+        "The training text changed since %s was written (same number of blocks); the run "
+        "continues at the same position in the new text.",
+        resume_from.name,
+    )
 
 
 def apply_optim_settings(optimizer, scheduler, optim, step_factor) -> None:
@@ -185,7 +218,12 @@ def retire_later(run_dir: Path, resume_from: Path, dropped_events: list[str]) ->
             f"Could not move the checkpoints after {resume_from.name} to {str(target)!r} "
             f"({exc.strerror or exc}); free disk space, or move them out of {str(ckpt_dir)!r} yourself."
         ) from None
-    log.warning("Resumed from %s, before the run's latest step: moved the abandoned continuation "
-                "(%d checkpoint(s)%s) to %s.", resume_from.name, len(later),
-                ", final/" if (target / "final").exists() else "", target)
+    log.warning(
+        "Resumed from %s, before the run's latest step: moved the abandoned continuation "
+        "(%d checkpoint(s)%s) to %s.",
+        resume_from.name,
+        len(later),
+        ", final/" if (target / "final").exists() else "",
+        target,
+    )
     return target

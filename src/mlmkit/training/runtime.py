@@ -64,11 +64,13 @@ def runs_on_cpu() -> bool:
     from accelerate.utils import parse_flag_from_env
 
     return parse_flag_from_env("ACCELERATE_USE_CPU") or not (
-        torch.cuda.is_available() or torch.backends.mps.is_available())
+        torch.cuda.is_available() or torch.backends.mps.is_available()
+    )
 
 
-def resolve_precision(precision: str, use_cpu: bool | None = None,
-                      setting: str = "train.precision") -> str:
+def resolve_precision(
+    precision: str, use_cpu: bool | None = None, setting: str = "train.precision"
+) -> str:
     """The accelerate ``mixed_precision`` value for ``train.precision`` (``setting`` names
     it in messages)."""
     on_cuda = torch.cuda.is_available() and not use_cpu
@@ -80,9 +82,17 @@ def resolve_precision(precision: str, use_cpu: bool | None = None,
         return "bf16" if cpu_has_bf16() else "no"
     if precision == "fp16" and not on_cuda:
         raise ConfigError(f"{setting}=fp16 needs a CUDA GPU; use bf16 or no on this machine.")
-    if precision == "bf16" and not on_cuda and not torch.backends.mps.is_available() and not cpu_has_bf16():
-        log.warning("bf16 emulated on this CPU (it has no AVX512-BF16 or AMX); fp32 is faster here: "
-                    "set %s=auto or no.", setting)
+    if (
+        precision == "bf16"
+        and not on_cuda
+        and not torch.backends.mps.is_available()
+        and not cpu_has_bf16()
+    ):
+        log.warning(
+            "bf16 emulated on this CPU (it has no AVX512-BF16 or AMX); fp32 is faster here: "
+            "set %s=auto or no.",
+            setting,
+        )
     return precision
 
 
@@ -151,7 +161,9 @@ def cpu_name() -> str:
 
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(
+                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
 
@@ -161,10 +173,15 @@ def describe_cpu() -> str:
     import os
 
     name = cpu_name()
-    kind = ("bf16 hardware (AVX512-BF16/AMX): precision=auto trains in bf16" if cpu_has_bf16() else
-            "no bf16 hardware in use (AVX2-class): precision=auto trains in fp32, bf16 is emulated")
-    return (f"{name}, {os.cpu_count()} cores, torch kernels {torch.backends.cpu.get_cpu_capability()}; "
-            f"{kind}")
+    kind = (
+        "bf16 hardware (AVX512-BF16/AMX): precision=auto trains in bf16"
+        if cpu_has_bf16()
+        else "no bf16 hardware in use (AVX2-class): precision=auto trains in fp32, bf16 is emulated"
+    )
+    return (
+        f"{name}, {os.cpu_count()} cores, torch kernels {torch.backends.cpu.get_cpu_capability()}; "
+        f"{kind}"
+    )
 
 
 if __name__ == "__main__":

@@ -184,8 +184,13 @@ def start(cfg: Config, run_dir: Path) -> tuple[Accelerator, Path, str, Path | No
         project_config=ProjectConfiguration(**project),
     )
     set_seed(tc.seed)
-    log.info("Run dir %s | %d process(es) on %s | precision %s", run_dir, accelerator.num_processes,
-             accelerator.device.type, precision)
+    log.info(
+        "Run dir %s | %d process(es) on %s | precision %s",
+        run_dir,
+        accelerator.num_processes,
+        accelerator.device.type,
+        precision,
+    )
     return accelerator, run_dir, precision, resume_from
 
 
@@ -199,19 +204,28 @@ class Data:
     train_blocks: int | None  # map mode: blocks in the training set (None: streamed)
 
 
-def _tokenizer(cfg: Config, texts, fingerprint: str, cache_dir: Path, run_tokenizer: Path | None,
-               tokenizer=None):
+def _tokenizer(
+    cfg: Config,
+    texts,
+    fingerprint: str,
+    cache_dir: Path,
+    run_tokenizer: Path | None,
+    tokenizer=None,
+):
     """A resumed run keeps its own tokenizer (``<run>/model/``); a new one gets ``get_tokenizer``'s;
     a phase takes the run's (``tokenizer``)."""
     if tokenizer is not None:
         return tokenizer
     if run_tokenizer is not None:
         return load_tokenizer(str(run_tokenizer), setting="the run's own tokenizer")
-    return get_tokenizer(cfg.tokenizer, texts, fingerprint, cache_dir, init_from=cfg.model.init_from)
+    return get_tokenizer(
+        cfg.tokenizer, texts, fingerprint, cache_dir, init_from=cfg.model.init_from
+    )
 
 
-def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None = None,
-                 tokenizer=None) -> Data:
+def prepare_data(
+    cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None = None, tokenizer=None
+) -> Data:
     """The tokenizer and data; the main process of each node prepares, the others reuse.
     ``run_tokenizer``: the tokenizer dir of a resumed run; ``tokenizer``: the run's own, for
     the data of a later phase."""
@@ -228,8 +242,9 @@ def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | No
 
     with accelerator.local_main_process_first():
         tokenizer = _tokenizer(cfg, corpus_texts, fingerprint, cache_dir, run_tokenizer, tokenizer)
-        packed = prepare_datasets(cfg.data, tokenizer, cache_dir, corpus=corpus.get("loaded"),
-                                  fingerprint=fingerprint)
+        packed = prepare_datasets(
+            cfg.data, tokenizer, cache_dir, corpus=corpus.get("loaded"), fingerprint=fingerprint
+        )
     train_set, val_set = packed["train"], packed["validation"]
     world, batch_size = accelerator.num_processes, cfg.train.batch_size
     if len(train_set) < batch_size * world:
@@ -238,25 +253,47 @@ def prepare_data(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | No
             f"fewer than one batch ({batch_size} x {world} processes); lower train.batch_size "
             "or add text."
         )
-    log.info("Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
-             len(train_set), len(val_set), cfg.data.max_seq_length, len(tokenizer))
+    log.info(
+        "Data: %d train blocks, %d validation blocks of %d tokens; vocab %d",
+        len(train_set),
+        len(val_set),
+        cfg.data.max_seq_length,
+        len(tokenizer),
+    )
     warn_small_validation(len(val_set), batch_size)
     return Data(tokenizer, train_set, val_set, train_set, fingerprint, len(train_set))
 
 
-def _prepare_streaming(cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None,
-                       tokenizer=None) -> Data:
+def _prepare_streaming(
+    cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None, tokenizer=None
+) -> Data:
     cache_dir = Path(cfg.paths.cache_dir).expanduser()
     tc = cfg.train
     fingerprint = corpus_fingerprint(cfg.data)
     with accelerator.local_main_process_first():
-        tokenizer = _tokenizer(cfg, lambda: streaming.iter_texts(cfg.data), fingerprint, cache_dir,
-                               run_tokenizer, tokenizer)
+        tokenizer = _tokenizer(
+            cfg,
+            lambda: streaming.iter_texts(cfg.data),
+            fingerprint,
+            cache_dir,
+            run_tokenizer,
+            tokenizer,
+        )
         train_set, val_set, baseline_set = streaming.setup_streaming(
-            cfg.data, tokenizer, tc.batch_size, accelerator.process_index, accelerator.num_processes,
-            cfg.workers(accelerator.device.type), tc.seed)
-    log.info("Data: streamed, %d validation blocks of %d tokens; vocab %d", len(val_set),
-             cfg.data.max_seq_length, len(tokenizer))
+            cfg.data,
+            tokenizer,
+            tc.batch_size,
+            accelerator.process_index,
+            accelerator.num_processes,
+            cfg.workers(accelerator.device.type),
+            tc.seed,
+        )
+    log.info(
+        "Data: streamed, %d validation blocks of %d tokens; vocab %d",
+        len(val_set),
+        cfg.data.max_seq_length,
+        len(tokenizer),
+    )
     warn_small_validation(len(val_set), tc.batch_size)
     return Data(tokenizer, train_set, val_set, baseline_set, fingerprint, None)
 
@@ -270,16 +307,24 @@ def check_engine(accelerator: Accelerator, cfg: Config, phases=()) -> int:
     accum = tc.accumulation_steps(world)
     if accelerator.distributed_type.value == "DEEPSPEED":
         if any(name.startswith("train.") for phase in phases for name in phase.set):
-            raise ConfigError("Under DeepSpeed the micro-batch is fixed when the engine starts, so no phase may "
-                              "set train.batch_size, train.global_batch_size or train.grad_accum_steps; keep "
-                              "the batch across phases, or train under DDP or FSDP.")
+            raise ConfigError(
+                "Under DeepSpeed the micro-batch is fixed when the engine starts, so no phase may "
+                "set train.batch_size, train.global_batch_size or train.grad_accum_steps; keep "
+                "the batch across phases, or train under DDP or FSDP."
+            )
         if tc.batch_warmup_tokens:
-            raise ConfigError("train.batch_warmup_tokens grows the batch by accumulating micro-batches, "
-                              "and under DeepSpeed nothing accumulates; set train.batch_warmup_tokens=0.")
+            raise ConfigError(
+                "train.batch_warmup_tokens grows the batch by accumulating micro-batches, "
+                "and under DeepSpeed nothing accumulates; set train.batch_warmup_tokens=0."
+            )
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
         ds_accum = ds_config.get("gradient_accumulation_steps", 1)
         if accum > 1 or ds_accum not in (1, "auto"):
-            derived = f"this run derives {accum}" if accum > 1 else f"the DeepSpeed config sets {ds_accum}"
+            derived = (
+                f"this run derives {accum}"
+                if accum > 1
+                else f"the DeepSpeed config sets {ds_accum}"
+            )
             raise ConfigError(
                 f"Under DeepSpeed nothing accumulates ({derived} accumulation steps): keep "
                 "train.grad_accum_steps=1 and DeepSpeed's gradient_accumulation_steps at 1, and raise "
@@ -295,8 +340,14 @@ def check_engine(accelerator: Accelerator, cfg: Config, phases=()) -> int:
                 f"The DeepSpeed config sets train_micro_batch_size_per_gpu={micro} but "
                 f"train.batch_size={tc.batch_size}; make them equal, or set the DeepSpeed one to auto."
             )
-    log.info("Batch: %d sequences per optimizer step = %d per device x %d process(es) x %d "
-             "accumulation step(s)", tc.batch_size * world * accum, tc.batch_size, world, accum)
+    log.info(
+        "Batch: %d sequences per optimizer step = %d per device x %d process(es) x %d "
+        "accumulation step(s)",
+        tc.batch_size * world * accum,
+        tc.batch_size,
+        world,
+        accum,
+    )
     return accum
 
 
@@ -320,9 +371,15 @@ class Schedule:
     ramp: BatchRamp | None = None  # the batch-size warmup
 
 
-def build_run_model(cfg: Config, accelerator: Accelerator, precision: str, tokenizer,
-                    resume_from: Path | None = None, token_counts: Any = None,
-                    run_cfg: Config | None = None) -> RunModel:
+def build_run_model(
+    cfg: Config,
+    accelerator: Accelerator,
+    precision: str,
+    tokenizer,
+    resume_from: Path | None = None,
+    token_counts: Any = None,
+    run_cfg: Config | None = None,
+) -> RunModel:
     """Build the model (a resumed run's must have the shape saved beside its checkpoint;
     ``open_run_dir`` saves its config and tokenizer to ``<run>/model/``) and its objective.
     ``token_counts``: the training blocks' token counts, where a new model's output bias starts
@@ -333,46 +390,74 @@ def build_run_model(cfg: Config, accelerator: Accelerator, precision: str, token
     base = None  # tokenizer.extend_vocab: the tokenizer the model was made for
     if cfg.tokenizer.extend_vocab and cfg.model.init_from:
         base = load_base_tokenizer(cfg.tokenizer, cfg.model.init_from)
-    longest = max([cfg.data.max_seq_length] + [c.data.max_seq_length for c in run_cfg.phase_configs()]
-                  if run_cfg is not None and run_cfg.phases else [cfg.data.max_seq_length])
+    longest = max(
+        [cfg.data.max_seq_length] + [c.data.max_seq_length for c in run_cfg.phase_configs()]
+        if run_cfg is not None and run_cfg.phases
+        else [cfg.data.max_seq_length]
+    )
     model = build_model(cfg.model, tokenizer, longest, attn, base_tokenizer=base)
     if base is not None:
-        log.info("Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
-                 "(tokenizer.extend_vocab), their embeddings the mean of their old pieces' (those the old "
-                 "vocabulary cannot spell, all [UNK]: the average word's)", len(tokenizer) - len(base), len(base))
-    if (cfg.model.output_bias_init == "unigram" and token_counts is not None and resume_from is None
-            and not cfg.model.init_from):
+        log.info(
+            "Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
+            "(tokenizer.extend_vocab), their embeddings the mean of their old pieces' (those the old "
+            "vocabulary cannot spell, all [UNK]: the average word's)",
+            len(tokenizer) - len(base),
+            len(base),
+        )
+    if (
+        cfg.model.output_bias_init == "unigram"
+        and token_counts is not None
+        and resume_from is None
+        and not cfg.model.init_from
+    ):
         init_output_bias(model, token_counts)
     fit_tokenizer(tokenizer, model)  # saved and exported without token_type_ids for ModernBERT
-    log.info("Model %s: %.2fM parameters (%.2fM without embeddings), attention %s", cfg.model.name,
-             count_parameters(model) / 1e6, count_parameters(model, embeddings=False) / 1e6, attn)
+    log.info(
+        "Model %s: %.2fM parameters (%.2fM without embeddings), attention %s",
+        cfg.model.name,
+        count_parameters(model) / 1e6,
+        count_parameters(model, embeddings=False) / 1e6,
+        attn,
+    )
     source = resume_from.parent.parent / RUN_MODEL_DIR if resume_from is not None else None
     if source is not None and (source / "config.json").is_file():  # the checkpoint's own run
         check_model_shape(source, model.config, resume_from)
     if cfg.train.compile:
         compile_encoder(model)
-    objective = MaskedLM(model, sparse_prediction=cfg.model.sparse_prediction,
-                         document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer))
+    objective = MaskedLM(
+        model,
+        sparse_prediction=cfg.model.sparse_prediction,
+        document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer),
+    )
     return RunModel(model, objective)
 
 
 def build_meter(cfg: Config, accelerator: Accelerator, precision: str, model) -> ThroughputMeter:
     """The throughput meter, its MFU against the rate this machine can reach (``perf``)."""
     block_tokens = cfg.train.batch_size * cfg.data.max_seq_length  # one micro-batch's products
-    shapes = model_matmul_shapes(model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens))
-    peak_rate, peak_source, reliable = stored_reference_rate(Path(cfg.paths.cache_dir).expanduser(),
-                                                             accelerator.device, precision, shapes)
+    shapes = model_matmul_shapes(
+        model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens)
+    )
+    peak_rate, peak_source, reliable = stored_reference_rate(
+        Path(cfg.paths.cache_dir).expanduser(), accelerator.device, precision, shapes
+    )
     if reliable:
-        log.info("MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source)
+        log.info(
+            "MFU is taken against %.1f TFLOP/s per process (%s)", peak_rate / 1e12, peak_source
+        )
     else:
-        log.warning("MFU is taken against %.3g TFLOP/s per process (%s): this machine was busy while "
-                    "its matmul rate was measured, so the MFU figures of this run are unreliable.",
-                    peak_rate / 1e12, peak_source)
+        log.warning(
+            "MFU is taken against %.3g TFLOP/s per process (%s): this machine was busy while "
+            "its matmul rate was measured, so the MFU figures of this run are unreliable.",
+            peak_rate / 1e12,
+            peak_source,
+        )
     return ThroughputMeter(model.config, peak_rate * accelerator.num_processes)
 
 
-def build_schedule(cfg: Config, accelerator: Accelerator, objective, run_cfg: Config | None = None,
-                   accum: int = 1) -> Schedule:
+def build_schedule(
+    cfg: Config, accelerator: Accelerator, objective, run_cfg: Config | None = None, accum: int = 1
+) -> Schedule:
     """The optimizer, the budget and the learning-rate schedule against it (a phased run's plan
     and a batch-size warmup shape it). ``run_cfg``: the run's settings, whose ``phases`` the
     schedule follows; ``accum``: the accumulation steps of the run's batch (a batch-size warmup
@@ -385,11 +470,19 @@ def build_schedule(cfg: Config, accelerator: Accelerator, objective, run_cfg: Co
     factor = plan.lr_factor if plan is not None else budget.lr_factor
     ramp = None
     if tc.batch_warmup_tokens:
-        ramp = BatchRamp(tc.batch_warmup_tokens, tc.batch_warmup_start, tc.batch_size * accelerator.num_processes,
-                         accum)
-        log.info("Batch warmup: %d to %d sequences per step over the first %s tokens (train.batch_warmup_tokens), "
-                 "the learning rate in proportion", ramp.start * ramp.per_pass, accum * ramp.per_pass,
-                 f"{tc.batch_warmup_tokens:,}")
+        ramp = BatchRamp(
+            tc.batch_warmup_tokens,
+            tc.batch_warmup_start,
+            tc.batch_size * accelerator.num_processes,
+            accum,
+        )
+        log.info(
+            "Batch warmup: %d to %d sequences per step over the first %s tokens (train.batch_warmup_tokens), "
+            "the learning rate in proportion",
+            ramp.start * ramp.per_pass,
+            accum * ramp.per_pass,
+            f"{tc.batch_warmup_tokens:,}",
+        )
         factor = ramp.scaled(factor, budget)
     scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, factor=factor)
     return Schedule(optimizer, scheduler, budget, plan, ramp)
@@ -400,10 +493,19 @@ def build_collator(cfg: Config, tokenizer, rank: int, generator=None) -> MLMColl
     at a phase's start)."""
     m = cfg.masking
     collator = MLMCollator(
-        tokenizer, m.mlm_probability, m.mask_replace_prob, m.random_replace_prob,
-        seed=cfg.train.seed * 1000 + rank, strategy=m.strategy, span_p=m.span_p,
-        span_max_words=m.span_max_words, max_word_tokens=m.max_word_tokens, apply_mask=not m.on_device,
-        pad_to_multiple_of=cfg.data.pad_to_multiple_of if cfg.data.packing == "line_by_line" else None,
+        tokenizer,
+        m.mlm_probability,
+        m.mask_replace_prob,
+        m.random_replace_prob,
+        seed=cfg.train.seed * 1000 + rank,
+        strategy=m.strategy,
+        span_p=m.span_p,
+        span_max_words=m.span_max_words,
+        max_word_tokens=m.max_word_tokens,
+        apply_mask=not m.on_device,
+        pad_to_multiple_of=cfg.data.pad_to_multiple_of
+        if cfg.data.packing == "line_by_line"
+        else None,
     )
     if generator is not None:
         collator.generator.set_state(generator.get_state())

@@ -27,13 +27,20 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt("Stopped at once by a second Ctrl-C, without a checkpoint of this step; "
-                                    "train.resume=auto continues from the last one saved.")
-        if self.received is None and os.environ.get("RANK", "0") == "0":  # said once, not by every rank
+            raise KeyboardInterrupt(
+                "Stopped at once by a second Ctrl-C, without a checkpoint of this step; "
+                "train.resume=auto continues from the last one saved."
+            )
+        if (
+            self.received is None and os.environ.get("RANK", "0") == "0"
+        ):  # said once, not by every rank
             again = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
             # os.write: a print or a log call here could interrupt one in progress on the same stream
-            os.write(2, f"Got {signal.Signals(signum).name}: stopping after this step, with a "
-                        f"checkpoint{again}.\n".encode())
+            os.write(
+                2,
+                f"Got {signal.Signals(signum).name}: stopping after this step, with a "
+                f"checkpoint{again}.\n".encode(),
+            )
         self.received = signum
 
     def __enter__(self) -> StopSignals:

@@ -25,7 +25,9 @@ def decode_rng(text: str) -> torch.Tensor:
 class TrainState:
     """The loop's own state; every rank holds one (its stream and collator are its own)."""
 
-    def __init__(self, budget: Budget, stream, collator, rank: int, world: int, streaming: bool) -> None:
+    def __init__(
+        self, budget: Budget, stream, collator, rank: int, world: int, streaming: bool
+    ) -> None:
         self.step = 0
         self.tokens_seen = 0
         self.bad_steps = 0  # consecutive steps skipped for a non-finite gradient
@@ -40,16 +42,20 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """The loop state of the whole run (collective: every rank must call it)."""
-        stream = ({"streaming": True, "ranks": gather_object([self.stream.state_dict()])}
-                  if self.streaming else self.stream.state_dict())
+        stream = (
+            {"streaming": True, "ranks": gather_object([self.stream.state_dict()])}
+            if self.streaming
+            else self.stream.state_dict()
+        )
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "stream": stream,
             "collator": gather_object([encode_rng(self.collator.generator.get_state())]),
             # masking.on_device: the generator of the step's masks, on the device
-            "collator_step": gather_object([None if (g := self.collator.step_generator_state()) is None
-                                            else encode_rng(g)]),
+            "collator_step": gather_object(
+                [None if (g := self.collator.step_generator_state()) is None else encode_rng(g)]
+            ),
             "world_size": self.world,
             "budget": self.budget.state_dict(),
         }
@@ -60,8 +66,10 @@ class TrainState:
         stream_state = state["stream"]
         saved_world = state.get("world_size", self.world)
         if bool(stream_state.get("streaming")) != self.streaming:
-            raise ConfigError(f"The checkpoint was written with data.streaming="
-                              f"{str(not self.streaming).lower()}; resume with the same setting.")
+            raise ConfigError(
+                f"The checkpoint was written with data.streaming="
+                f"{str(not self.streaming).lower()}; resume with the same setting."
+            )
         if self.streaming:
             if saved_world != self.world:
                 self.stream.load_state_dict({}, self.world, saved_world)  # refuses, one sentence

@@ -21,8 +21,9 @@ from mlmkit.model.documents import flatten_rows
 log = logging.getLogger("mlmkit")
 
 
-def forward_backward(accelerator, objective, micro: list[dict[str, torch.Tensor]]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_backward(
+    accelerator, objective, micro: list[dict[str, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward every micro-batch of one optimizer step.
 
     The gradient left in the parameters is that of (sum of the token losses of the whole
@@ -62,8 +63,9 @@ class StepResult:
     blocks: Counter = field(default_factory=Counter)
 
 
-def next_micro_batches(stream, collator, accum: int, on_device: bool
-                       ) -> tuple[list[dict[str, torch.Tensor]], float, list[BatchLayout | None]]:
+def next_micro_batches(
+    stream, collator, accum: int, on_device: bool
+) -> tuple[list[dict[str, torch.Tensor]], float, list[BatchLayout | None]]:
     """The micro-batches of one optimizer step, the seconds the host waited for them (the
     loader's share of the step: with workers, only what they had not prepared ahead) and the
     layout the loader found of each (``BatchLayout``, taken out of the batch; None where the
@@ -76,8 +78,9 @@ def next_micro_batches(stream, collator, accum: int, on_device: bool
     layouts = [batch.pop("layout", None) for batch in micro]
     if on_device:
         for batch in micro:
-            batch["input_ids"], batch["labels"] = collator.mask_in_step(batch["input_ids"],
-                                                                        batch.get("attention_mask"))
+            batch["input_ids"], batch["labels"] = collator.mask_in_step(
+                batch["input_ids"], batch.get("attention_mask")
+            )
             if "flat_index" in batch:
                 flatten_rows(batch)
     return micro, waited, layouts
@@ -88,8 +91,11 @@ def skips_on_device(optimizer) -> bool:
     device: torch's fused Adam/AdamW take a ``found_inf`` tensor and leave the weights, the
     moments and the step count as they were when it is 1, with no host wait."""
     inner = getattr(optimizer, "optimizer", optimizer)
-    return (isinstance(inner, torch.optim.Optimizer) and bool(inner.defaults.get("fused"))
-            and getattr(inner, "_step_supports_amp_scaling", False))
+    return (
+        isinstance(inner, torch.optim.Optimizer)
+        and bool(inner.defaults.get("fused"))
+        and getattr(inner, "_step_supports_amp_scaling", False)
+    )
 
 
 def local_norm(norm) -> torch.Tensor:
@@ -119,8 +125,13 @@ def step_tokens(accelerator, micro, layouts=None) -> int:
     """Positions fed in the step, all ranks: the batches' rows x widths as collated, padding
     included, also where the loader flattened them (``BatchLayout.positions``)."""
     layouts = layouts or [None] * len(micro)
-    return sum(layout.positions if layout is not None else batch["input_ids"].numel()
-               for batch, layout in zip(micro, layouts)) * accelerator.num_processes
+    return (
+        sum(
+            layout.positions if layout is not None else batch["input_ids"].numel()
+            for batch, layout in zip(micro, layouts)
+        )
+        * accelerator.num_processes
+    )
 
 
 def step_blocks(micro, layouts=None) -> Counter:
@@ -136,8 +147,9 @@ def step_blocks(micro, layouts=None) -> Counter:
     return blocks
 
 
-def optimizer_step(accelerator, objective, optimizer, lr: float, micro, max_grad_norm: float | None,
-                   layouts=None) -> StepResult:
+def optimizer_step(
+    accelerator, objective, optimizer, lr: float, micro, max_grad_norm: float | None, layouts=None
+) -> StepResult:
     """Forward/backward ``micro``, clip, and update if the gradient is finite (the caller
     steps the scheduler and zeroes the gradients once the step is counted); ``layouts``: the
     loader's ``BatchLayout`` of each micro-batch (``next_micro_batches``), for the counts.
@@ -190,10 +202,13 @@ def deepspeed_step(engine, skipped_before: int) -> tuple[torch.Tensor, bool]:
     grad_norm = local_norm(engine.get_global_grad_norm())
     ok = engine.skipped_steps == skipped_before
     if ok and not bool(torch.isfinite(grad_norm)):  # a host read, as DeepSpeed's norm already is
-        log.warning("DeepSpeed applied an update whose gradient norm is %s (this engine does not skip a "
-                    "non-finite gradient), so the weights are no longer finite; set bf16.check_grad_overflow "
-                    "to true in the DeepSpeed config or lower optim.lr, then resume from the last checkpoint "
-                    "with train.resume=auto.", float(grad_norm))
+        log.warning(
+            "DeepSpeed applied an update whose gradient norm is %s (this engine does not skip a "
+            "non-finite gradient), so the weights are no longer finite; set bf16.check_grad_overflow "
+            "to true in the DeepSpeed config or lower optim.lr, then resume from the last checkpoint "
+            "with train.resume=auto.",
+            float(grad_norm),
+        )
     return grad_norm, ok
 
 
@@ -223,9 +238,14 @@ class SkipCount:
         if not skipped:
             return
         state.skipped_steps += skipped
-        log.warning("Step %d: %d step(s) since the last log had a non-finite loss or gradient (last "
-                    "norm %s); their updates were skipped (%d in a row now)", state.step, skipped,
-                    float(grad_norm), streak)
+        log.warning(
+            "Step %d: %d step(s) since the last log had a non-finite loss or gradient (last "
+            "norm %s); their updates were skipped (%d in a row now)",
+            state.step,
+            skipped,
+            float(grad_norm),
+            streak,
+        )
         if longest >= max_bad_steps:
             raise TrainingDiverged(
                 f"{longest} steps in a row (train.max_bad_steps is {max_bad_steps}) had a "
@@ -241,13 +261,27 @@ def train_step(trainer) -> StepResult:
     learning rate moved on (``Trainer.finish_step``)."""
     cfg, state = trainer.cfg, trainer.state
     m = cfg.masking
-    mlm_probability = (m.probability_at(state.step, cfg.train.max_steps) if state.budget.step_only
-                       else m.rate_at(state.budget.progress(state.step)))
+    mlm_probability = (
+        m.probability_at(state.step, cfg.train.max_steps)
+        if state.budget.step_only
+        else m.rate_at(state.budget.progress(state.step))
+    )
     trainer.collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
-    trainer.step_accum = trainer.ramp.accum(state.tokens_seen) if trainer.ramp is not None else trainer.accum
-    micro, waited, layouts = next_micro_batches(state.stream, trainer.collator, trainer.step_accum, m.on_device)
-    result = optimizer_step(trainer.accelerator, trainer.objective, trainer.optimizer,
-                            trainer.scheduler.get_last_lr()[0], micro, cfg.optim.max_grad_norm, layouts)
+    trainer.step_accum = (
+        trainer.ramp.accum(state.tokens_seen) if trainer.ramp is not None else trainer.accum
+    )
+    micro, waited, layouts = next_micro_batches(
+        state.stream, trainer.collator, trainer.step_accum, m.on_device
+    )
+    result = optimizer_step(
+        trainer.accelerator,
+        trainer.objective,
+        trainer.optimizer,
+        trainer.scheduler.get_last_lr()[0],
+        micro,
+        cfg.optim.max_grad_norm,
+        layouts,
+    )
     result.mlm_probability, result.data_wait = mlm_probability, waited
     trainer.finish_step(result)
     return result

@@ -67,8 +67,11 @@ def start_trackers(accelerator, cfg: LoggerConfig, run_dir: Path, config: dict[s
     run_name = cfg.run_name or _default_run_name(run_dir)
     init_kwargs: dict[str, Any] = {}
     if cfg.name == "wandb":
-        init_kwargs["wandb"] = {"name": run_name, "dir": str(run_dir),
-                                "mode": "offline" if cfg.offline else "online"}
+        init_kwargs["wandb"] = {
+            "name": run_name,
+            "dir": str(run_dir),
+            "mode": "offline" if cfg.offline else "online",
+        }
     elif cfg.name == "mlflow":
         if accelerator.is_main_process and "MLFLOW_TRACKING_URI" not in os.environ:
             import mlflow
@@ -88,8 +91,11 @@ def log_event(accelerator, event: dict[str, Any]) -> None:
     if not accelerator.trackers:
         return
     kind = event["event"]
-    values = {f"{kind}/{k}": v for k, v in event.items()
-              if k not in ("event", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values = {
+        f"{kind}/{k}": v
+        for k, v in event.items()
+        if k not in ("event", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     if values:
         accelerator.log(values, step=int(event.get("step", 0)))
 

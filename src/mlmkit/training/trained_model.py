@@ -48,8 +48,9 @@ def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> Path:
     )
 
 
-def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
-                             attn_implementation: str = "sdpa"):
+def load_model_and_tokenizer(
+    path: str | Path, setting: str = "checkpoint", attn_implementation: str = "sdpa"
+):
     """``(masked-LM model, tokenizer, resolved path)`` for a model dir, run dir or checkpoint;
     the tokenizer gives only the inputs the model takes (``fit_tokenizer``)."""
     resolved = resolve_model_path(path, setting)
@@ -70,7 +71,6 @@ def load_model_and_tokenizer(path: str | Path, setting: str = "checkpoint",
     return model, tokenizer, resolved
 
 
-
 def run_settings(resolved: Path) -> tuple[Path, dict] | None:
     """``(run dir, its settings)`` of the run a resolved model path (``resolve_model_path``)
     came from: a run's ``final/`` or a checkpoint of it. The settings are the run's
@@ -79,15 +79,20 @@ def run_settings(resolved: Path) -> tuple[Path, dict] | None:
     import yaml
 
     run = resolved.parent.parent if is_checkpoint(resolved) else resolved.parent
-    if not (resolved.name == "final" or is_checkpoint(resolved)) or not (run / RUN_MODEL_DIR).is_dir():
+    if (
+        not (resolved.name == "final" or is_checkpoint(resolved))
+        or not (run / RUN_MODEL_DIR).is_dir()
+    ):
         return None
     saved = run / ".hydra" / "config.yaml"
     if saved.is_file():
         try:
             settings = yaml.safe_load(saved.read_text())
         except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"The run's settings {str(saved)!r} cannot be read ({exc}); set data= "
-                              "(or files=) to say what to evaluate.") from None
+            raise ConfigError(
+                f"The run's settings {str(saved)!r} cannot be read ({exc}); set data= "
+                "(or files=) to say what to evaluate."
+            ) from None
         if isinstance(settings, dict):
             return run, settings
     found = list_checkpoints(run / "checkpoints")

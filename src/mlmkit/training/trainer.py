@@ -56,7 +56,9 @@ class LogWindow:
     def reset(self) -> None:
         self.loss.zero_()
         self.masked.zero_()
-        self.blocks: Counter = Counter()  # this rank's attended blocks by length (the meter's count)
+        self.blocks: Counter = (
+            Counter()
+        )  # this rank's attended blocks by length (the meter's count)
         self.data_wait = 0.0  # seconds the host waited for batches
         self.started, self.paused = time.perf_counter(), 0.0  # paused: eval and checkpoints
 
@@ -70,8 +72,15 @@ class LogWindow:
 class Trainer:
     """A run: its parts (built by ``setup``), its state, and the loop over them."""
 
-    def __init__(self, cfg: Config, run_dir: Path, notes: Sequence[str] = (), probe=None,
-                 on_phase_end=None, on_open=None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        notes: Sequence[str] = (),
+        probe=None,
+        on_phase_end=None,
+        on_open=None,
+    ) -> None:
         """``notes``: lines for the log from before it opened (what composition chose);
         ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
         ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``);
@@ -81,7 +90,12 @@ class Trainer:
         command line's record of its settings). ``self.cfg`` holds the current phase's
         settings, ``self.run_cfg`` the run's. Nothing is written into the run dir before
         ``resume`` (or ``start_fit``) has checked the checkpoint it continues."""
-        self.run_cfg, self.probe, self.on_phase_end, self.on_open = cfg, probe, on_phase_end, on_open
+        self.run_cfg, self.probe, self.on_phase_end, self.on_open = (
+            cfg,
+            probe,
+            on_phase_end,
+            on_open,
+        )
         self.opened = False
         self.skips = SkipCount()  # steps skipped as non-finite, counted on the device
         self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
@@ -91,10 +105,14 @@ class Trainer:
         saved = self._check_resume()
         data = self._prepare_data(saved)
         counts = self._report_tokenizer(data)
-        self._build_parts(precision, counts, begun=begun_phases(cfg, saved.get("phases"), self.resume_from))
+        self._build_parts(
+            precision, counts, begun=begun_phases(cfg, saved.get("phases"), self.resume_from)
+        )
         self.use_data(data)
         self.baseline = majority_baseline(counts, self.eval_batches, data.tokenizer)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process)
+        self.metrics = MetricsLog(
+            self.run_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process
+        )
         self.last_eval, self.last_eval_step = {}, -1
         self.window, self.progress = LogWindow(self.accelerator.device), None
 
@@ -103,7 +121,11 @@ class Trainer:
         run's before anything in the run dir is written; the phase the run continues in."""
         cfg = self.run_cfg
         saved = resume_checks.saved_loop_state(self.resume_from) if self.resume_from else {}
-        self.changed = resume_checks.check_settings(cfg, saved.get("settings"), self.resume_from) if saved else []
+        self.changed = (
+            resume_checks.check_settings(cfg, saved.get("settings"), self.resume_from)
+            if saved
+            else []
+        )
         starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
         self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
         # before the data: an engine's refusal costs no tokenizing
@@ -114,8 +136,11 @@ class Trainer:
         """The tokenizer and data of the current phase; a resume's data must be the checkpoint's."""
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
-        data = setup.prepare_data(self.cfg, self.accelerator,
-                                  run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None)
+        data = setup.prepare_data(
+            self.cfg,
+            self.accelerator,
+            run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None,
+        )
         if saved:
             resume_checks.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
         self.tokenizer = data.tokenizer
@@ -127,7 +152,9 @@ class Trainer:
         cfg = self.run_cfg
         trained_here = not (cfg.tokenizer.name_or_path or cfg.model.init_from)
         extended = cfg.tokenizer.extend_vocab if not trained_here else 0
-        line, warn = unk_report(data.tokenizer, unk, tokens, trained_here=trained_here, extended=extended)
+        line, warn = unk_report(
+            data.tokenizer, unk, tokens, trained_here=trained_here, extended=extended
+        )
         (log.warning if warn else log.info)("Tokenizer: %s", line.replace("held-out", "validation"))
         self.tokenizer_fit = {"validation_unk_share": unk / max(tokens, 1)}
         return token_counts(data.baseline_set, data.tokenizer)
@@ -136,18 +163,31 @@ class Trainer:
         """The model and objective, the optimizer and its schedule, the budget, the collator and
         the loop's state, prepared by the accelerator."""
         acc = self.accelerator
-        model = setup.build_run_model(self.cfg, acc, precision, self.tokenizer, self.resume_from,
-                                      counts, run_cfg=self.run_cfg)
-        self.model, self.meter = model.model, setup.build_meter(self.cfg, acc, precision, model.model)
-        schedule = setup.build_schedule(self.cfg, acc, model.objective, run_cfg=self.run_cfg, accum=self.accum)
+        model = setup.build_run_model(
+            self.cfg, acc, precision, self.tokenizer, self.resume_from, counts, run_cfg=self.run_cfg
+        )
+        self.model, self.meter = (
+            model.model,
+            setup.build_meter(self.cfg, acc, precision, model.model),
+        )
+        schedule = setup.build_schedule(
+            self.cfg, acc, model.objective, run_cfg=self.run_cfg, accum=self.accum
+        )
         self.plan, self.ramp = schedule.plan, schedule.ramp
         if self.plan is not None:
             self.plan.starts = begun
         self.collator = setup.build_collator(self.cfg, self.tokenizer, acc.process_index)
-        self.objective, self.optimizer, self.scheduler = acc.prepare(model.objective, schedule.optimizer,
-                                                                     schedule.scheduler)
-        self.state = TrainState(schedule.budget, None, self.collator, acc.process_index,
-                                acc.num_processes, self.run_cfg.data.streaming)
+        self.objective, self.optimizer, self.scheduler = acc.prepare(
+            model.objective, schedule.optimizer, schedule.scheduler
+        )
+        self.state = TrainState(
+            schedule.budget,
+            None,
+            self.collator,
+            acc.process_index,
+            acc.num_processes,
+            self.run_cfg.data.streaming,
+        )
 
     def use_data(self, data, collator=None) -> None:
         """Train and evaluate on ``data`` under the current phase's settings (``self.cfg``):
@@ -161,9 +201,12 @@ class Trainer:
         objective.document_sep_id = isolation_sep_id(cfg.data.packing, data.tokenizer)
         # flash-attn's variable-length kernel takes batches the loader flattened (model.documents)
         varlen = objective.model.config._attn_implementation == "flash_attention_2"
-        self.state.stream = training_stream(cfg, self.collator, data.train_set, acc,
-                                            objective.document_sep_id, varlen)
-        self.eval_batches = fixed_eval_batches(data.val_set, data.tokenizer, cfg.masking, cfg.train.batch_size)
+        self.state.stream = training_stream(
+            cfg, self.collator, data.train_set, acc, objective.document_sep_id, varlen
+        )
+        self.eval_batches = fixed_eval_batches(
+            data.val_set, data.tokenizer, cfg.masking, cfg.train.batch_size
+        )
         set_rope_theta(objective.model, cfg.model.global_rope_theta, cfg.model.local_rope_theta)
 
     def begin_phase(self) -> None:
@@ -171,7 +214,12 @@ class Trainer:
         data, masking, batch and learning rate, logged as a ``phase`` event."""
         state, old = self.state, self.cfg
         if self.plan.index >= 0:
-            log.info("Phase %s ends at step %d (%s tokens)", self.plan.name, state.step, f"{state.tokens_seen:,}")
+            log.info(
+                "Phase %s ends at step %d (%s tokens)",
+                self.plan.name,
+                state.step,
+                f"{state.tokens_seen:,}",
+            )
             if self.last_eval_step != state.step:
                 self.evaluate()
             if self.on_phase_end is not None:
@@ -181,25 +229,50 @@ class Trainer:
         if index > 0:  # the first phase's data is the run's own, prepared at setup
             self.accum = setup.check_engine(self.accelerator, self.cfg)
             if self.ramp is not None:
-                self.ramp.retarget(self.cfg.train.batch_size * self.accelerator.num_processes, self.accum)
+                self.ramp.retarget(
+                    self.cfg.train.batch_size * self.accelerator.num_processes, self.accum
+                )
             data = setup.prepare_data(self.cfg, self.accelerator, tokenizer=self.tokenizer)
             # the phase's masking; the mask generator carries on
-            self.use_data(data, setup.build_collator(self.cfg, self.tokenizer, self.accelerator.process_index,
-                                                     generator=self.collator.generator))
+            self.use_data(
+                data,
+                setup.build_collator(
+                    self.cfg,
+                    self.tokenizer,
+                    self.accelerator.process_index,
+                    generator=self.collator.generator,
+                ),
+            )
         refresh_lr(self.scheduler)
         phase = self.plan.phases[index]
         changes = phase_changes(old, self.cfg, phase.set)
         start, end = self.plan.span(index)
-        self.record({"event": "phase", "step": state.step, "phase": phase.name, "index": index,
-                     "share": round(end - start, 6), "schedule": phase.schedule,
-                     "lr": self.scheduler.get_last_lr()[0], "changes": changes,
-                     "max_seq_length": self.cfg.data.max_seq_length,
-                     "global_batch_size": self.global_batch()})
-        log.info("Phase %d/%d %s from step %d (%.0f%% of the budget; learning rate %s from %s; %s)%s", index + 1,
-                 len(self.plan.phases), phase.name, state.step, 100 * (end - start), phase.schedule,
-                 f"{self.scheduler.get_last_lr()[0]:.3g}",
-                 f"{self.cfg.data.max_seq_length} tokens x {self.global_batch()} sequences",
-                 "; " + ", ".join(f"{k}={v}" for k, v in changes.items()) if changes else "")
+        self.record(
+            {
+                "event": "phase",
+                "step": state.step,
+                "phase": phase.name,
+                "index": index,
+                "share": round(end - start, 6),
+                "schedule": phase.schedule,
+                "lr": self.scheduler.get_last_lr()[0],
+                "changes": changes,
+                "max_seq_length": self.cfg.data.max_seq_length,
+                "global_batch_size": self.global_batch(),
+            }
+        )
+        log.info(
+            "Phase %d/%d %s from step %d (%.0f%% of the budget; learning rate %s from %s; %s)%s",
+            index + 1,
+            len(self.plan.phases),
+            phase.name,
+            state.step,
+            100 * (end - start),
+            phase.schedule,
+            f"{self.scheduler.get_last_lr()[0]:.3g}",
+            f"{self.cfg.data.max_seq_length} tokens x {self.global_batch()} sequences",
+            "; " + ", ".join(f"{k}={v}" for k, v in changes.items()) if changes else "",
+        )
 
     def global_batch(self, accum: int | None = None) -> int:
         """Sequences per optimizer step (``accum``: micro-batches; the phase's by default)."""
@@ -220,29 +293,42 @@ class Trainer:
             self.metrics.truncate_after(-1)  # resume=auto without a checkpoint: the run starts over
         else:
             if tc.resume == "auto":  # a damaged latest checkpoint falls back to the one before
-                self.resume_from, restored = load_latest(self.accelerator, self.ckpt_dir, self.resume_from)
+                self.resume_from, restored = load_latest(
+                    self.accelerator, self.ckpt_dir, self.resume_from
+                )
             else:
                 restored = load_checkpoint(self.accelerator, self.resume_from)
             self.state.load_state_dict(restored)
             self.open_run_dir()  # the checkpoint restored: every check has passed
             if tc.resume != "auto" and self.accelerator.is_main_process:
                 # an older checkpoint than the latest: the later continuation is abandoned
-                resume_checks.retire_later(self.run_dir, self.resume_from, self.metrics.events_after(self.state.step))
+                resume_checks.retire_later(
+                    self.run_dir, self.resume_from, self.metrics.events_after(self.state.step)
+                )
             self.metrics.truncate_after(self.state.step)
             log.info("Resumed from %s at step %d", self.resume_from, self.state.step)
             if self.changed:
-                log.info("Settings changed since the checkpoint, applied: %s", "; ".join(self.changed))
+                log.info(
+                    "Settings changed since the checkpoint, applied: %s", "; ".join(self.changed)
+                )
             if any(change.startswith("optim.") for change in self.changed):
                 inner = getattr(self.scheduler, "scheduler", self.scheduler)
-                resume_checks.apply_optim_settings(self.optimizer, self.scheduler, self.cfg.optim,
-                                            inner.lr_lambdas[0](inner.last_epoch))
+                resume_checks.apply_optim_settings(
+                    self.optimizer,
+                    self.scheduler,
+                    self.cfg.optim,
+                    inner.lr_lambdas[0](inner.last_epoch),
+                )
         start_trackers(self.accelerator, self.cfg.logger, self.run_dir, asdict(self.run_cfg))
         if self.resume_from is None:
             if self.plan is not None:
                 self.begin_phase()
             self.record({"event": "baseline", "step": 0, **self.baseline})
-            log.info("Baseline: always predicting %r scores eval accuracy %.4f",
-                     self.baseline["baseline_token"], self.baseline["baseline_accuracy"])
+            log.info(
+                "Baseline: always predicting %r scores eval accuracy %.4f",
+                self.baseline["baseline_token"],
+                self.baseline["baseline_accuracy"],
+            )
             if self.probe is not None:  # the random init, for the curve to start from
                 self.run_probe()
 
@@ -263,9 +349,14 @@ class Trainer:
         """Start the clock, the log window and the progress display of this process's steps."""
         self.open_run_dir()
         state = self.state
-        self.progress = Progress(state.budget, state.step, enabled=self.accelerator.is_main_process
-                                 and self.cfg.train.progress)
-        self.time_base = state.budget.elapsed(state.step)  # training time before this process (resume)
+        self.progress = Progress(
+            state.budget,
+            state.step,
+            enabled=self.accelerator.is_main_process and self.cfg.train.progress,
+        )
+        self.time_base = state.budget.elapsed(
+            state.step
+        )  # training time before this process (resume)
         self.t_start = time.perf_counter()
         self.window.reset()
         self.objective.train()
@@ -294,8 +385,12 @@ class Trainer:
         """Whether a stop signal came (several processes agree at log and checkpoint steps,
         where the host waits anyway)."""
         tc, step = self.cfg.train, self.state.step
-        return signals.requested(self.accelerator, everywhere=bool(tc.save_every and step % tc.save_every == 0)
-                                 or last or step % tc.log_every == 0)
+        return signals.requested(
+            self.accelerator,
+            everywhere=bool(tc.save_every and step % tc.save_every == 0)
+            or last
+            or step % tc.log_every == 0,
+        )
 
     def checkpoint(self, last: bool, stop: bool) -> None:
         """Save a checkpoint at its interval, at the end, and on a stop request; while steps are
@@ -306,16 +401,22 @@ class Trainer:
             return
         self.skips.settle(state, tc.max_bad_steps, self.last_grad_norm)
         if due and state.bad_steps and not (last or stop):
-            log.warning("Step %d: no checkpoint while steps are skipped as non-finite; the next one is "
-                        "saved after a good step.", state.step)
+            log.warning(
+                "Step %d: no checkpoint while steps are skipped as non-finite; the next one is "
+                "saved after a good step.",
+                state.step,
+            )
             return
         self.paused(self.save)
 
     def stopped(self, signals: StopSignals) -> Preempted:
         """The error that ends a run stopped by a signal, after its checkpoint."""
         self.end_fit()
-        return Preempted(f"Stopped by {signals.name} at step {self.state.step} after saving a checkpoint; "
-                         "continue with train.resume=auto in the same hydra.run.dir.", signum=signals.received)
+        return Preempted(
+            f"Stopped by {signals.name} at step {self.state.step} after saving a checkpoint; "
+            "continue with train.resume=auto in the same hydra.run.dir.",
+            signum=signals.received,
+        )
 
     def paused(self, job):
         """Run ``job`` (evaluation, a checkpoint, a phase's switch) with its time kept out of tokens/s."""
@@ -336,7 +437,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         # the main process's clock: read at every step where one process trains (free), at log
         # steps where several must agree (a collective); between readings the budget extrapolates
-        if state.budget.max_time and (self.accelerator.num_processes == 1 or state.step % tc.log_every == 0):
+        if state.budget.max_time and (
+            self.accelerator.num_processes == 1 or state.step % tc.log_every == 0
+        ):
             state.budget.sync(state.step, self._shared_clock())
         self.progress.update(state.step)
 
@@ -357,7 +460,9 @@ class Trainer:
             "skipped_steps": state.skipped_steps,
             # real tokens/s (no padding), masked tokens/s, model TFLOP/s and MFU
             **self.meter.figures(window.blocks, masked, elapsed, acc.num_processes),
-            "data_wait_share": min(window.data_wait / elapsed, 1.0),  # of the steps' time: the loader's
+            "data_wait_share": min(
+                window.data_wait / elapsed, 1.0
+            ),  # of the steps' time: the loader's
             "peak_memory_gb": peak_memory_gb(acc.device),
             "tokens_seen": state.tokens_seen,
             "epoch": state.stream.epoch,
@@ -365,8 +470,12 @@ class Trainer:
             "global_batch_size": self.global_batch(self.step_accum),  # the last step's
         }
         self.record(event)
-        self.progress.show(loss=f"{event['loss']:.3f}", lr=f"{event['lr']:.2e}",
-                           tok_s=f"{event['tokens_per_s']:.0f}", mfu=f"{event['mfu']:.0%}")
+        self.progress.show(
+            loss=f"{event['loss']:.3f}",
+            lr=f"{event['lr']:.2e}",
+            tok_s=f"{event['tokens_per_s']:.0f}",
+            mfu=f"{event['mfu']:.0%}",
+        )
         if not math.isfinite(event["loss"]):
             log.warning("Step %d: loss is %s", state.step, event["loss"])
         window.reset()
@@ -375,9 +484,15 @@ class Trainer:
         figures = evaluate(self.accelerator, self.objective, self.eval_batches)
         self.record({"event": "eval", "step": self.state.step, **figures})
         self.last_eval, self.last_eval_step = figures, self.state.step
-        log.info("step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f ± %.4f (%d masked tokens)",
-                 self.state.step, figures["eval_loss"], figures["eval_perplexity"], figures["eval_accuracy"],
-                 figures["eval_accuracy_stderr"], figures["eval_tokens"])
+        log.info(
+            "step %d | eval loss %.4f | perplexity %.2f | accuracy %.4f ± %.4f (%d masked tokens)",
+            self.state.step,
+            figures["eval_loss"],
+            figures["eval_perplexity"],
+            figures["eval_accuracy"],
+            figures["eval_accuracy_stderr"],
+            figures["eval_tokens"],
+        )
         return figures
 
     def run_probe(self) -> None:
@@ -388,22 +503,38 @@ class Trainer:
         try:  # through the prepared objective's forward (labels=None: the encoder's states alone)
             with self.accelerator.autocast():
                 figures = self.probe.score_encoded(
-                    lambda batch: objective(**batch)["last_hidden_state"], self.accelerator.device, self.tokenizer)
+                    lambda batch: objective(**batch)["last_hidden_state"],
+                    self.accelerator.device,
+                    self.tokenizer,
+                )
         finally:
             objective.train(was_training)
         self.record({"event": "probe", "step": self.state.step, **figures})
-        log.info("step %d | probe %s accuracy %.4f (%d training, %d dev examples, %.1f s)", self.state.step,
-                 figures.get("probe_task"), figures["probe_accuracy"], figures.get("probe_train_examples", 0),
-                 figures.get("probe_eval_examples", 0), figures.get("probe_seconds", 0.0))
+        log.info(
+            "step %d | probe %s accuracy %.4f (%d training, %d dev examples, %.1f s)",
+            self.state.step,
+            figures.get("probe_task"),
+            figures["probe_accuracy"],
+            figures.get("probe_train_examples", 0),
+            figures.get("probe_eval_examples", 0),
+            figures.get("probe_seconds", 0.0),
+        )
 
     def save(self) -> None:
-        loop_state = {**self.state.state_dict(), "settings": asdict(self.run_cfg), **self.data_identity,
-                      **({"phases": self.plan.state_dict()} if self.plan is not None else {})}
-        path = save_checkpoint(self.accelerator, self.ckpt_dir, self.state.step, loop_state,
-                               self.cfg.train.keep_last)
+        loop_state = {
+            **self.state.state_dict(),
+            "settings": asdict(self.run_cfg),
+            **self.data_identity,
+            **({"phases": self.plan.state_dict()} if self.plan is not None else {}),
+        }
+        path = save_checkpoint(
+            self.accelerator, self.ckpt_dir, self.state.step, loop_state, self.cfg.train.keep_last
+        )
         log.info("Saved checkpoint %s", path)
 
-    def final_state(self, last_eval: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]] | None:
+    def final_state(
+        self, last_eval: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any], dict[str, Any]] | None:
         """``(plain model, its full weights, summary)`` for ``final/`` on the main process
         (every rank takes part: FSDP and ZeRO-3 gather the weights), None on the others and
         with ``train.export=false``. An empty ``last_eval`` (resumed at the end of the
@@ -417,15 +548,28 @@ class Trainer:
         weights = acc.get_state_dict(self.objective)
         if not acc.is_main_process:
             return None
-        summary = {"step": state.step, "tokens_seen": state.tokens_seen, **last_eval, **self.baseline,
-                   **self.tokenizer_fit}
+        summary = {
+            "step": state.step,
+            "tokens_seen": state.tokens_seen,
+            **last_eval,
+            **self.baseline,
+            **self.tokenizer_fit,
+        }
         if self.plan is not None:
             begun = self.plan.starts[self.plan.index]
-            summary.update({"phase": self.plan.name, "phase_steps": state.step - begun["step"],
-                            "phase_tokens": state.tokens_seen - begun["tokens"]})
+            summary.update(
+                {
+                    "phase": self.plan.name,
+                    "phase_steps": state.step - begun["step"],
+                    "phase_tokens": state.tokens_seen - begun["tokens"],
+                }
+            )
         # the training objective wraps the model as .model
-        return (acc.unwrap_model(self.objective).model,
-                {k.removeprefix("model."): v for k, v in weights.items()}, summary)
+        return (
+            acc.unwrap_model(self.objective).model,
+            {k.removeprefix("model."): v for k, v in weights.items()},
+            summary,
+        )
 
     def end(self) -> None:
         """Wait for every rank (the main one writes ``final/`` first), then end the trackers."""
@@ -438,7 +582,9 @@ class Trainer:
         acc = self.accelerator
         if acc.num_processes == 1:
             return seconds
-        t = torch.tensor([seconds if acc.is_main_process else 0.0], dtype=torch.float64, device=acc.device)
+        t = torch.tensor(
+            [seconds if acc.is_main_process else 0.0], dtype=torch.float64, device=acc.device
+        )
         return float(acc.reduce(t, reduction="sum"))
 
 

@@ -15,7 +15,9 @@ EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
 EVAL_MAX_DRAWS = 8  # mask draws over a small validation set, at most
 
 
-def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dict[str, torch.Tensor]]:
+def fixed_eval_batches(
+    dataset, tokenizer, masking, batch_size: int
+) -> list[dict[str, torch.Tensor]]:
     """Mask the validation set with ``masking.eval_seed``; again with the next seeds (up to
     ``EVAL_MAX_DRAWS`` draws in all) while fewer than ``masking.eval_min_masked_tokens``
     tokens are chosen.
@@ -28,23 +30,25 @@ def fixed_eval_batches(dataset, tokenizer, masking, batch_size: int) -> list[dic
     for draw in range(EVAL_MAX_DRAWS):
         if draw and chosen >= masking.eval_min_masked_tokens:
             break
-        collator = MLMCollator(tokenizer, mlm_probability=masking.eval_mlm_probability,
-                               seed=masking.eval_seed + draw)  # BERT's 80-10-10, whatever the training strategy
+        collator = MLMCollator(
+            tokenizer, mlm_probability=masking.eval_mlm_probability, seed=masking.eval_seed + draw
+        )  # BERT's 80-10-10, whatever the training strategy
         # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
         for start in range(0, len(dataset), EVAL_MASK_CHUNK):
-            rows = dataset[start:start + EVAL_MASK_CHUNK]["input_ids"]
+            rows = dataset[start : start + EVAL_MASK_CHUNK]["input_ids"]
             chunks.append(collator([{"input_ids": r} for r in rows]))
             chosen += int((chunks[-1]["labels"] != IGNORE_INDEX).sum())
     batches = []
     for chunk in chunks:
         n = chunk["input_ids"].size(0)
         for start in range(0, n, batch_size):
-            batches.append({k: v[start:start + batch_size] for k, v in chunk.items()})
+            batches.append({k: v[start : start + batch_size] for k, v in chunk.items()})
     return batches
 
 
-def majority_baseline(counts: torch.Tensor, eval_batches: list[dict[str, torch.Tensor]],
-                      tokenizer) -> dict[str, float | int | str]:
+def majority_baseline(
+    counts: torch.Tensor, eval_batches: list[dict[str, torch.Tensor]], tokenizer
+) -> dict[str, float | int | str]:
     """Accuracy of always predicting the training corpus's most frequent real token
     (``counts``: ``data.packing.token_counts``).
 
@@ -56,8 +60,10 @@ def majority_baseline(counts: torch.Tensor, eval_batches: list[dict[str, torch.T
         targets = batch["labels"][batch["labels"] != IGNORE_INDEX]
         hits += int((targets == top).sum())
         total += targets.numel()
-    return {"baseline_token": tokenizer.convert_ids_to_tokens(top),
-            "baseline_accuracy": hits / max(total, 1)}
+    return {
+        "baseline_token": tokenizer.convert_ids_to_tokens(top),
+        "baseline_accuracy": hits / max(total, 1),
+    }
 
 
 def rank_share(batches: list, rank: int, world: int):
@@ -70,7 +76,11 @@ def rank_share(batches: list, rank: int, world: int):
     """
     for i in range(-(-len(batches) // world)):
         index = rank + i * world
-        yield (batches[index], True) if index < len(batches) else (batches[rank % len(batches)], False)
+        yield (
+            (batches[index], True)
+            if index < len(batches)
+            else (batches[rank % len(batches)], False)
+        )
 
 
 @torch.no_grad()
@@ -97,10 +107,14 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         hit1 = (top5[:, 0] == out["targets"]) & valid
         hit5 = (top5 == out["targets"][:, None]).any(-1) & valid
         if counted:
-            totals += torch.stack([
-                out["loss_sum"].double(), out["n_tokens"].double(), hit1.sum().double(),
-                hit5.sum().double(),
-            ])
+            totals += torch.stack(
+                [
+                    out["loss_sum"].double(),
+                    out["n_tokens"].double(),
+                    hit1.sum().double(),
+                    hit5.sum().double(),
+                ]
+            )
     totals = accelerator.reduce(totals, reduction="sum")
     loss_sum, n, top1, top5 = totals.tolist()
     if was_training:

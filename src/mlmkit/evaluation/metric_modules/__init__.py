@@ -34,15 +34,23 @@ def correlation_metric(key: str, fn, description: str):
     import datasets
     import evaluate
 
-    inputs = (f"Args:\n    predictions (list of float): predicted scores.\n    references (list of "
-              f"float): gold scores.\nReturns:\n    {key} (float): in [-1, 1].\n")
+    inputs = (
+        f"Args:\n    predictions (list of float): predicted scores.\n    references (list of "
+        f"float): gold scores.\nReturns:\n    {key} (float): in [-1, 1].\n"
+    )
 
     class Correlation(evaluate.Metric):
         def _info(self):
             return evaluate.MetricInfo(
-                description=description, citation="", inputs_description=inputs,
-                features=datasets.Features({"predictions": datasets.Value("float64"),
-                                            "references": datasets.Value("float64")}),
+                description=description,
+                citation="",
+                inputs_description=inputs,
+                features=datasets.Features(
+                    {
+                        "predictions": datasets.Value("float64"),
+                        "references": datasets.Value("float64"),
+                    }
+                ),
             )
 
         def _compute(self, predictions, references):

@@ -4,7 +4,9 @@ import datasets
 import evaluate
 import numpy as np
 
-_DESCRIPTION = "Accuracy = (number of predictions equal to the reference) / (number of predictions)."
+_DESCRIPTION = (
+    "Accuracy = (number of predictions equal to the reference) / (number of predictions)."
+)
 _KWARGS = """
 Args:
     predictions (list of int): predicted labels.
@@ -20,8 +22,9 @@ class Accuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation="",
             inputs_description=_KWARGS,
-            features=datasets.Features({"predictions": datasets.Value("int64"),
-                                        "references": datasets.Value("int64")}),
+            features=datasets.Features(
+                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
+            ),
         )
 
     def _compute(self, predictions, references):

@@ -35,8 +35,9 @@ class F1(evaluate.Metric):
             description=__doc__,
             citation=_CITATION,
             inputs_description=_KWARGS,
-            features=datasets.Features({"predictions": datasets.Value("int64"),
-                                        "references": datasets.Value("int64")}),
+            features=datasets.Features(
+                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
+            ),
         )
 
     def _compute(self, predictions, references):
