@@ -80,8 +80,8 @@ def main() -> None:
 
     attn = best_ms({"torch": torch_attn, "mlmkit": ours_attn}, args.rounds, args.iters)
     print(
-        f"attention 32 x 4 heads x 128 x 64, bf16, forward + backward: SDPA {attn['torch']:.1f} ms, "
-        f"mlmkit_cpu_sdpa {attn['mlmkit']:.1f} ms, {attn['torch'] / attn['mlmkit']:.2f}x"
+        f"attention 32 x 4 heads x 128 x 64, bf16, forward + backward: SDPA {attn['torch']:.1f} "
+        f"ms, mlmkit_cpu_sdpa {attn['mlmkit']:.1f} ms, {attn['torch'] / attn['mlmkit']:.2f}x"
     )
 
 

@@ -40,8 +40,11 @@ datasets.disable_progress_bars()
 from mlmkit.config import DataConfig, TokenizerConfig
 from mlmkit.data.sources import builtin_documents
 from mlmkit.data.tokenizer import train_tokenizer
-mode, folder, tmp, num_proc, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-tok = train_tokenizer(TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), builtin_documents())
+mode, folder, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
+num_proc, workers = int(sys.argv[4]), int(sys.argv[5])
+tok = train_tokenizer(
+    TokenizerConfig(vocab_size=8192, max_train_chars=2_000_000), builtin_documents()
+)
 files = sorted(str(p) for p in __import__("pathlib").Path(folder).glob("*.txt"))
 t0 = time.perf_counter()
 if mode == "map":
@@ -137,9 +140,9 @@ def main() -> None:
             mb = sum(f.stat().st_size for f in files) / 1e6
             r = measure("map", folder, tmp, args.num_proc, 0)
             print(
-                f"map mode, {mb:.0f} MB corpus, num_proc {args.num_proc}: peak RSS {r['peak_tree_mb']:.0f} MB "
-                f"(all processes together; largest single process {r['peak_single_mb']:.0f} MB), "
-                f"{r['blocks']} blocks in {r['seconds']:.0f} s",
+                f"map mode, {mb:.0f} MB corpus, num_proc {args.num_proc}: peak RSS "
+                f"{r['peak_tree_mb']:.0f} MB (all processes together; largest single process "
+                f"{r['peak_single_mb']:.0f} MB), {r['blocks']} blocks in {r['seconds']:.0f} s",
                 flush=True,
             )
             for f in files:
@@ -151,8 +154,9 @@ def main() -> None:
             mb = sum(f.stat().st_size for f in files) / 1e6
             r = measure("stream", folder, tmp, 1, args.workers)
             print(
-                f"streaming, {mb:.0f} MB corpus, {args.workers} workers: peak RSS {r['peak_tree_mb']:.0f} MB "
-                f"(all processes together), {r['blocks']} blocks in {r['seconds']:.0f} s",
+                f"streaming, {mb:.0f} MB corpus, {args.workers} workers: peak RSS "
+                f"{r['peak_tree_mb']:.0f} MB (all processes together), {r['blocks']} blocks in "
+                f"{r['seconds']:.0f} s",
                 flush=True,
             )
             for f in files:

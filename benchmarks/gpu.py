@@ -77,7 +77,8 @@ def modernbert_runs(cfg, warmup: int, cuda: bool):
     """mlmkit on ModernBERT, labelled by the kernel each run takes: attention auto (flash-attn's
     kernel where installed, else SDPA, where the local layers' window is a dense mask), the same
     with document isolation (flash-attn's variable-length kernel, else SDPA with a block-diagonal
-    mask), and, on a GPU with flash-attn, SDPA as well; no Trainer run (its comparison is BERT's)."""
+    mask), and, on a GPU with flash-attn, SDPA as well; no Trainer run (its comparison is
+    BERT's)."""
     import copy
 
     flash = flash_attn_available()
@@ -171,11 +172,12 @@ def main() -> None:
         )
         against = f"bf16 matmul rate measured here, {peak / 1e12:.2f} TFLOP/s"
     print(
-        f"machine: {machine()}; flash-attn {'installed' if flash_attn_available() else 'not installed'}"
+        f"machine: {machine()}; flash-attn "
+        f"{'installed' if flash_attn_available() else 'not installed'}"
     )
     print(
-        f"model: {preset}, vocab {vocab:,}, batch {batch} x seq {args.seq}, bf16, {workers} workers, "
-        f"{steps} timed steps after {warmup}"
+        f"model: {preset}, vocab {vocab:,}, batch {batch} x seq {args.seq}, bf16, {workers} "
+        f"workers, {steps} timed steps after {warmup}"
     )
 
     runs = [

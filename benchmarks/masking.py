@@ -1,10 +1,11 @@
 """Masking speed: each mlmkit strategy against transformers' DataCollatorForLanguageModeling.
 
-The same examples (built-in corpus documents tokenized to 128 tokens, truncated or padded) are collated by every collator, in alternating rounds so machine noise hits
-all alike; prints batches/s and the ratio of each mlmkit strategy to the transformers
-collator it corresponds to (whole_word to transformers' whole_word_mask=True, the others
-to its plain masking). Then the share of a bert-mini training step (seq 128, batch 32,
-bf16 where the CPU has it, sparse head, AdamW) that masking a packed batch takes.
+The same examples (built-in corpus documents tokenized to 128 tokens, truncated or padded) are
+collated by every collator, in alternating rounds so machine noise hits all alike; prints
+batches/s and the ratio of each mlmkit strategy to the transformers collator it corresponds to
+(whole_word to transformers' whole_word_mask=True, the others to its plain masking). Then the
+share of a bert-mini training step (seq 128, batch 32, bf16 where the CPU has it, sparse head,
+AdamW) that masking a packed batch takes.
 
     python benchmarks/masking.py [--batches 30] [--rounds 3]
 """
@@ -135,7 +136,8 @@ def main() -> None:
         step()
     step_s = (time.perf_counter() - start) / n
     print(
-        f"bert-mini training step (packed {bs} x 128, {'bf16' if use_bf16 else 'fp32'}): {step_s * 1000:.0f} ms"
+        f"bert-mini training step (packed {bs} x 128, {'bf16' if use_bf16 else 'fp32'}): "
+        f"{step_s * 1000:.0f} ms"
     )
     for strategy in ("bernoulli", "whole_word", "span", "fixed"):
         c = MLMCollator(tokenizer, seed=0, strategy=strategy)
@@ -144,7 +146,8 @@ def main() -> None:
             c(rows)
         mask_s = (time.perf_counter() - start) / 20
         print(
-            f"  masking with {strategy:<10} {mask_s * 1000:6.2f} ms = {100 * mask_s / step_s:4.1f}% of a step"
+            f"  masking with {strategy:<10} {mask_s * 1000:6.2f} ms = "
+            f"{100 * mask_s / step_s:4.1f}% of a step"
         )
 
 

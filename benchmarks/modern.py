@@ -88,7 +88,8 @@ def print_table(corpus: str, training: str, held_out: str, budget: float, rows: 
         se = r["eval_accuracy_stderr"]
         acc = f"{r['eval_accuracy']:.1%}" + (f" ± {se:.1%}" if se is not None else "")
         print(
-            f"| {r['variant']} | {r['steps']:,} | {r['tokens'] / 1e6:.2f} M | {r['eval_loss']:.3f} | {acc} |"
+            f"| {r['variant']} | {r['steps']:,} | {r['tokens'] / 1e6:.2f} M | {r['eval_loss']:.3f} "
+            f"| {acc} |"
         )
 
 

@@ -19,8 +19,8 @@ Each step holds 4,096 tokens in every phase. Corpora: where ../shared/data is pr
 Gutenberg books to train on and two others held out (Austen's Persuasion, Chesterton's The Man
 Who Was Thursday); else the built-in corpus and its validation split.
 
-    python benchmarks/phases.py [--tokens 4194304] [--only bert modern] [--corpus shared] [--size mini]
-                                [--out DIR]
+    python benchmarks/phases.py [--tokens 4194304] [--only bert modern] [--corpus shared]
+                                [--size mini] [--out DIR]
 """
 
 from __future__ import annotations

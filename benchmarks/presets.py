@@ -113,7 +113,8 @@ def run_preset(preset: str, args, out: Path, cache: Path) -> dict:
         steps = args.budget / calibration.seconds_per_step
         eval_every = max(10, round(steps / args.evals / 10) * 10)
         print(
-            f"== {preset}: {calibration.seconds_per_step:.3f} s/step, train.eval_every={eval_every}",
+            f"== {preset}: {calibration.seconds_per_step:.3f} s/step, "
+            f"train.eval_every={eval_every}",
             flush=True,
         )
         events = train_mlmkit(
@@ -188,13 +189,14 @@ def main() -> None:
 
     quarter = args.budget / 4
     print(
-        f"\n{args.budget:g} s per preset on the built-in corpus; unigram loss {rows[0]['unigram_loss']:.3f}, "
-        f"plateau (context-free) loss {rows[0]['plateau_loss']:.3f}; off the plateau: held-out loss "
-        f"{args.margin:g} nats below it\n"
+        f"\n{args.budget:g} s per preset on the built-in corpus; unigram loss "
+        f"{rows[0]['unigram_loss']:.3f}, plateau (context-free) loss "
+        f"{rows[0]['plateau_loss']:.3f}; off the plateau: held-out loss {args.margin:g} nats "
+        "below it\n"
     )
     print(
-        "| preset | lr | masking | batch | off the plateau at | final held-out loss | final accuracy | "
-        "tokens | smaller preset at equal tokens |"
+        "| preset | lr | masking | batch | off the plateau at | final held-out loss | "
+        "final accuracy | tokens | smaller preset at equal tokens |"
     )
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |")
     for i, r in enumerate(rows):
@@ -203,7 +205,10 @@ def main() -> None:
             off = "not within the budget"
         else:
             mark = "yes" if r["left_plateau_s"] <= quarter else "no"
-            off = f"{r['left_plateau_s']:.0f} s of training, step {r['left_plateau_step']:,} (first quarter: {mark})"
+            off = (
+                f"{r['left_plateau_s']:.0f} s of training, step {r['left_plateau_step']:,} "
+                f"(first quarter: {mark})"
+            )
         versus = ""
         if i:
             smaller = rows[i - 1]
@@ -219,7 +224,8 @@ def main() -> None:
             versus = f"{smaller['preset']} {theirs:.3f} ({verdict})"
         print(
             f"| {r['preset']} | {r['lr']:g} | {r['mlm_probability']:.0%} | {r['batch']} | {off} | "
-            f"{last['loss']:.3f} | {last['accuracy']:.1%} | {last['tokens'] / 1e6:.2f} M | {versus} |"
+            f"{last['loss']:.3f} | {last['accuracy']:.1%} | {last['tokens'] / 1e6:.2f} M | "
+            f"{versus} |"
         )
     (out / "summary.json").write_text(
         json.dumps(

@@ -31,8 +31,8 @@ def main() -> None:
     )
     model, tokenizer, _ = load_model_and_tokenizer(args.model)
     print(
-        f"{describe_cpu()}; {torch.get_num_threads()} threads; {len(probe.train_texts)} training and "
-        f"{len(probe.eval_texts)} dev sentences"
+        f"{describe_cpu()}; {torch.get_num_threads()} threads; {len(probe.train_texts)} training "
+        f"and {len(probe.eval_texts)} dev sentences"
     )
     for name, dtype in (("bf16 autocast", torch.bfloat16), ("fp32", None)):
         runs = []

@@ -83,8 +83,14 @@ def choose_data(builtin: bool) -> Data:
     return Data(
         overrides=["data=builtin"],
         eval_overrides=["data=builtin"],
-        training="the built-in corpus (pydoc topics and standard-library docstrings), 95% of its documents",
-        held_out="the built-in corpus's validation split (the other 5% of its documents; neither side trains on it)",
+        training=(
+            "the built-in corpus (pydoc topics and standard-library docstrings), 95% of its "
+            "documents"
+        ),
+        held_out=(
+            "the built-in corpus's validation split (the other 5% of its documents; neither "
+            "side trains on it)"
+        ),
     )
 
 
@@ -104,7 +110,8 @@ def compose(overrides: list[str]):
 
 
 def run_logged(argv: list[str], log: Path, what: str) -> None:
-    """Run ``argv`` from the checkout's root with its output in ``log``; stop with its tail on failure."""
+    """Run ``argv`` from the checkout's root with its output in ``log``; stop with its tail on
+    failure."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "w") as f:
         proc = subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -197,7 +204,8 @@ class Curve:
 
 
 def trainer_args(out: Path, cfg, max_steps: int):
-    """run_mlm's defaults, with mlmkit's batch and peak learning rate; fp32; nothing but training."""
+    """run_mlm's defaults, with mlmkit's batch and peak learning rate; fp32; nothing but
+    training."""
     import dataclasses
 
     import torch
@@ -398,8 +406,9 @@ def run_preset(preset: str, mlmkit_first: bool, args, data: Data, out: Path) -> 
         )
         if evals < args.evals:
             print(
-                f"   note: {calibration.seconds_per_eval:.1f} s per evaluation: {evals} evaluation(s) "
-                f"instead of {args.evals}, so that they take at most half of the budget"
+                f"   note: {calibration.seconds_per_eval:.1f} s per evaluation: {evals} "
+                f"evaluation(s) instead of {args.evals}, so that they take at most half of the "
+                "budget"
             )
         spent = min(evals * calibration.seconds_per_eval, args.budget / 2)
         steps = max(1.0, (args.budget - spent) / calibration.seconds_per_step)
@@ -458,8 +467,9 @@ def run_preset(preset: str, mlmkit_first: bool, args, data: Data, out: Path) -> 
     curve = Curve.read(events)
     if curve.evals and not math.isclose(curve.evals[-1][1], scores["mlmkit"]["loss"], rel_tol=1e-3):
         print(
-            f"   warning: mlmkit's last evaluation in training ({curve.evals[-1][1]:.4f}) and mlmkit eval "
-            f"of its final model ({scores['mlmkit']['loss']:.4f}) differ: not the same blocks or masks?"
+            f"   warning: mlmkit's last evaluation in training ({curve.evals[-1][1]:.4f}) and "
+            f"mlmkit eval of its final model ({scores['mlmkit']['loss']:.4f}) differ: not the same "
+            "blocks or masks?"
         )
     target = scores["trainer"]["loss"]
     reached = curve.first_at_or_below(target)
@@ -521,19 +531,21 @@ def print_table(s: dict, data: Data) -> None:
     m, t = s["mlmkit"], s["trainer"]
     precision = "fp32" if s["mlmkit_precision"] == "no" else s["mlmkit_precision"]
     print(
-        f"\n{s['preset']}, budget {s['budget_s']:g} s per side ({s['order']}); vocab {s['vocab']:,}, "
-        f"batch {s['batch_size']} x {s['seq']}, peak lr {s['peak_lr']:g}"
+        f"\n{s['preset']}, budget {s['budget_s']:g} s per side ({s['order']}); vocab "
+        f"{s['vocab']:,}, batch {s['batch_size']} x {s['seq']}, peak lr {s['peak_lr']:g}"
     )
     print(f"training text: {data.training}")
     print(
-        f"held-out text: {data.held_out}; {m['blocks']} blocks, {m['tokens']:,} masked tokens (fixed masks)"
+        f"held-out text: {data.held_out}; {m['blocks']} blocks, {m['tokens']:,} masked tokens "
+        "(fixed masks)"
     )
     rows = [
         (f"mlmkit (defaults, {precision})", m, m["steps"], m["training_s"]),
         ("Trainer (run_mlm defaults, fp32)", t, t["steps"], t["training_s"]),
     ]
     print(
-        f"{'':<34}{'held-out accuracy':>20}{'held-out loss':>15}{'tokens/s':>11}{'steps':>8}{'train s':>9}"
+        f"{'':<34}{'held-out accuracy':>20}{'held-out loss':>15}"
+        f"{'tokens/s':>11}{'steps':>8}{'train s':>9}"
     )
     for name, r, steps, seconds in rows:
         print(
@@ -541,10 +553,10 @@ def print_table(s: dict, data: Data) -> None:
         )
     during = sum(1 for p in m["curve"] if p["step"] < m["steps"])
     print(
-        f"(mlmkit: {m['wall_s']:.1f} s of run time to its last step, {m['training_s']:.1f} s training and "
-        f"{m['wall_s'] - m['training_s']:.1f} s for {during} evaluation(s) every {s['eval_every']} steps "
-        f"and checkpoints; Trainer: {t['steps']} of {t['planned_steps']} planned steps, calibrated at "
-        f"{t['calibrated_s_per_step']:.3f} s/step)"
+        f"(mlmkit: {m['wall_s']:.1f} s of run time to its last step, {m['training_s']:.1f} s "
+        f"training and {m['wall_s'] - m['training_s']:.1f} s for {during} evaluation(s) every "
+        f"{s['eval_every']} steps and checkpoints; Trainer: {t['steps']} of {t['planned_steps']} "
+        f"planned steps, calibrated at {t['calibrated_s_per_step']:.3f} s/step)"
     )
     print(
         "mlmkit's curve (s of run time: held-out loss): "
@@ -554,15 +566,16 @@ def print_table(s: dict, data: Data) -> None:
     if s["reached_step"] is None:
         best = min((p["eval_loss"] for p in m["curve"]), default=float("nan"))
         print(
-            f"time to reach the Trainer's final held-out loss ({target:.4f}): not reached within the "
-            f"budget (mlmkit's best evaluation {best:.4f})"
+            f"time to reach the Trainer's final held-out loss ({target:.4f}): not reached within "
+            f"the budget (mlmkit's best evaluation {best:.4f})"
         )
     else:
         print(
-            f"time to reach the Trainer's final held-out loss ({target:.4f}): {s['reached_wall_s']:.1f} s "
-            f"({s['reached_wall_s'] / budget:.0%} of the budget), at step {s['reached_step']:,}, its first "
-            f"evaluation at or below it; {s['reached_training_s']:.1f} s "
-            f"({s['reached_training_s'] / budget:.0%}) without the time of its evaluations"
+            f"time to reach the Trainer's final held-out loss ({target:.4f}): "
+            f"{s['reached_wall_s']:.1f} s ({s['reached_wall_s'] / budget:.0%} of the budget), at "
+            f"step {s['reached_step']:,}, its first evaluation at or below it; "
+            f"{s['reached_training_s']:.1f} s ({s['reached_training_s'] / budget:.0%}) without the "
+            "time of its evaluations"
         )
 
 

@@ -10,7 +10,8 @@ A second table prices document isolation (``data.packing=documents``: a block-di
 attention mask, positions restarting per document) against plain packing, the two measured in
 alternating rounds at each sequence length.
 
-    python benchmarks/scaling.py [--steps 4] [--warmup 2] [--tokens 4096] [--quick] [--documents-only]
+    python benchmarks/scaling.py [--steps 4] [--warmup 2] [--tokens 4096] [--quick]
+                                 [--documents-only]
 """
 
 from __future__ import annotations
@@ -87,15 +88,16 @@ def main() -> None:
 
     print(
         f"\nmachine: {machine()}; mlmkit precision {precision}; {args.tokens} tokens per step; "
-        f"{ref} matmul rate measured {rates[ref] / 1e12:.2f} TFLOP/s; wall {time.perf_counter() - t0:.0f} s\n"
+        f"{ref} matmul rate measured {rates[ref] / 1e12:.2f} TFLOP/s; wall "
+        f"{time.perf_counter() - t0:.0f} s\n"
     )
     if rows:
         print("| model | seq | batch | tokens/s | GFLOPs/token | model TFLOP/s | MFU |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for preset, seq, batch, tps, fpt in rows:
         print(
-            f"| {preset} | {seq} | {batch} | {tps:,.0f} | {fpt / 1e9:.3f} | {tps * fpt / 1e12:.3f} | "
-            f"{tps * fpt / rates[ref]:.1%} |"
+            f"| {preset} | {seq} | {batch} | {tps:,.0f} | {fpt / 1e9:.3f} | {tps * fpt / 1e12:.3f} "
+            f"| {tps * fpt / rates[ref]:.1%} |"
         )
     documents_table(args, [("bert-tiny", 128)] if args.quick else DOCUMENTS)
 
@@ -127,11 +129,12 @@ def documents_table(args, grid) -> None:
             flush=True,
         )
     print(
-        f"\ndocument isolation (data.packing=documents) against plain packing, {args.rounds} alternating "
-        "round(s) each\n"
+        f"\ndocument isolation (data.packing=documents) against plain packing, {args.rounds} "
+        "alternating round(s) each\n"
     )
     print(
-        "| model | seq | batch | documents per block | concatenate tokens/s | documents tokens/s | cost |"
+        "| model | seq | batch | documents per block | concatenate tokens/s | documents tokens/s | "
+        "cost |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for preset, seq, batch, docs, plain, isolated in rows:

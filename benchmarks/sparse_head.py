@@ -102,7 +102,8 @@ def main() -> None:
     )
     for name, r in rates.items():
         print(
-            f"  {name:<12} {statistics.median(r):>10,.0f} tokens/s  (rounds: {', '.join(f'{x:,.0f}' for x in r)})"
+            f"  {name:<12} {statistics.median(r):>10,.0f} tokens/s  (rounds: "
+            f"{', '.join(f'{x:,.0f}' for x in r)})"
         )
     ratio = statistics.median(rates["sparse head"]) / statistics.median(rates["full head"])
     print(f"  sparse / full: {ratio:.2f}x")

@@ -23,7 +23,8 @@ and MFU: model FLOPs per token (``mlmkit.training.perf``: the encoder at every p
 only where it predicts) x tokens/s, over the bf16 or fp32 matmul rate measured in this run
 on this machine (the best of the measurements between rounds).
 
-    python benchmarks/trainer_vs_mlmkit.py [--preset bert-mini] [--steps 12] [--warmup 3] [--rounds 2]
+    python benchmarks/trainer_vs_mlmkit.py [--preset bert-mini] [--steps 12] [--warmup 3]
+                                           [--rounds 2]
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def main() -> None:
         flops = flops_per_token(cfg, vocab, r.predicted_share) * r.tokens_per_s
         ref = "fp32" if r.name.startswith("(a)") or precision == "no" else "bf16"
         print(
-            f"{r.name:<32}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.3f}{flops / rates[ref]:>8.1%}  ({ref})"
+            f"{r.name:<32}{r.tokens_per_s:>12,.0f}{flops / 1e12:>15.3f}{flops / rates[ref]:>8.1%}  "
+            f"({ref})"
         )
         by_name[r.name[:3]] = r.tokens_per_s
     trainer_peer = "(b)" if "(b)" in by_name else "(a)"  # the fastest Trainer this machine runs
@@ -156,7 +158,8 @@ def main() -> None:
         print(f"   c/b = {by_name['(c)'] / by_name['(b)']:.2f}x", end="")
     if "(d)" in by_name:
         print(
-            f"   d/{trainer_peer[1]} = {by_name['(d)'] / by_name[trainer_peer]:.2f}x (speed settings alone)"
+            f"   d/{trainer_peer[1]} = {by_name['(d)'] / by_name[trainer_peer]:.2f}x "
+            "(speed settings alone)"
             f"   c/d = {by_name['(c)'] / by_name['(d)']:.2f}x (dropout 0 vs 0.1)",
             end="",
         )
@@ -164,8 +167,8 @@ def main() -> None:
         print(f"   c/e = {by_name['(c)'] / by_name['(e)']:.2f}x (memory reuse)", end="")
     print()
     print(
-        f"FLOPs per token (mlmkit.training.perf): {flops_per_token(cfg, vocab, 0.15) / 1e6:.1f} M at 15% "
-        f"predicted; total wall time {time.perf_counter() - t0:.0f} s"
+        f"FLOPs per token (mlmkit.training.perf): {flops_per_token(cfg, vocab, 0.15) / 1e6:.1f} M "
+        f"at 15% predicted; total wall time {time.perf_counter() - t0:.0f} s"
     )
 
 

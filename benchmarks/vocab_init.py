@@ -2,7 +2,8 @@
 average word's row (mlmkit's start) against [UNK]'s (the start before), on the Hindi novel of the
 walk-through (examples/new_language.sh).
 
-    python benchmarks/vocab_init.py [--base-steps 300] [--steps 200] [--extend 2000] [--lr 1e-3] [--out DIR]
+    python benchmarks/vocab_init.py [--base-steps 300] [--steps 200] [--extend 2000] [--lr 1e-3]
+                                    [--out DIR]
 
 An English bert-mini (the walk-through's size; WordPiece 8,192 and ``--base-steps`` steps on the
 Gutenberg books of ../shared/data) is continued on *Sevasadan* with its vocabulary extended by
@@ -10,9 +11,9 @@ Gutenberg books of ../shared/data) is continued on *Sevasadan* with its vocabula
 two starts differ only in those rows (``model.bert.extend_embeddings``'s ``unspelt``): the
 extended model of each is saved as a model dir and continued from it with the same settings
 (``model.init_from``, the continued-pretraining recipe's rate or ``--lr``, the walk-through's
-128-token blocks; a base already in ``--out`` is reused). Printed side by side: the held-out masked-LM loss before any step (``mlmkit eval`` on
-the run's validation split), the training loss of the first steps and the held-out loss at each
-evaluation.
+128-token blocks; a base already in ``--out`` is reused). Printed side by side: the held-out
+masked-LM loss before any step (``mlmkit eval`` on the run's validation split), the training loss
+of the first steps and the held-out loss at each evaluation.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def extended_dirs(base: Path, out: Path, words: int) -> dict[str, Path]:
     counts = word_counts(base_tokenizer, texts)
     (_, before), (_, after) = coverage(base_tokenizer, counts), coverage(extended, counts)
     print(
-        f"{len(added)} Hindi words added, {unspellable} of them a single [UNK] to the English vocabulary; "
-        f"[UNK] {before:.1%} -> {after:.1%} of the novel's tokens"
+        f"{len(added)} Hindi words added, {unspellable} of them a single [UNK] to the English "
+        f"vocabulary; [UNK] {before:.1%} -> {after:.1%} of the novel's tokens"
     )
     dirs = {}
     for start in ("average", "unk"):

@@ -181,7 +181,8 @@ def test_the_layer_checker_rejects_a_planted_pair(tmp_path):
     ]
     assert mutual_imports(edges) == [
         "mlmkit.config <-> mlmkit.evaluation: mlmkit.config imports mlmkit.evaluation at "
-        "mlmkit/config/schema.py:5; mlmkit.evaluation imports mlmkit.config at mlmkit/evaluation/names.py:1"
+        "mlmkit/config/schema.py:5; mlmkit.evaluation imports mlmkit.config at "
+        "mlmkit/evaluation/names.py:1"
     ]
     assert later_imports(edges, LAYERS) == [
         "mlmkit.config imports the later mlmkit.evaluation at mlmkit/config/schema.py:5"

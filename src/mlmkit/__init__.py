@@ -25,7 +25,8 @@ def compose(overrides=()):
 
 
 def train(cfg, run_dir):
-    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see ``mlmkit.pretrain.train``."""
+    """Pretrain as ``cfg`` (a ``Config``, DictConfig or dict) says; see
+    ``mlmkit.pretrain.train``."""
     from mlmkit.config import to_config
     from mlmkit.pretrain import train as _train
 

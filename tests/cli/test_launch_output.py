@@ -1,6 +1,6 @@
-"""``mlmkit launch``'s output (``cli.launch``): the ranks' lines once, what accelerate and torch add when a
-process fails held back, and one sentence for an ending the ranks could not explain. The
-launches themselves: tests/e2e/test_launch.py and the SLURM jobs of tests/slurm/."""
+"""``mlmkit launch``'s output (``cli.launch``): the ranks' lines once, what accelerate and torch
+add when a process fails held back, and one sentence for an ending the ranks could not explain.
+The launches themselves: tests/e2e/test_launch.py and the SLURM jobs of tests/slurm/."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def test_a_crash_keeps_the_ranks_own_traceback_and_drops_the_launchers(capsys):
 
 
 def test_the_re_print_of_a_rank_that_wrote_nothing_is_held(capsys):
-    """A mistake every rank tells the launcher (not stderr): accelerate re-prints an empty stderr."""
+    """A mistake every rank tells the launcher (not stderr): accelerate re-prints an empty
+    stderr."""
     lines = [
         "The following values were not passed to `accelerate launch`\n",
         *ONE_PROCESS_FAILURE[3:],

@@ -46,5 +46,8 @@ def test_deepspeeds_no_gpu_note_is_dropped_and_its_other_warnings_kept():
     def record(text: str) -> logging.LogRecord:
         return logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, text, None, None)
 
-    note = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+    note = (
+        "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to "
+        "detect it."
+    )
     assert not logger.filter(record(note)) and logger.filter(record("ZeRO stage 3 offloads"))

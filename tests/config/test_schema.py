@@ -287,7 +287,8 @@ def test_eval_retrieval_config_composes_and_validates():
         no_data = compose(config_name="eval_retrieval", overrides=["checkpoint=x"])
     ev = to_config(cfg, RetrievalEvalConfig)
     assert ev.checkpoint == "x" and ev.data_dir == "beir/scifact"
-    # the defaults of conf/eval_retrieval.yaml: BEIR's test judgments, final/'s mean pooling and length
+    # the defaults of conf/eval_retrieval.yaml: BEIR's test judgments, final/'s mean pooling and
+    # length
     assert (ev.split, ev.pooling, ev.max_seq_length, ev.init) == (
         "test",
         "mean",

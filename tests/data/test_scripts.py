@@ -27,7 +27,9 @@ UDHR = {
     "arabic": "يولد جميع الناس أحرارًا متساوين في الكرامة والحقوق.",
     "persian": "تمام افراد بشر آزاد به دنیا می\u200cآیند و از لحاظ حیثیت و حقوق با هم برابرند.",
     "chinese": "人人生而自由，在尊严和权利上一律平等。",
-    "japanese": "すべての人間は、生まれながらにして自由であり、かつ、尊厳と権利とについて平等である。",
+    "japanese": (
+        "すべての人間は、生まれながらにして自由であり、かつ、尊厳と権利とについて平等である。"
+    ),
     "korean": "모든 인간은 태어날 때부터 자유로우며 그 존엄과 권리에 있어 동등하다.",
 }
 
@@ -137,7 +139,8 @@ def test_unk_share_above_one_percent_names_the_cause():
     assert warn and "the vocabulary lacks" in line and "tokenizer.extend_vocab" in line
     line, warn = unk_report(latin, ids.count(latin.unk_token_id), len(ids), [UDHR["russian"]])
     assert warn and "too rare for the vocabulary" in line and "tokenizer.vocab_size" in line
-    # Chinese has no spaces, but WordPiece's normaliser makes each ideograph a word: not a long-word cause
+    # Chinese has no spaces, but WordPiece's normaliser makes each ideograph a word: not a long-word
+    # cause
     line, _ = unk_report(latin, 50, 1000, [UDHR["chinese"] * 10])
     assert "without a space (a script" not in line
     line, warn = unk_report(latin, 0, 1000)

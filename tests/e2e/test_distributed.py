@@ -144,7 +144,8 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(
 def launch_engine(
     config: str, run_dir: Path, cache_dir: Path, *overrides: str
 ) -> subprocess.CompletedProcess:
-    """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as conf/accelerate/<config>.yaml sets it."""
+    """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as
+    conf/accelerate/<config>.yaml sets it."""
     cmd = [
         *ACCELERATE,
         "--main_process_port",

@@ -81,11 +81,11 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
     the text of SST-2's training phrases for 400 steps, then judged zero-shot on minimal
     pairs of word order made from sentences it never saw (the first 300 of GLUE's 872 SST-2 dev
-    sentences, test.tsv here): ``mlmkit eval-pairs`` scores each sentence by its pseudo-log-likelihood
-    (Salazar et al., 2020) and counts the pairs whose original sentence scores higher, as
-    BLiMP's acceptability judgements are scored (Warstadt et al., 2020). The pretrained model
-    must prefer the original in at least 70% of the pairs and beat the same architecture at a
-    random init by 15 points.
+    sentences, test.tsv here): ``mlmkit eval-pairs`` scores each sentence by its
+    pseudo-log-likelihood (Salazar et al., 2020) and counts the pairs whose original sentence
+    scores higher, as BLiMP's acceptability judgements are scored (Warstadt et al., 2020). The
+    pretrained model must prefer the original in at least 70% of the pairs and beat the same
+    architecture at a random init by 15 points.
 
     Why not the SST-2 linear probe this test asserted before: at 1,000 steps its gain over a
     random encoder (whose mean-pooled states are a strong bag of words on SST-2) came from how
@@ -124,7 +124,8 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
         assert result["pairs"] == len(pairs) > 280
         accuracy[init] = result["accuracy"]
     print(
-        f"bigram-shift pairs of SST-2 dev sentences: {accuracy}; masked-token accuracy {mlm_accuracy:.4f}"
+        f"bigram-shift pairs of SST-2 dev sentences: {accuracy}; masked-token accuracy "
+        f"{mlm_accuracy:.4f}"
     )
     assert accuracy["pretrained"] >= 0.70 and accuracy["pretrained"] - accuracy["random"] >= 0.15, (
         accuracy

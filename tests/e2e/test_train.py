@@ -83,7 +83,8 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
         "fill = pipeline('fill-mask', model=path)\n"
         "out = fill('The [MASK] is returned by the function.')\n"
         "assert 'mlmkit' not in sys.modules\n"
-        "print(json.dumps({'n': len(out), 'cls': type(model).__name__, 'token': out[0]['token_str']}))\n"
+        "print(json.dumps({'n': len(out), 'cls': type(model).__name__, 'token': "
+        "out[0]['token_str']}))\n"
     )
     proc = python_run("-c", code, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -94,7 +95,8 @@ def test_train_export_and_fill_mask(trained_run, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision,workers", [("no", 0), ("no", 2), ("bf16", 0)])
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, cache_dir, precision, workers):
-    """Stop after the step-10 checkpoint, resume with train.resume=auto: same losses, same weights."""
+    """Stop after the step-10 checkpoint, resume with train.resume=auto: same losses, same
+    weights."""
     from safetensors.torch import load_file
 
     run = tmp_path / "run"

@@ -90,9 +90,11 @@ def test_modernbert_export_fills_masks_without_mlmkit(modernbert_run, tmp_path):
         "with torch.no_grad():\n"
         "    logits = model(**ids).logits\n"
         "assert 'mlmkit' not in sys.modules\n"
-        "print(json.dumps({'n': len(out), 'cls': type(model).__name__, 'token': out[0]['token_str'],\n"
+        "print(json.dumps({'n': len(out), 'cls': type(model).__name__, 'token': "
+        "out[0]['token_str'],\n"
         "                  'inputs': sorted(ids), 'finite': bool(torch.isfinite(logits).all()),\n"
-        "                  'tied': model.decoder.weight is model.model.embeddings.tok_embeddings.weight}))\n"
+        "                  'tied': model.decoder.weight is "
+        "model.model.embeddings.tok_embeddings.weight}))\n"
     )
     proc = python_run("-c", code, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -106,8 +106,10 @@ def test_each_phase_export_loads_with_nothing_from_mlmkit(tmp_path, cache_dir):
         "for path in sys.argv[1:]:\n"
         "    model = AutoModelForMaskedLM.from_pretrained(path)\n"
         "    fill = pipeline('fill-mask', model=path)\n"
-        "    vectors = SentenceTransformer(path, device='cpu').encode(['a short line', 'another one'])\n"
-        "    out[path] = [type(model).__name__, len(fill('The [MASK] is here.')), list(vectors.shape)]\n"
+        "    vectors = SentenceTransformer(path, device='cpu')"
+        ".encode(['a short line', 'another one'])\n"
+        "    out[path] = [type(model).__name__, len(fill('The [MASK] is here.')), "
+        "list(vectors.shape)]\n"
         "assert 'mlmkit' not in sys.modules\n"
         "print(json.dumps(out))\n"
     )

@@ -403,7 +403,7 @@ def test_sets_built_from_sts_and_from_held_out_documents(tiny, tmp_path):
     assert main(["stsb", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
 
 
-# ---- bad input: one sentence, exit status 2 -------------------------------------------------------
+# ---- bad input: one sentence, exit status 2 -----------------------------------------------------
 
 
 def _not_an_encoder(tmp_path: Path) -> Path:

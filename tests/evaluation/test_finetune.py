@@ -190,19 +190,20 @@ def _frozen_classifiers(kind: str):
     if kind == "modernbert":
         from transformers import ModernBertConfig, ModernBertForSequenceClassification
 
-        make = lambda: ModernBertForSequenceClassification(
-            ModernBertConfig(  # noqa: E731
-                vocab_size=100,
-                hidden_size=16,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                intermediate_size=32,
-                pad_token_id=0,
-                classifier_pooling="mean",
-                local_attention=4,
-                attn_implementation="sdpa",
+        def make():
+            return ModernBertForSequenceClassification(
+                ModernBertConfig(
+                    vocab_size=100,
+                    hidden_size=16,
+                    num_hidden_layers=2,
+                    num_attention_heads=2,
+                    intermediate_size=32,
+                    pad_token_id=0,
+                    classifier_pooling="mean",
+                    local_attention=4,
+                    attn_implementation="sdpa",
+                )
             )
-        )
     else:
         from transformers import BertConfig, BertForSequenceClassification
 
@@ -213,17 +214,20 @@ def _frozen_classifiers(kind: str):
             if kind == "bert-mean"
             else BertForSequenceClassification
         )
-        make = lambda: cls(
-            BertConfig(
-                vocab_size=100,
-                hidden_size=16,
-                num_hidden_layers=1,  # noqa: E731
-                num_attention_heads=2,
-                intermediate_size=32,
-                hidden_dropout_prob=0.2,
-                classifier_dropout=0.0,
+
+        def make():
+            return cls(
+                BertConfig(
+                    vocab_size=100,
+                    hidden_size=16,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=32,
+                    hidden_dropout_prob=0.2,
+                    classifier_dropout=0.0,
+                )
             )
-        )
+
     models = []
     for _ in range(2):
         torch.manual_seed(0)

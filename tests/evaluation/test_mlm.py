@@ -1,4 +1,5 @@
-"""mlmkit eval (the training loop's own evaluation) and the metric modules shipped for offline use."""
+"""mlmkit eval (the training loop's own evaluation) and the metric modules shipped for offline
+use."""
 
 from __future__ import annotations
 

@@ -62,10 +62,11 @@ def _step(objective, batch):
 @pytest.mark.parametrize("config", [ModelConfig(**SMALL), MODERN], ids=["bert", "modernbert"])
 def test_a_flattened_batch_runs_flash_attn_varlen_without_waiting_for_the_host(tokenizer, config):
     """The padded batch through SDPA against the batch the loader flattened, through flash-attn's
-    variable-length kernel: the same loss in bf16; the padded batch through flash-attn (transformers'
-    own unpadding: ``mask.all()``, ``nonzero`` and ``max().item()`` in every layer) waits for the
-    host in every layer, the flattened one at most once a forward (transformers from 5.2x probes
-    BERT's position ids for packed sequences when it builds the mask; 5.17 does not)."""
+    variable-length kernel: the same loss in bf16; the padded batch through flash-attn
+    (transformers' own unpadding: ``mask.all()``, ``nonzero`` and ``max().item()`` in every layer)
+    waits for the host in every layer, the flattened one at most once a forward (transformers from
+    5.2x probes BERT's position ids for packed sequences when it builds the mask; 5.17 does
+    not)."""
     collator = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)
     rows = _seeded(_ragged(tokenizer, lengths=LENGTHS))
     padded = to_device(TrainingCollate(collator)(rows), torch.device("cuda"))

@@ -289,7 +289,8 @@ def test_a_training_step_returns_no_logits(tokenizer):
 
 def test_a_loaded_bert_extends_its_position_table_by_copying_the_learned_rows(tokenizer, tmp_path):
     """model.extend_positions_to: 64 learned positions grown to 160, rows 64-127 and 128-159
-    copies of rows 0-63 and 0-31; the model then reads 160-token inputs and saves the longer table."""
+    copies of rows 0-63 and 0-31; the model then reads 160-token inputs and saves the longer
+    table."""
     import pytest
 
     from mlmkit.errors import ConfigError

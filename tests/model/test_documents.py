@@ -184,7 +184,7 @@ def test_padded_batches_build_their_masks_without_a_host_read(tokenizer, config,
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
 
 
-# -- a batch the loader flattened for flash-attn's variable-length kernel ----------------------------
+# -- a batch the loader flattened for flash-attn's variable-length kernel --------------------------
 
 
 def _flattened(batch, sep_id=None):

@@ -133,7 +133,8 @@ class Cluster:
             if fields.get("JobState") in states:
                 return fields
             assert time.monotonic() < deadline, (
-                f"job {job_id} is {fields.get('JobState')} after {timeout} s, not {states}:\n{self.logs()}"
+                f"job {job_id} is {fields.get('JobState')} after {timeout} s, not {states}:\n"
+                f"{self.logs()}"
             )
             time.sleep(0.5)
 

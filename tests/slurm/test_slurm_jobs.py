@@ -223,7 +223,8 @@ def test_train_sbatch_trains_on_two_nodes_through_the_multi_node_config(slurm, t
     multi_node accelerate config, one rank per node, the first node's name as the rendezvous."""
     if len(slurm.nodes) < 2:
         slurm.not_here(
-            "this machine's name does not resolve to an address of its own, so the cluster has one node"
+            "this machine's name does not resolve to an address of its own, so the cluster has one "
+            "node"
         )
     env = job_env(ACCELERATE_CONFIG="multi_node")
     job = submit(

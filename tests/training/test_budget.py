@@ -150,7 +150,8 @@ def test_a_token_or_time_budget_alone_is_the_only_budget():
         "Budget: 3,000 steps (train.max_steps), the default when no budget is set"
     )
     assert TrainConfig(max_tokens=10**6, max_steps=20).budget_description() == (
-        "Budget: the first reached of 20 steps (train.max_steps) and 1,000,000 tokens (train.max_tokens)"
+        "Budget: the first reached of 20 steps (train.max_steps) and 1,000,000 tokens "
+        "(train.max_tokens)"
     )
 
 

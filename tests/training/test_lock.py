@@ -101,7 +101,10 @@ def test_a_command_refused_after_locking_leaves_the_lock_file_as_it_was(tmp_path
 
 
 def _locked_in_another_process(run_dir) -> bool:
-    code = "import sys; from pathlib import Path; from mlmkit.training import lock; lock.acquire(Path(sys.argv[1]))"
+    code = (
+        "import sys; from pathlib import Path; from mlmkit.training import lock; "
+        "lock.acquire(Path(sys.argv[1]))"
+    )
     return (
         subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=ROOT, timeout=60).returncode
         == 0

@@ -1,4 +1,5 @@
-"""The optimizer's parameter groups (no decay on biases and LayerNorm) and the learning-rate schedules."""
+"""The optimizer's parameter groups (no decay on biases and LayerNorm) and the learning-rate
+schedules."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ def test_flops_formula_by_hand():
 
 
 def test_flops_formula_matches_counted_matmuls(tokenizer):
-    """The formula equals the matmul FLOPs torch counts in a forward + backward of the sparse head."""
+    """The formula equals the matmul FLOPs torch counts in a forward + backward of the sparse
+    head."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = _model(tokenizer, attn_implementation="eager")  # attention as plain matmuls
@@ -396,7 +397,7 @@ def test_the_peak_of_the_cuda_device_is_looked_up_by_its_name(monkeypatch):
     assert perf.chip_bf16_peak(torch.device("cuda", 0)) is None
 
 
-# -- an implausible measured rate --------------------------------------------------------------------
+# -- an implausible measured rate ------------------------------------------------------------------
 
 
 def test_an_implausible_rate_is_never_stored_and_is_measured_again(monkeypatch, tmp_path):

@@ -131,7 +131,8 @@ def test_learning_rate_of_each_schedule():
     # continue: the run's own schedule (100 warmup steps, then linear decay over the run)
     assert plan.lr_factor(49) == pytest.approx(0.5) and plan.lr_factor(99) == pytest.approx(1.0)
     assert plan.lr_factor(499) == pytest.approx(budget.lr_factor(499))
-    # rewarm: 10 steps of warmup to the phase's rate (half the run's), then a linear decay to 0 at its end
+    # rewarm: 10 steps of warmup to the phase's rate (half the run's), then a linear decay to 0 at
+    # its end
     plan.begin(500, 0, 0.0)
     assert plan.lr_factor(500) == pytest.approx(0.05) and plan.lr_factor(509) == pytest.approx(0.5)
     assert plan.lr_factor(510) < 0.5 and plan.lr_factor(799) == pytest.approx(0.0, abs=1e-9)

@@ -222,7 +222,8 @@ def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", record)
     torch._dynamo.reset()
-    # a window wider than the rows: it hides nothing, and ModernBERT's local layers need no mask either
+    # a window wider than the rows: it hides nothing, and ModernBERT's local layers need no mask
+    # either
     extra = (
         {"architecture": "modernbert", "local_attention": 128}
         if architecture == "modernbert"

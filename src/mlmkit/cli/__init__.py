@@ -14,9 +14,11 @@
     mlmkit predict   outputs/finetune/<task>/<date>/<time>/model "a text"
     mlmkit plot      outputs/<run> [more runs] [--out file.png]
     mlmkit sweep     multirun/<date>/<time>
-    mlmkit doctor    model=bert-base [--out report.json]      what a run gets on this machine, and what to change
+    mlmkit doctor    model=bert-base [--out report.json]      what a run gets on this machine,
+                                                              and what to change
     mlmkit accelerate-config ddp_bf16 --out ddp.yaml        a packaged accelerate config
-    mlmkit launch    --multi_gpu --num_processes 2 train ...  accelerate launch, one sentence however it ends
+    mlmkit launch    --multi_gpu --num_processes 2 train ...  accelerate launch, one sentence
+                                                              however it ends
 
 Each command lives in ``mlmkit.cli.<name>`` and takes Hydra overrides (or, for fill-mask, predict,
 plot and sweep, plain arguments). Under ``accelerate launch -m mlmkit train ...`` (or

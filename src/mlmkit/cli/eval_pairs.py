@@ -1,6 +1,6 @@
-"""``mlmkit eval-pairs checkpoint=<run dir | final/ | checkpoints/step_*> files=[<pairs.jsonl>,...]``:
-minimal-pair acceptability by pseudo-log-likelihood (``mlmkit.evaluation.pairs``; settings:
-conf/eval_pairs.yaml)."""
+"""``mlmkit eval-pairs checkpoint=<run dir | final/ | checkpoints/step_*>
+files=[<pairs.jsonl>,...]``: minimal-pair acceptability by pseudo-log-likelihood
+(``mlmkit.evaluation.pairs``; settings: conf/eval_pairs.yaml)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``mlmkit eval-retrieval checkpoint=<run dir | final/ | checkpoints/step_*> data_dir=<BEIR folder>``:
-zero-shot retrieval with a model's sentence embeddings (``mlmkit.evaluation.retrieval``;
-settings: conf/eval_retrieval.yaml)."""
+"""``mlmkit eval-retrieval checkpoint=<run dir | final/ | checkpoints/step_*>
+data_dir=<BEIR folder>``: zero-shot retrieval with a model's sentence embeddings
+(``mlmkit.evaluation.retrieval``; settings: conf/eval_retrieval.yaml)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def main() -> None:
         r = results[0]
         print(
             f"{r['checkpoint']} ({r['init']} init, {r['pooling']} pooling) on {r['data_dir']} "
-            f"{r['split']}, {r['queries']} queries, {r['documents']} documents: "
-            f"nDCG@10 {r['ndcg@10']:.4f}, recall@100 {r['recall@100']:.4f}, MRR@10 {r['mrr@10']:.4f}"
+            f"{r['split']}, {r['queries']} queries, {r['documents']} documents: nDCG@10 "
+            f"{r['ndcg@10']:.4f}, recall@100 {r['recall@100']:.4f}, MRR@10 {r['mrr@10']:.4f}"
         )
 
     run_hydra_main(run)

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from mlmkit.evaluation.predict import group_texts, load_classifier, predict, read_inputs
 
-    transformers_logging.disable_progress_bar()  # stdout and stderr carry the results and errors only
+    # stdout and stderr carry the results and errors only
+    transformers_logging.disable_progress_bar()
     model, tokenizer, task = load_classifier(args.model_dir)
     columns = list(task.get("text_columns") or ["text"])
     inputs = group_texts(args.texts, columns) + (

@@ -92,7 +92,8 @@ def tokenizer_card(cfg: Config, tokenizer, chars: int, report: str) -> str:
     t = cfg.tokenizer
     return (
         f"# {t.algorithm} tokenizer trained by mlmkit\n\n"
-        f"- Vocabulary: {len(tokenizer)} tokens; lowercase={t.lowercase}, strip_accents={t.strip_accents}.\n"
+        f"- Vocabulary: {len(tokenizer)} tokens; lowercase={t.lowercase}, "
+        f"strip_accents={t.strip_accents}.\n"
         f"- Trained on {chars:,} characters ({cfg.data.source} data).\n"
         f"- Held out one text in {HOLD_OUT}: {report}\n"
     )

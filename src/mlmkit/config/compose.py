@@ -98,7 +98,8 @@ def finish(cfg: DictConfig, overrides: list[str]) -> tuple[Config, list[str]]:
 
 
 def to_config(cfg: Any, schema_class: type = Config) -> Any:
-    """Turn a composed DictConfig (or a plain dict) into a checked ``Config`` (or ``schema_class``)."""
+    """Turn a composed DictConfig (or a plain dict) into a checked ``Config`` (or
+    ``schema_class``)."""
     if isinstance(cfg, schema_class):
         return cfg
     if not isinstance(cfg, DictConfig):

@@ -55,7 +55,8 @@ def _given(name: str, keys: set[str]) -> bool:
 
 
 def continued_lr(width: int, global_batch: int) -> float:
-    """The continued-pretraining peak rate for a model ``width`` wide at ``global_batch`` sequences."""
+    """The continued-pretraining peak rate for a model ``width`` wide at ``global_batch``
+    sequences."""
     return REFERENCE_LR * math.sqrt(global_batch / REFERENCE_BATCH) * REFERENCE_WIDTH / width
 
 

@@ -213,7 +213,8 @@ class ModelConfig:
         )
         _check(
             self.local_attention >= 2 and self.local_attention % 2 == 0,
-            f"model.local_attention must be an even number of at least 2, got {self.local_attention}.",
+            "model.local_attention must be an even number of at least 2, got "
+            f"{self.local_attention}.",
         )
         _check(
             self.global_attn_every_n_layers >= 1,
@@ -358,11 +359,13 @@ class DataConfig:
                 _check(s.weight > 0, f"data.sources[{i}].weight must be positive, got {s.weight}.")
         _check(
             self.mix_stopping in ("first_exhausted", "all_exhausted"),
-            f"data.mix_stopping must be first_exhausted or all_exhausted, got {self.mix_stopping!r}.",
+            "data.mix_stopping must be first_exhausted or all_exhausted, got "
+            f"{self.mix_stopping!r}.",
         )
         _check(
             self.txt_sample_by in ("paragraph", "line", "document"),
-            f"data.txt_sample_by must be 'paragraph', 'line' or 'document', got {self.txt_sample_by!r}.",
+            "data.txt_sample_by must be 'paragraph', 'line' or 'document', got "
+            f"{self.txt_sample_by!r}.",
         )
         _check(
             0.0 < self.validation_split < 1.0,
@@ -577,7 +580,8 @@ class TrainConfig:
         _check(self.batch_warmup_tokens >= 0, "train.batch_warmup_tokens must not be negative.")
         _check(
             self.batch_warmup_start is None or self.batch_warmup_start >= 1,
-            "train.batch_warmup_start must be at least 1 (or null for one micro-batch per process).",
+            "train.batch_warmup_start must be at least 1 (or null for one micro-batch per "
+            "process).",
         )
 
     def budget_description(self) -> str:
@@ -610,9 +614,9 @@ class TrainConfig:
         derived = self.global_batch_size // per_pass
         _check(
             self.grad_accum_steps in (1, derived),
-            f"train.grad_accum_steps={self.grad_accum_steps} disagrees with train.global_batch_size="
-            f"{self.global_batch_size} ({self.batch_size} per device x {world} processes needs "
-            f"{derived}); set only one of them.",
+            f"train.grad_accum_steps={self.grad_accum_steps} disagrees with "
+            f"train.global_batch_size={self.global_batch_size} ({self.batch_size} per device x "
+            f"{world} processes needs {derived}); set only one of them.",
         )
         return derived
 
@@ -658,7 +662,8 @@ class TaskConfig:
     data_dir: str | None = (
         None  # folder of relative train_file and eval_file; null: the Hub dataset
     )
-    # .csv: CSV; .jsonl / .json: one JSON object per line; any other name: TSV (as GLUE's, no quoting)
+    # .csv: CSV; .jsonl / .json: one JSON object per line; any other name: TSV (as GLUE's, no
+    # quoting)
     train_file: str | None = (
         "train.tsv"  # a path: absolute, or relative to data_dir (else the working dir)
     )
@@ -739,8 +744,9 @@ class ProbeConfig:
         _check(self.every >= 0, f"probe.every must not be negative, got {self.every}.")
         _check(
             self.task.kind == "classification",
-            f"probe.task={self.task.name} is a regression task; a probe classifies: choose "
-            "a classification task (task@probe.task=sst2, cola, mrpc, qqp, mnli, qnli, rte, wnli or files).",
+            f"probe.task={self.task.name} is a regression task; a probe classifies: choose a "
+            "classification task (task@probe.task=sst2, cola, mrpc, qqp, mnli, qnli, rte, wnli or "
+            "files).",
         )
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
@@ -1018,7 +1024,8 @@ class FinetuneConfig:
         )
         _check(
             self.max_train_samples is None or self.max_train_samples >= 1,
-            f"max_train_samples must be at least 1 (or null for all), got {self.max_train_samples}.",
+            "max_train_samples must be at least 1 (or null for all), got "
+            f"{self.max_train_samples}.",
         )
         _check(
             0.0 <= self.classifier_dropout < 1.0,
@@ -1086,7 +1093,10 @@ class GlueConfig:
     tasks: list[str] = field(
         default_factory=lambda: ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte"]
     )
-    protocol: str = "bert"  # bert: Devlin et al. (2019) | modern: an lr grid, seeds' median, RTE/MRPC/STS-B from MNLI
+    protocol: str = (
+        "bert"  # bert: Devlin et al. (2019) | modern: an lr grid, seeds' median,
+        # RTE/MRPC/STS-B from MNLI
+    )
     lrs: list[float] | None = None  # the learning rates tried per task (null: the protocol's)
     seeds: list[int] | None = None  # the seeds per learning rate (null: the protocol's)
     epochs: float | None = None  # passes over each task's training set (null: the protocol's)
@@ -1171,7 +1181,8 @@ class RetrievalEvalConfig:
         )
         _check(
             re.fullmatch(r"[\w.-]+", self.split or "") is not None,
-            f"split must name a file of qrels/ without its .tsv (test, dev, train), got {self.split!r}.",
+            "split must name a file of qrels/ without its .tsv (test, dev, train), got "
+            f"{self.split!r}.",
         )
         _check(
             self.pooling in ("cls", "mean"), f"pooling must be cls or mean, got {self.pooling!r}."

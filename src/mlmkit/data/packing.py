@@ -118,9 +118,10 @@ def check_predictable(rows, tokenizer, setting: str) -> None:
         if ids.size and not np.isin(ids, special).all():
             return
     raise DataError(
-        f"{setting}: the text tokenizes to special tokens only ({', '.join(tokenizer.all_special_tokens)}), "
-        "so no token can be masked and predicted; use a tokenizer that covers the text "
-        "(tokenizer.name_or_path=null trains one on it), or add text."
+        f"{setting}: the text tokenizes to special tokens only "
+        f"({', '.join(tokenizer.all_special_tokens)}), so no token can be masked and predicted; "
+        "use a tokenizer that covers the text (tokenizer.name_or_path=null trains one on it), or "
+        "add text."
     )
 
 

@@ -383,7 +383,10 @@ def hub_error(name: str, config: str | None, exc: BaseException | None = None) -
     if _offline_env():
         reason = "the Hub is switched off (HF_HUB_OFFLINE=1) and it is not in the local cache"
     elif not hub_reachable():
-        reason = "the Hugging Face Hub cannot be reached from this machine and it is not in the local cache"
+        reason = (
+            "the Hugging Face Hub cannot be reached from this machine and it is not in the "
+            "local cache"
+        )
         exc = None
     else:
         reason = "the Hugging Face Hub does not have it or refused it"

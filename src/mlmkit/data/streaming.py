@@ -588,7 +588,8 @@ class StreamingBatches:
         if state["workers"] != self.dataset.workers:
             raise ConfigError(
                 f"The checkpoint's stream was read by {state['workers']} dataloader worker(s) per "
-                f"process; resume with train.num_workers={state['workers'] if state['workers'] > 1 else 0}."
+                "process; resume with "
+                f"train.num_workers={state['workers'] if state['workers'] > 1 else 0}."
             )
         self.consumed, self.epoch = state["consumed"], state.get("epoch", 0)
         self.dataset.states = list(state["shards"])

@@ -134,9 +134,10 @@ def check_normalizer(cfg: TokenizerConfig, sample: list[str]) -> None:
     letters = scripts.letters_lost(lost)
     if sum(letters.values()) > 0.001 * total:
         raise ConfigError(
-            f"tokenizer.strip_accents=true would delete or change {sum(letters.values()) / total:.1%} of "
-            f"the corpus's characters, letters of its script or their marks ({scripts.describe(letters)}); "
-            "set tokenizer.strip_accents=false."
+            "tokenizer.strip_accents=true would delete or change "
+            f"{sum(letters.values()) / total:.1%} of the corpus's characters, letters of its "
+            f"script or their marks ({scripts.describe(letters)}); set "
+            "tokenizer.strip_accents=false."
         )
     if lost:
         log.warning(
@@ -259,28 +260,28 @@ def unk_report(
     words, over = scripts.long_words(_pre_tokenized(tokenizer, texts), limit) if limit else (0, 0)
     if over and over >= 0.005 * words:
         cause = (
-            f"{over / words:.1%} of its words run over {limit} characters without a space (a script "
-            "written without spaces?), and WordPiece makes each one [UNK]: train tokenizer.algorithm="
-            "unigram or bpe"
+            f"{over / words:.1%} of its words run over {limit} characters without a space (a "
+            "script written without spaces?), and WordPiece makes each one [UNK]: train "
+            "tokenizer.algorithm=unigram or bpe"
         )
     elif trained_here:
         cause = (
             "characters too rare for the vocabulary, or, in WordPiece, words of over "
-            f"{limit or 100} characters without a space (each one [UNK]); raise tokenizer.vocab_size "
-            "or train tokenizer.algorithm=unigram"
+            f"{limit or 100} characters without a space (each one [UNK]); raise "
+            "tokenizer.vocab_size or train tokenizer.algorithm=unigram"
         )
     elif extended:
         cause = (
-            f"words the extended vocabulary still lacks (tokenizer.extend_vocab={extended} adds whole "
-            "words; the others keep the old pieces, [UNK] where the old vocabulary lacks their "
-            "characters): raise tokenizer.extend_vocab, or train a tokenizer on this corpus "
+            f"words the extended vocabulary still lacks (tokenizer.extend_vocab={extended} adds "
+            "whole words; the others keep the old pieces, [UNK] where the old vocabulary lacks "
+            "their characters): raise tokenizer.extend_vocab, or train a tokenizer on this corpus "
             "(tokenizer.name_or_path=null, without model.init_from)"
         )
     else:
         cause = (
-            "characters or words the vocabulary lacks (a tokenizer made for other text): train one on "
-            "this corpus (tokenizer.name_or_path=null, without model.init_from), or, continuing a "
-            "model, add the corpus's words with tokenizer.extend_vocab"
+            "characters or words the vocabulary lacks (a tokenizer made for other text): train one "
+            "on this corpus (tokenizer.name_or_path=null, without model.init_from), or, continuing "
+            "a model, add the corpus's words with tokenizer.extend_vocab"
         )
     return f"{line}: likely {cause}.", True
 
@@ -359,7 +360,8 @@ def load_base_tokenizer(cfg: TokenizerConfig, init_from: str | None):
 
 
 def _cached(key: dict, cache_dir, make: Callable[[], object]):
-    """The tokenizer cached under ``cache_dir/tokenizers/<hash of key>``, else ``make()``'s, cached."""
+    """The tokenizer cached under ``cache_dir/tokenizers/<hash of key>``, else ``make()``'s,
+    cached."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     target = Path(cache_dir) / "tokenizers" / digest
     cache.remove_orphans(target.parent)
@@ -372,7 +374,8 @@ def _cached(key: dict, cache_dir, make: Callable[[], object]):
     except Exception as exc:  # a full disk: OSError, or the Rust writer's own error
         raise ConfigError(
             f"Could not save the trained tokenizer under paths.cache_dir={str(cache_dir)!r} "
-            f"({cache.reason(exc)}); free disk space there or set paths.cache_dir to another folder."
+            f"({cache.reason(exc)}); free disk space there or set paths.cache_dir to another "
+            "folder."
         ) from None
     return tokenizer
 

@@ -147,7 +147,8 @@ def extend_tokenizer(
     )
     log.info(
         "Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; on %.1fM "
-        "characters of the corpus, tokens per word %.3f -> %.3f, [UNK] %.2f%% -> %.2f%% of the tokens",
+        "characters of the corpus, tokens per word %.3f -> %.3f, [UNK] %.2f%% -> %.2f%% of the "
+        "tokens",
         len(added),
         len(vocab),
         seen / 1e6,

@@ -268,7 +268,8 @@ read_tsv = read_examples  # the name of the GLUE-format reader
 def discover_labels(
     rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig
 ) -> list[str]:
-    """The label values of the training rows, sorted (numbers by value), for a task that lists none."""
+    """The label values of the training rows, sorted (numbers by value), for a task that lists
+    none."""
     values = {row[task.label_column].strip() for _, row in rows}
 
     def number(value: str) -> float | None:
@@ -699,7 +700,8 @@ def finetune(
         cpu=use_cpu,
         mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision"),
     )
-    accelerator.wait_for_everyone()  # every rank has found the run dir empty before one writes there
+    # every rank has found the run dir empty before one writes there
+    accelerator.wait_for_everyone()
     set_seed(cfg.seed)
     mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
     train_set, eval_set = load_task(

@@ -20,7 +20,8 @@ from mlmkit.training.validation import evaluate, fixed_eval_batches
 
 
 def eval_dataset(cfg: EvalConfig, tokenizer):
-    """The packed blocks to evaluate: ``cfg.files`` whole, or the validation split of ``cfg.data``."""
+    """The packed blocks to evaluate: ``cfg.files`` whole, or the validation split of
+    ``cfg.data``."""
     import datasets
 
     if cfg.files:
@@ -56,7 +57,8 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
 def run_evaluation(cfg: EvalConfig, data: str | None = None) -> dict[str, Any]:
     """``mlmkit eval``: evaluate ``cfg.checkpoint`` as the training loop does (``evaluate``);
     returns the figures (``loss``, ``perplexity``, ``accuracy``, ``top5_accuracy``,
-    ``tokens``, ...; ``data``: what was scored, in words) and writes them to ``cfg.output`` if set."""
+    ``tokens``, ...; ``data``: what was scored, in words) and writes them to ``cfg.output`` if
+    set."""
 
     from accelerate import Accelerator
 

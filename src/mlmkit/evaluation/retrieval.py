@@ -1,7 +1,7 @@
 """Zero-shot retrieval on a BEIR-format folder: the encoder as the embedder behind vector search.
 
     mlmkit eval-retrieval checkpoint=outputs/<run> data_dir=path/to/beir/scifact
-    mlmkit eval-retrieval checkpoint=outputs/<run> data_dir=... init=random   # same model, random weights
+    mlmkit eval-retrieval checkpoint=outputs/<run> data_dir=... init=random   # random weights
     mlmkit eval-retrieval checkpoint=outputs/<run> data_dir=... split=dev     # qrels/dev.tsv
 
 The folder is laid out as BEIR's datasets are (Thakur et al., 2021, "BEIR: A Heterogeneous

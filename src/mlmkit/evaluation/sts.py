@@ -1,7 +1,7 @@
 """Zero-shot semantic textual similarity (STS-B): the encoder as a sentence embedder.
 
     mlmkit eval-sts checkpoint=outputs/<run> data_dir=../shared/data/glue/STS-B
-    mlmkit eval-sts checkpoint=outputs/<run> data_dir=... init=random    # same model, random weights
+    mlmkit eval-sts checkpoint=outputs/<run> data_dir=... init=random    # random weights
     mlmkit eval-sts checkpoint=outputs/<run> data_dir=... pooling=cls    # the [CLS] state
 
 Each sentence is embedded alone: the mean of the last layer's token states, padding

@@ -50,7 +50,8 @@ def embed(
             (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
         PartialState().wait_for_everyone()
     finally:
-        lock.release()  # the run dir's lock, taken at the start (a refused run's lock file as it was)
+        # the run dir's lock, taken at the start (a refused run's lock file as it was)
+        lock.release()
         setup.stop_logging()
     return summary
 

@@ -7,8 +7,8 @@ the last layer's token states, padding excluded, the sentence vector that masked
 pretraining trains (``mlmkit eval-sts`` scores the same vectors). ``sentence_bert_config.json``
 holds the transformer module's settings (inputs longer than ``max_seq_length`` tokens are
 cut), ``config_sentence_transformers.json`` the similarity the embeddings are meant for
-(cosine). The dir's other readers (transformers' ``AutoModelForMaskedLM``, ``pipeline("fill-mask")``)
-ignore these files.
+(cosine). The dir's other readers (transformers' ``AutoModelForMaskedLM``,
+``pipeline("fill-mask")``) ignore these files.
 
     from sentence_transformers import SentenceTransformer
     model = SentenceTransformer("outputs/<run>/final")

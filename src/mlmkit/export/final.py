@@ -24,8 +24,8 @@ def _origin_lines(config: dict[str, Any], summary: dict[str, Any]) -> str:
             or "the run's own settings"
         )
         lines += (
-            f"- Phase: {phase['name']} of a phased run ({phase['share']:.0%} of its budget, learning "
-            f"rate {phase['schedule']}; {settings}): {summary.get('phase_steps')} steps, "
+            f"- Phase: {phase['name']} of a phased run ({phase['share']:.0%} of its budget, "
+            f"learning rate {phase['schedule']}; {settings}): {summary.get('phase_steps')} steps, "
             f"{summary.get('phase_tokens')} tokens.\n"
         )
     return lines
@@ -70,9 +70,12 @@ tags: [bert, fill-mask, mlmkit, sentence-transformers, feature-extraction]
 
 A {family} encoder pretrained with masked language modeling by mlmkit.
 
-- Architecture: {type(model).__name__} (layers {c.num_hidden_layers}, hidden {c.hidden_size}, heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{attention}), {count_parameters(model) / 1e6:.2f}M parameters.
+- Architecture: {type(model).__name__} (layers {c.num_hidden_layers}, hidden {c.hidden_size}, \
+heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{attention}), \
+{count_parameters(model) / 1e6:.2f}M parameters.
 {started}- Data: {source}, blocks of {data.get("max_seq_length")} tokens.
-{unk_line}- Training: {summary.get("step")} optimizer steps, {summary.get("tokens_seen")} tokens seen.
+{unk_line}- Training: {summary.get("step")} optimizer steps, \
+{summary.get("tokens_seen")} tokens seen.
 
 ## Final evaluation (validation set, fixed masks)
 
@@ -89,7 +92,8 @@ fill = pipeline("fill-mask", model="path/to/this/dir")
 fill("The {mask} of the function is returned.")
 ```
 
-or from the command line: `mlmkit fill-mask path/to/this/dir "The {mask} of the function is returned."`
+or from the command line: \
+`mlmkit fill-mask path/to/this/dir "The {mask} of the function is returned."`
 
 ### Sentence embeddings
 
@@ -158,7 +162,8 @@ def export_final(
     if tmp.exists():
         shutil.rmtree(tmp)
     tokenizer.model_max_length = model.config.max_position_embeddings
-    # save_pretrained empties the dict it is given; the caller's may be written again (a phase's export)
+    # save_pretrained empties the dict it is given; the caller's may be written again (a phase's
+    # export)
     model.save_pretrained(
         str(tmp),
         safe_serialization=True,

@@ -118,8 +118,9 @@ def build_model(
             else " or raise model.max_position_embeddings"
         )
         raise ConfigError(
-            f"data.max_seq_length ({max_seq_length}, the longest of the run and its phases) is larger than "
-            f"the model's max_position_embeddings ({limit}); lower data.max_seq_length{grow}."
+            f"data.max_seq_length ({max_seq_length}, the longest of the run and its phases) is "
+            f"larger than the model's max_position_embeddings ({limit}); lower "
+            f"data.max_seq_length{grow}."
         )
     return model
 
@@ -198,8 +199,8 @@ def extend_embeddings(
         != model.get_input_embeddings().weight.data_ptr()
     ):
         raise ConfigError(
-            "tokenizer.extend_vocab grows a model whose output layer shares its input embeddings (as "
-            "BERT's and ModernBERT's do); this one's are untied: set tokenizer.extend_vocab=0."
+            "tokenizer.extend_vocab grows a model whose output layer shares its input embeddings "
+            "(as BERT's and ModernBERT's do); this one's are untied: set tokenizer.extend_vocab=0."
         )
     rows = padded_vocab_size(tokenizer, multiple)
     if rows > model.get_input_embeddings().num_embeddings:
@@ -390,10 +391,11 @@ class MaskedLM(nn.Module):
     """The training objective around a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM``.
 
     ``forward`` returns the *sum* of the cross-entropy over the chosen positions and
-    their count (and, in eval mode, the logits and targets of the chosen positions), so the loop can normalise by the number of chosen tokens in the whole
-    optimizer step (all micro-batches, all ranks). With ``sparse_prediction`` the
-    vocabulary projection runs only on the chosen positions; the loss and gradients
-    are those of the full head. The wrapped model is saved as it is.
+    their count (and, in eval mode, the logits and targets of the chosen positions), so the
+    loop can normalise by the number of chosen tokens in the whole optimizer step (all
+    micro-batches, all ranks). With ``sparse_prediction`` the vocabulary projection runs only
+    on the chosen positions; the loss and gradients are those of the full head. The wrapped
+    model is saved as it is.
     """
 
     def __init__(

@@ -1,4 +1,5 @@
-"""Sequence classification (or regression) over the mean of the token states (``finetune pooling=mean``).
+"""Sequence classification (or regression) over the mean of the token states
+(``finetune pooling=mean``).
 
 BERT classifies from the last layer's ``[CLS]`` state, which its pretraining trained
 through next-sentence prediction. Pretraining with masked-token prediction alone (as

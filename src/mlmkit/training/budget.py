@@ -72,7 +72,8 @@ class Budget:
         return self.progress_at(step, self.tokens if tokens is None else tokens, self.elapsed(step))
 
     def progress_at(self, step: int, tokens: int, elapsed: float) -> float:
-        """The largest used share of any budget at ``step`` steps, ``tokens`` and ``elapsed`` seconds."""
+        """The largest used share of any budget at ``step`` steps, ``tokens`` and ``elapsed``
+        seconds."""
         shares = []
         if self.max_steps:
             shares.append(step / self.max_steps)

@@ -483,7 +483,8 @@ def rehearsal_findings(cfg: Config, device: torch.device, r: dict[str, Any]) -> 
     if not r["finite"]:
         out.append(
             f"The rehearsal's loss is not finite ({r['loss']}); lower optim.lr, set "
-            "optim.max_grad_norm, or set train.precision=fp32 to see whether the mixed precision causes it."
+            "optim.max_grad_norm, or set train.precision=fp32 to see whether the mixed precision "
+            "causes it."
         )
     if r["data_wait_share"] > DATA_WAIT_LIMIT:
         out.append(
@@ -498,7 +499,8 @@ def rehearsal_findings(cfg: Config, device: torch.device, r: dict[str, Any]) -> 
     if device.type == "cuda" and r["host_reads_per_step"] >= 1:
         out.append(
             f"The step makes the host wait for the GPU {r['host_reads_per_step']:.1f} times; set "
-            "masking.on_device=false or another masking.strategy, and report it if that does not help."
+            "masking.on_device=false or another masking.strategy, and report it if that does not "
+            "help."
         )
     expected = expected_mfu(cfg.model.hidden_size, device.type)
     if expected is not None and r["mfu"] < MFU_SLACK * expected:
@@ -640,8 +642,9 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"machine: {m['device']}; {m['gpus']} GPU(s); bf16 {'yes' if m['bf16'] else 'no'}, TF32 "
         f"{'on' if m['tf32'] else 'off'}; {m['peak']} {m['peak_tflops']:.2f} TFLOP/s",
-        f"software: torch {m['torch']}, transformers {m['transformers']}, accelerate {m['accelerate']}, "
-        f"flash-attn {'installed' if m['flash_attn'] else 'not installed'}; precision {m['precision']}",
+        f"software: torch {m['torch']}, transformers {m['transformers']}, accelerate "
+        f"{m['accelerate']}, flash-attn {'installed' if m['flash_attn'] else 'not installed'}; "
+        f"precision {m['precision']}",
         f"attention: {a['implementation']} ({a['dtype']}); SDPA's kernels:",
     ]
     for case, k in a["kernels"].items():
@@ -654,11 +657,12 @@ def format_report(report: dict[str, Any]) -> str:
         else "no figure for this width"
     )
     lines += [
-        f"rehearsal ({r['steps']} timed steps): {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%} "
-        f"({expected}), peak memory {r['peak_memory_gb']:.2f} GB, "
-        f"waiting for batches {r['data_wait_share']:.1%}, host reads {r['host_reads_per_step']:.1f} "
-        f"a step, padding {r['padding_share']:.1%}, loss {r['loss']:.3f}",
-        f"parity against {p['reference']} (loss {p['reference_loss']:.4f}; weights: {p['weights']}):",
+        f"rehearsal ({r['steps']} timed steps): {r['tokens_per_s']:,.0f} tokens/s, MFU "
+        f"{r['mfu']:.1%} ({expected}), peak memory {r['peak_memory_gb']:.2f} GB, waiting for "
+        f"batches {r['data_wait_share']:.1%}, host reads {r['host_reads_per_step']:.1f} a step, "
+        f"padding {r['padding_share']:.1%}, loss {r['loss']:.3f}",
+        f"parity against {p['reference']} (loss {p['reference_loss']:.4f}; weights: "
+        f"{p['weights']}):",
     ]
     for name, c in p["checks"].items():
         lines.append(

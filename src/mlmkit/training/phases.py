@@ -140,8 +140,8 @@ def begun_phases(
     if not cfg.phases:
         if len(starts) > 1:
             raise ConfigError(
-                f"train.resume: {checkpoint.name} was written in phase {starts[-1]['name']!r} of a phased "
-                "run; resume with the run's phases list (phases=...)."
+                f"train.resume: {checkpoint.name} was written in phase {starts[-1]['name']!r} of a "
+                "phased run; resume with the run's phases list (phases=...)."
             )
         return []
     if checkpoint is None:
@@ -158,8 +158,8 @@ def begun_phases(
         if old["name"] != phase.name or _canonical(old["set"]) != _canonical(phase.set):
             raise ConfigError(
                 f"train.resume: phase {i} of {checkpoint.name} was {old['name']!r} with "
-                f"{json.dumps(old['set'])} and is now {phase.name!r} with {json.dumps(phase.set)}; a "
-                "phase that has begun keeps its name and settings: change only later phases, or "
+                f"{json.dumps(old['set'])} and is now {phase.name!r} with {json.dumps(phase.set)}; "
+                "a phase that has begun keeps its name and settings: change only later phases, or "
                 "start a new run with model.init_from."
             )
     return starts

@@ -216,7 +216,8 @@ def retire_later(run_dir: Path, resume_from: Path, dropped_events: list[str]) ->
     except OSError as exc:
         raise CheckpointError(
             f"Could not move the checkpoints after {resume_from.name} to {str(target)!r} "
-            f"({exc.strerror or exc}); free disk space, or move them out of {str(ckpt_dir)!r} yourself."
+            f"({exc.strerror or exc}); free disk space, or move them out of {str(ckpt_dir)!r} "
+            "yourself."
         ) from None
     log.warning(
         "Resumed from %s, before the run's latest step: moved the abandoned continuation "

@@ -327,8 +327,8 @@ def check_engine(accelerator: Accelerator, cfg: Config, phases=()) -> int:
             )
             raise ConfigError(
                 f"Under DeepSpeed nothing accumulates ({derived} accumulation steps): keep "
-                "train.grad_accum_steps=1 and DeepSpeed's gradient_accumulation_steps at 1, and raise "
-                "train.batch_size or lower train.global_batch_size for the batch you want."
+                "train.grad_accum_steps=1 and DeepSpeed's gradient_accumulation_steps at 1, and "
+                "raise train.batch_size or lower train.global_batch_size for the batch you want."
             )
         # No dataloader goes through accelerate's prepare (the loop feeds its own batches),
         # so DeepSpeed takes the micro-batch from its config.
@@ -338,7 +338,8 @@ def check_engine(accelerator: Accelerator, cfg: Config, phases=()) -> int:
         elif micro != tc.batch_size:
             raise ConfigError(
                 f"The DeepSpeed config sets train_micro_batch_size_per_gpu={micro} but "
-                f"train.batch_size={tc.batch_size}; make them equal, or set the DeepSpeed one to auto."
+                f"train.batch_size={tc.batch_size}; make them equal, or set the DeepSpeed one to "
+                "auto."
             )
     log.info(
         "Batch: %d sequences per optimizer step = %d per device x %d process(es) x %d "
@@ -399,8 +400,8 @@ def build_run_model(
     if base is not None:
         log.info(
             "Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
-            "(tokenizer.extend_vocab), their embeddings the mean of their old pieces' (those the old "
-            "vocabulary cannot spell, all [UNK]: the average word's)",
+            "(tokenizer.extend_vocab), their embeddings the mean of their old pieces' (those the "
+            "old vocabulary cannot spell, all [UNK]: the average word's)",
             len(tokenizer) - len(base),
             len(base),
         )
@@ -477,8 +478,8 @@ def build_schedule(
             accum,
         )
         log.info(
-            "Batch warmup: %d to %d sequences per step over the first %s tokens (train.batch_warmup_tokens), "
-            "the learning rate in proportion",
+            "Batch warmup: %d to %d sequences per step over the first %s tokens "
+            "(train.batch_warmup_tokens), the learning rate in proportion",
             ramp.start * ramp.per_pass,
             accum * ramp.per_pass,
             f"{tc.batch_warmup_tokens:,}",

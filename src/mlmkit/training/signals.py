@@ -35,7 +35,8 @@ class StopSignals:
             self.received is None and os.environ.get("RANK", "0") == "0"
         ):  # said once, not by every rank
             again = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
-            # os.write: a print or a log call here could interrupt one in progress on the same stream
+            # os.write: a print or a log call here could interrupt one in progress on the same
+            # stream
             os.write(
                 2,
                 f"Got {signal.Signals(signum).name}: stopping after this step, with a "

@@ -204,9 +204,9 @@ def deepspeed_step(engine, skipped_before: int) -> tuple[torch.Tensor, bool]:
     if ok and not bool(torch.isfinite(grad_norm)):  # a host read, as DeepSpeed's norm already is
         log.warning(
             "DeepSpeed applied an update whose gradient norm is %s (this engine does not skip a "
-            "non-finite gradient), so the weights are no longer finite; set bf16.check_grad_overflow "
-            "to true in the DeepSpeed config or lower optim.lr, then resume from the last checkpoint "
-            "with train.resume=auto.",
+            "non-finite gradient), so the weights are no longer finite; set "
+            "bf16.check_grad_overflow to true in the DeepSpeed config or lower optim.lr, then "
+            "resume from the last checkpoint with train.resume=auto.",
             float(grad_norm),
         )
     return grad_norm, ok
@@ -249,9 +249,9 @@ class SkipCount:
         if longest >= max_bad_steps:
             raise TrainingDiverged(
                 f"{longest} steps in a row (train.max_bad_steps is {max_bad_steps}) had a "
-                f"non-finite loss or gradient, up to step {state.step}; lower optim.lr, set optim.max_grad_norm, or use "
-                "train.precision=bf16 instead of fp16, then resume from the last checkpoint with "
-                "train.resume=auto."
+                f"non-finite loss or gradient, up to step {state.step}; lower optim.lr, set "
+                "optim.max_grad_norm, or use train.precision=bf16 instead of fp16, then resume "
+                "from the last checkpoint with train.resume=auto."
             )
 
 

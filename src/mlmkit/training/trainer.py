@@ -419,7 +419,8 @@ class Trainer:
         )
 
     def paused(self, job):
-        """Run ``job`` (evaluation, a checkpoint, a phase's switch) with its time kept out of tokens/s."""
+        """Run ``job`` (evaluation, a checkpoint, a phase's switch) with its time kept out of
+        tokens/s."""
         t0 = time.perf_counter()
         out = job()
         self.window.paused += time.perf_counter() - t0
