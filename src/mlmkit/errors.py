@@ -42,7 +42,7 @@ class Preempted(MLMKitError):
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message without its full stop (its type's name where it
-    has none): the part of a library's error worth quoting in one sentence."""
+    """Return the first line of an exception's message without its full stop (its type's name where
+    it has none): the part of a library's error worth quoting in one sentence."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return (lines[0] if lines else type(exc).__name__).rstrip(".")

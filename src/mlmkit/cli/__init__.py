@@ -118,7 +118,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``mlmkit`` console script."""
+    """Run the ``mlmkit`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
@@ -151,5 +151,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fill_mask_main() -> int:
-    """The ``mlmkit-fill-mask`` console script: ``mlmkit fill-mask``."""
+    """Run the ``mlmkit-fill-mask`` console script: ``mlmkit fill-mask``."""
     return main(["fill-mask", *sys.argv[1:]])

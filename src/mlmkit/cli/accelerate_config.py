@@ -26,12 +26,12 @@ def _folder():
 
 
 def config_names() -> list[str]:
-    """The names of the packaged accelerate configs, sorted."""
+    """Return the names of the packaged accelerate configs, sorted."""
     return sorted(p.name[: -len(".yaml")] for p in _folder().iterdir() if p.name.endswith(".yaml"))
 
 
 def config_text(name: str) -> str:
-    """The YAML text of the packaged config ``name`` (``ddp_bf16`` or ``ddp_bf16.yaml``)."""
+    """Return the YAML text of the packaged config ``name`` (``ddp_bf16`` or ``ddp_bf16.yaml``)."""
     name = name.removesuffix(".yaml")
     names = config_names()
     if name not in names:
@@ -43,7 +43,7 @@ def config_text(name: str) -> str:
 
 
 def summary(text: str) -> str:
-    """What a config is for: the first sentence of its leading comment."""
+    """Say what a config is for: the first sentence of its leading comment."""
     lines = []
     for line in text.splitlines():
         if not line.startswith("#"):

@@ -76,7 +76,7 @@ def leave_process_group() -> None:
 
 
 def peer_gone(exc: BaseException) -> bool:
-    """True for the error of a collective whose other processes have ended."""
+    """Return True for the error of a collective whose other processes have ended."""
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return False
     text = str(exc)
@@ -84,7 +84,7 @@ def peer_gone(exc: BaseException) -> bool:
 
 
 def launched_rank() -> str | None:
-    """This process's rank: torchrun's ``RANK``, or "0" for the one process that accelerate's
+    """Return this process's rank: torchrun's ``RANK``, or "0" for the one process that accelerate's
     simple launcher starts under ``mlmkit launch`` (it sets no rank)."""
     rank = os.environ.get("RANK")
     if rank is None and os.environ.get(LAUNCH_DIR_ENV):

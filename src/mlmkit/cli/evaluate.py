@@ -46,7 +46,7 @@ def use_run_data(cfg: DictConfig, overrides: list[str]) -> str:
 
 
 def describe_data(data) -> str:
-    """A data config in a few words: its source and, for files or the Hub, what it reads."""
+    """Describe a data config briefly: its source and, for files or the Hub, what it reads."""
     if data.source == "files":
         what = f"data.train_files={list(data.train_files)}"
         if data.validation_files:

@@ -17,7 +17,7 @@ from mlmkit.errors import ConfigError
 
 
 def checkpoint_record(resolved: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the settings the checkpoint was trained under, its step and tokens seen); empty for
+    """Return (the settings the checkpoint was trained under, its step and tokens seen); empty for
     a model dir or a checkpoint written before settings were recorded."""
     try:
         state = json.loads((resolved / "loop_state.json").read_text())
@@ -31,8 +31,8 @@ def checkpoint_record(resolved: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def logged_evaluation(run_dir: Path, step) -> dict[str, Any]:
-    """The figures the run logged for ``step`` in its metrics.jsonl: the evaluation at that step
-    and the most-frequent-token baseline, as a finished run's model card has them (empty where
+    """Return the figures the run logged for ``step`` in its metrics.jsonl: the evaluation at that
+    step and the most-frequent-token baseline, as a finished run's model card has them (empty where
     the run evaluated nothing at that step, or logged nothing readable)."""
     from mlmkit.errors import DataError
     from mlmkit.training.metrics_log import read_metrics

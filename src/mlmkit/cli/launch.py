@@ -52,7 +52,7 @@ _ELASTIC_LOG = re.compile(
 
 
 def split_command(args: list[str], commands) -> tuple[list[str], list[str]]:
-    """(the launcher's options, ``<command> [settings]``): split at the first mlmkit command."""
+    """Split ``args`` at the first mlmkit command: (launcher options, ``<command> [settings]``)."""
     for i, arg in enumerate(args):
         if arg in commands and arg != "launch":
             return args[:i], args[i:]
@@ -74,7 +74,7 @@ def outcomes(folder: Path) -> dict[int, dict]:
 
 
 def explained(ended: dict[int, dict]) -> int | None:
-    """The status for the launcher to exit with when the ranks' endings explain the run's: a
+    """Return the status for the launcher to exit with when the ranks' endings explain the run's: a
     user's error or a preemption (the main process's, else another rank's), the other ranks
     stopped by it or by the launcher. None when they do not (a crash: its traceback stays)."""
     statuses = {rank: e.get("status") for rank, e in ended.items()}
@@ -172,7 +172,7 @@ def rank_pids(folder: Path) -> dict[int, str]:
 
 
 def machine_rank(options: list[str]) -> int:
-    """The machine rank the launcher's options give (0 without one)."""
+    """Return the machine rank the launcher's options give (0 without one)."""
     for i, option in enumerate(options):
         if option.startswith("--machine_rank"):
             value = option.split("=", 1)[1] if "=" in option else (options[i + 1 :] or ["0"])[0]
@@ -244,9 +244,10 @@ class Relay:
         self.passed = (self.passed + line)[-self.REPRINT_WINDOW :]
 
     def is_reprint(self, text: str) -> bool:
-        """A line that starts accelerate's re-print of a rank's stderr: ``RuntimeError: `` and the
-        start of the re-printed text (the end of what came before, cut anywhere), or a bare
-        ``RuntimeError`` outside a traceback (the re-print of a rank that wrote nothing)."""
+        """Return True for a line that starts accelerate's re-print of a rank's stderr:
+        ``RuntimeError: `` and the start of the re-printed text (the end of what came before, cut
+        anywhere), or a bare ``RuntimeError`` outside a traceback (the re-print of a rank that
+        wrote nothing)."""
         if text == "RuntimeError" and not self.holding:
             return True
         if not text.startswith("RuntimeError: "):
@@ -255,8 +256,8 @@ class Relay:
         return bool(self.passed) and (head in self.passed or any(head in h for h in self.held))
 
     def ranks_lines(self) -> list[str]:
-        """The held lines the ranks wrote themselves (a crash's traceback), without the elastic
-        log lines and accelerate's exception."""
+        """Return the held lines the ranks wrote themselves (a crash's traceback), without the
+        elastic log lines and accelerate's exception."""
         end = self._launcher_block()
         return [line for line in self.held[:end] if not _ELASTIC_LOG.match(line.rstrip("\n"))]
 

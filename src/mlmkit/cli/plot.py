@@ -27,7 +27,7 @@ PROBE_PANEL = ("probe", "probe_accuracy", "linear probe, dev accuracy (frozen en
 
 
 def run_label(run: Path, runs: list[Path]) -> str:
-    """The shortest trailing part of the path that tells the runs apart."""
+    """Return the shortest trailing part of the path that tells the runs apart."""
     parts = run.resolve().parts
     for n in range(1, len(parts) + 1):
         labels = {"/".join(r.resolve().parts[-n:]) for r in runs}
@@ -108,7 +108,7 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
 
 
 def _mark_phases(ax, events: list[dict], colour: str, named: bool) -> None:
-    """A phased run: a dotted line where each later phase begins (``named``: with its name)."""
+    """Mark a phased run: a dotted line where each later phase begins (``named``: with its name)."""
     for e in events:
         if e["event"] == "phase" and _number(e.get("step")) and e["step"] > 0:
             ax.axvline(e["step"], color=colour, linestyle=":", linewidth=0.8)

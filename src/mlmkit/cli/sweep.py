@@ -68,7 +68,7 @@ def _overrides(run: Path) -> list[str]:
 
 
 def summarize(run: Path, root: Path | None = None) -> dict[str, Any]:
-    """The table row of one run: its overrides, last step and last evaluation."""
+    """Return the table row of one run: its overrides, last step and last evaluation."""
     events = read_metrics(run)
     train = [e for e in events if e["event"] == "train"]
     evals = [e for e in events if e["event"] == "eval"]

@@ -77,7 +77,7 @@ HOLD_OUT, HELD_OUT_CHARS = 50, 2_000_000  # one text in 50 is held out, up to 2M
 
 
 def held_out_report(tokenizer, held_out: list[str]) -> tuple[str, bool]:
-    """The [UNK] share of the held-out texts, as a sentence (and whether it warns)."""
+    """Return the [UNK] share of the held-out texts, as a sentence (and whether it warns)."""
     if not held_out:
         return (
             "No text was held out to measure the [UNK] share (the corpus has under 50 texts).",
@@ -100,7 +100,7 @@ def tokenizer_card(cfg: Config, tokenizer, chars: int, report: str) -> str:
 
 
 def compose_training_config(overrides: list[str]) -> Config:
-    """The training config with ``overrides`` applied (Hydra's compose, no run dir)."""
+    """Compose the training config with ``overrides`` applied (Hydra's compose, no run dir)."""
     register_configs()
     GlobalHydra.instance().clear()
     try:

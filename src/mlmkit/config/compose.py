@@ -24,7 +24,7 @@ from mlmkit.errors import ConfigError
 
 
 def launch_time(fmt: str = "%Y-%m-%d/%H-%M-%S") -> str:
-    """The start time of the run, the same on every rank of a node.
+    """Return the start time of the run, the same on every rank of a node.
 
     Under ``accelerate launch``/torchrun each rank resolves the Hydra config on its own, at
     slightly different moments; they share the launcher process, so its start time names

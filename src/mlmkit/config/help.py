@@ -47,7 +47,7 @@ def field_notes(cls: type) -> dict[str, str]:
 
 
 def _schema_of(hint: Any) -> type | None:
-    """The dataclass a field's type names (``X``, ``X | None``), else None."""
+    """Return the dataclass a field's type names (``X``, ``X | None``), else None."""
     candidates = [hint, *typing.get_args(hint)]
     return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
 
@@ -89,7 +89,7 @@ def config_groups(config_name: str) -> list[tuple[str, str, list[str]]]:
 
 
 def composed_defaults(config_name: str) -> dict[str, Any]:
-    """The command's settings as its config composes them with no overrides (unresolved)."""
+    """Return the command's settings as its config composes them with no overrides (unresolved)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -107,7 +107,7 @@ def composed_defaults(config_name: str) -> dict[str, Any]:
 
 
 def shown(value: Any) -> str:
-    """A value as it is written on the command line (null, true, [a,b])."""
+    """Show a value as it is written on the command line (null, true, [a,b])."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -120,7 +120,7 @@ def shown(value: Any) -> str:
 
 
 def command_schema(config_name: str) -> type:
-    """The schema dataclass a command's config extends (the first entry of its defaults)."""
+    """Return the schema dataclass a command's config extends (the first entry of its defaults)."""
     import yaml
 
     defaults = yaml.safe_load(files(CONFIG_MODULE).joinpath(f"{config_name}.yaml").read_text())[
@@ -130,7 +130,7 @@ def command_schema(config_name: str) -> type:
 
 
 def command_help(command: str, config_name: str, what: str) -> str:
-    """The help of ``mlmkit <command>``."""
+    """Write the help of ``mlmkit <command>``."""
     schema = command_schema(config_name)
     out = [
         f"usage: mlmkit {command} [key=value ...] [group=option ...]",

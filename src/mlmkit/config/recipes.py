@@ -41,7 +41,7 @@ MLM_PROBABILITY = 0.15
 
 
 def given_keys(overrides: Iterable[str]) -> set[str]:
-    """The keys (``optim.lr``) and groups (``masking``) the command line sets."""
+    """Return the keys (``optim.lr``) and groups (``masking``) the command line sets."""
     keys = set()
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -55,7 +55,7 @@ def _given(name: str, keys: set[str]) -> bool:
 
 
 def continued_lr(width: int, global_batch: int) -> float:
-    """The continued-pretraining peak rate for a model ``width`` wide at ``global_batch``
+    """Return the continued-pretraining peak rate for a model ``width`` wide at ``global_batch``
     sequences."""
     return REFERENCE_LR * math.sqrt(global_batch / REFERENCE_BATCH) * REFERENCE_WIDTH / width
 
@@ -70,7 +70,7 @@ def _global_batch(cfg: DictConfig) -> int:
 
 
 def model_label(init_from: str) -> str:
-    """A name for a model continued from ``init_from`` (a path's last part, or a Hub name)."""
+    """Name a model continued from ``init_from`` (a path's last part, or a Hub name)."""
     path = Path(init_from).expanduser()
     if path.exists():
         resolved = path.resolve()
@@ -132,7 +132,7 @@ def apply_continued_pretraining(cfg: DictConfig, overrides: Iterable[str]) -> li
 
 
 def recipe_note(taken: list[str], init_from: str | None) -> str | None:
-    """The log line for the settings ``apply_continued_pretraining`` took."""
+    """Return the log line for the settings ``apply_continued_pretraining`` took."""
     if not taken:
         return None
     return (

@@ -32,7 +32,7 @@ DEFAULT_MAX_STEPS = 3000  # train.max_steps when no budget is set
 
 
 def check_model_source(checkpoint: str | None, init: str, verb: str) -> None:
-    """A command's ``checkpoint`` (required) and ``init`` (pretrained | random)."""
+    """Check a command's ``checkpoint`` (required) and ``init`` (pretrained | random)."""
     _check(
         bool(checkpoint),
         f"Say which model to {verb}: checkpoint=<run dir, its final/ dir or a checkpoint>.",
@@ -52,7 +52,7 @@ def check_masking(
     span_p: float = 0.2,
     span_max_words: int = 10,
 ) -> None:
-    """The masking settings' ranges, for ``MaskingConfig`` and for an ``MLMCollator`` made
+    """Check the masking settings' ranges, for ``MaskingConfig`` and for an ``MLMCollator`` made
     directly in Python (the one place they are checked)."""
     _check(
         0.0 < mlm_probability < 1.0,
@@ -440,11 +440,11 @@ class MaskingConfig:
             _check(v is None or 0.0 < v < 1.0, f"masking.{key} must be in (0, 1), got {v}.")
 
     def probability_at(self, step: int, total_steps: int) -> float:
-        """The mask rate at optimizer step ``step`` of ``total_steps``."""
+        """Return the mask rate at optimizer step ``step`` of ``total_steps``."""
         return self.rate_at(min(1.0, step / max(1, total_steps - 1)))
 
     def rate_at(self, fraction: float) -> float:
-        """The mask rate when ``fraction`` of the training budget is used."""
+        """Return the mask rate when ``fraction`` of the training budget is used."""
         if self.mlm_probability_end is None:
             return self.mlm_probability
         t = min(1.0, max(0.0, fraction))
@@ -831,8 +831,8 @@ class PhaseConfig:
 
 
 def flat_settings(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"data": {"max_seq_length": 512}}`` -> ``{"data.max_seq_length": 512}`` (dotted keys
-    stay as they are)."""
+    """Flatten nested settings: ``{"data": {"max_seq_length": 512}}`` ->
+    ``{"data.max_seq_length": 512}`` (dotted keys stay as they are)."""
     flat: dict[str, Any] = {}
     for key, value in dict(tree).items():
         name = f"{prefix}{key}"
@@ -922,8 +922,8 @@ class Config:
             self.phase_configs()  # every phase checked before the run starts
 
     def phase_configs(self) -> list[Config]:
-        """The settings of each phase: the run's, then every phase's ``set`` in turn (an empty
-        list for a run without phases). Each is checked as a run's config is."""
+        """Return the settings of each phase: the run's, then every phase's ``set`` in turn (an
+        empty list for a run without phases). Each is checked as a run's config is."""
         names = [p.name for p in self.phases]
         _check(
             len(set(names)) == len(names), f"phases: the names {names} must differ from each other."

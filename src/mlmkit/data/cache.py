@@ -58,7 +58,7 @@ def write_entry(target: Path, fill: Callable[[Path], None], info: dict | None = 
 
 
 def damage(target: Path) -> str | None:
-    """What is wrong with the entry's files (one missing, or of another size than written),
+    """Return what is wrong with the entry's files (one missing, or of another size than written),
     or None. Entries written without a manifest are checked only by loading them."""
     try:
         sizes = json.loads((target / MANIFEST).read_text())["sizes"]
@@ -76,7 +76,7 @@ def damage(target: Path) -> str | None:
 
 
 def read_info(target: Path) -> dict:
-    """The ``info`` the entry was written with ({} for an entry without a manifest)."""
+    """Return the ``info`` the entry was written with ({} for an entry without a manifest)."""
     try:
         return json.loads((target / MANIFEST).read_text()).get("info") or {}
     except (OSError, ValueError, AttributeError):
@@ -123,7 +123,7 @@ def remove_orphans(folder: Path, min_age_s: float = ORPHAN_AGE_S) -> None:
 
 
 def reason(exc: BaseException) -> str:
-    """An OS error's text ("No space left on device"), else the first line of the message."""
+    """Return an OS error's text ("No space left on device"), else the first line of the message."""
     text = getattr(exc, "strerror", None) or str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

@@ -189,7 +189,7 @@ class BatchStream:
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """The batch's tensors on ``device`` (without waiting); its other values (the layout, the
+    """Return the batch's tensors on ``device`` (without waiting); its other values (the layout, the
     longest sequence) stay on the host."""
     return {
         k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
@@ -205,7 +205,7 @@ def training_stream(
     sep_id: int | None = None,
     varlen: bool = False,
 ):
-    """The stream of micro-batches of this rank: ``BatchStream`` in map mode,
+    """Return the stream of micro-batches of this rank: ``BatchStream`` in map mode,
     ``StreamingBatches`` when ``data.streaming``; ``sep_id``: the id that ends a document where
     documents are isolated; ``varlen``: the model runs flash-attn (``TrainingCollate``).
 

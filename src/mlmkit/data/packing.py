@@ -82,7 +82,7 @@ _TEXT_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def text_backend(tokenizer):
-    """The tokenizer's Rust tokenizer, set to read a special token's string in the text
+    """Return the tokenizer's Rust tokenizer, set to read a special token's string in the text
     ("[MASK]", "[CLS]" typed in a document) as plain text: a corpus never puts a special id
     where the model would be asked to predict text, or hide text from the masking."""
     backend = _TEXT_BACKENDS.get(tokenizer)
@@ -126,7 +126,7 @@ def check_predictable(rows, tokenizer, setting: str) -> None:
 
 
 def _first_ids(blocks, max_blocks: int) -> torch.Tensor:
-    """The ids of the first ``max_blocks`` of ``blocks`` (a packed split), as one flat tensor."""
+    """Return the first ``max_blocks`` of ``blocks`` (a packed split) as one flat tensor of ids."""
     import torch
 
     ids = blocks[: min(len(blocks), max_blocks)]["input_ids"]
@@ -224,7 +224,7 @@ def pack_corpus(
 
 
 def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str:
-    """The packed dataset's cache key: everything that changes the blocks."""
+    """Return the packed dataset's cache key: everything that changes the blocks."""
 
     key_src = json.dumps(
         {
@@ -242,7 +242,7 @@ def cache_key(cfg: DataConfig, tokenizer, fingerprint: str | None = None) -> str
 
 
 def _corpus_setting(cfg: DataConfig, split: str) -> str:
-    """The setting that names the text of ``split``."""
+    """Return the setting that names the text of ``split``."""
     if split == "validation" and cfg.validation_files:
         return "data.validation_files"
     return {"files": "data.train_files", "hub": "data.hub_name", "mix": "data.sources"}.get(
@@ -310,7 +310,7 @@ def prepare_datasets(
 
 
 def _load_cached(target: Path):
-    """The packed dataset cached at ``target``, or None: there is none, or it was damaged
+    """Return the packed dataset cached at ``target``, or None: there is none, or it was damaged
     (then deleted with a warning). Temporary folders of stopped preparations are removed."""
     import datasets
 

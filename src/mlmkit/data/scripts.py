@@ -77,12 +77,12 @@ SYLLABARIES = frozenset({"HIRAGANA", "KATAKANA"})
 
 
 def script_of(ch: str) -> str:
-    """The script of a character as the first word of its Unicode name ("DEVANAGARI"), or "?"."""
+    """Return a character's script: the first word of its Unicode name ("DEVANAGARI"), or "?"."""
     return unicodedata.name(ch, "?").split(" ", 1)[0]
 
 
 def _chars(text: str) -> Counter:
-    """The characters of ``text``, composed (NFC) and lowercased, whitespace left out."""
+    """Return the characters of ``text``, composed (NFC) and lowercased, whitespace left out."""
     return Counter(c for c in unicodedata.normalize("NFC", text).lower() if not c.isspace())
 
 
@@ -99,13 +99,13 @@ def lost_characters(normalize, texts: Iterable[str]) -> tuple[int, Counter]:
 
 
 def letters_lost(lost: Counter) -> Counter:
-    """The part of ``lost`` that are letters: the characters of an abugida (vowel signs,
+    """Return the part of ``lost`` that are letters: the characters of an abugida (vowel signs,
     viramas, or a letter changed with its mark) and voiced kana (が -> か)."""
     return Counter({c: n for c, n in lost.items() if script_of(c) in ABUGIDAS | SYLLABARIES})
 
 
 def describe(lost: Counter, top: int = 3) -> str:
-    """The scripts ``lost`` comes from, most first, with an example: "DEVANAGARI (U+094D ्), ..."."""
+    """Name the scripts of ``lost``, most first, with an example: "DEVANAGARI (U+094D ्), ..."."""
     by_script: Counter = Counter()
     example: dict[str, str] = {}
     for c, n in lost.most_common():

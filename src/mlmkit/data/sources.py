@@ -54,7 +54,7 @@ _MIN_DOCSTRING_CHARS = 200  # short docstrings are mostly signatures, not prose
 
 
 def builtin_documents() -> list[str]:
-    """The language-reference topics of ``pydoc_data`` and the standard library's docstrings.
+    """Return the language-reference topics of ``pydoc_data`` and the standard library's docstrings.
 
     Docstrings are read with ``ast`` (no module is imported), in sorted file order, so the
     corpus is the same on every run of the same Python (about 1.7 MB on CPython 3.11). Read
@@ -126,7 +126,7 @@ MAX_LINE_BYTES = 1_000_000  # a line longer than this is cut (at a space) into d
 
 
 def _read_lines(path: str, start: int, stats: dict) -> Iterator[tuple[str, int, int, bool]]:
-    """(stripped line, its length in bytes, byte offset after it, whether it was cut) of a
+    """Yield (stripped line, its length in bytes, byte offset after it, whether it was cut) of a
     .txt file; a line longer than ``MAX_LINE_BYTES`` is cut at its last space."""
     with open(path, "rb") as fh:
         fh.seek(start)
@@ -152,7 +152,7 @@ def _read_lines(path: str, start: int, stats: dict) -> Iterator[tuple[str, int, 
 def iter_txt(
     path: str, sample_by: str, start: int = 0, stats: dict | None = None
 ) -> Iterator[tuple[str, int]]:
-    """The documents of a .txt file with the byte offset after each, read line by line.
+    """Yield the documents of a .txt file with the byte offset after each, read line by line.
 
     Memory stays bounded whatever the file: a line longer than ``MAX_LINE_BYTES`` (say a
     50 MB file without a newline) is cut at a space into several documents, and so is a
@@ -378,7 +378,7 @@ def _offline_env() -> bool:
 
 
 def hub_error(name: str, config: str | None, exc: BaseException | None = None) -> DataError:
-    """The one sentence for a hub dataset that cannot be loaded."""
+    """Return the one sentence for a hub dataset that cannot be loaded."""
     what = f"{name!r}" + (f" (config {config!r})" if config else "")
     if _offline_env():
         reason = "the Hub is switched off (HF_HUB_OFFLINE=1) and it is not in the local cache"
@@ -452,7 +452,7 @@ def load_hub(
     streaming: bool,
     setting: str = "data.hub_name",
 ):
-    """A hub dataset (or a local dataset dir) reduced to one ``text`` column."""
+    """Load a hub dataset (or a local dataset dir) reduced to one ``text`` column."""
     import datasets
 
     try:
@@ -566,7 +566,7 @@ def _text_only(ds, text_column: str):
 
 
 def load_source(src, cfg: DataConfig, setting: str):
-    """The documents of one source of a mix (map mode)."""
+    """Load the documents of one source of a mix (map mode)."""
     import datasets
 
     if src.kind == "builtin":
@@ -589,7 +589,7 @@ def mix_probabilities(sources) -> list[float]:
 
 
 def load_corpus(cfg: DataConfig):
-    """A DatasetDict of documents with ``train`` and ``validation`` splits."""
+    """Load a DatasetDict of documents with ``train`` and ``validation`` splits."""
     import datasets
 
     validation = None
@@ -666,7 +666,7 @@ def _source_identity(src, cfg: DataConfig) -> dict:
 
 
 def corpus_fingerprint(cfg: DataConfig) -> str:
-    """A hash of the corpus's identity: files (with size and mtime), hub names, mix weights."""
+    """Hash the corpus's identity: files (with size and mtime), hub names, mix weights."""
     if cfg.source == "builtin":
         ident = _source_identity(SourceConfig(kind="builtin"), cfg)
     elif cfg.source == "hub":

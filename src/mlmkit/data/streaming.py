@@ -67,7 +67,7 @@ TOKENIZE_DOCS = 256  # documents tokenized together
 
 
 def _rows(ds) -> Iterator[dict]:
-    """The rows of a ``datasets.IterableDataset`` in order, in any process.
+    """Yield the rows of a ``datasets.IterableDataset`` in order, in any process.
 
     Inside a dataloader worker, iterating the dataset directly would keep only that
     worker's share of its files; mlmkit shards documents itself, so it reads through
@@ -79,7 +79,7 @@ def _rows(ds) -> Iterator[dict]:
 
 
 def _texts(ds, column: str) -> Iterator[str]:
-    """The non-empty texts of ``column`` in the rows of ``ds`` (``_rows``), stripped."""
+    """Yield the non-empty texts of ``column`` in the rows of ``ds`` (``_rows``), stripped."""
     for row in _rows(ds):
         text = row.get(column)
         if isinstance(text, str) and text.strip():
@@ -191,7 +191,7 @@ def _make_source(src: SourceConfig, cfg: DataConfig, setting: str):
 
 
 def stream_sources(cfg: DataConfig, split: str = "train") -> list[tuple[SourceConfig, str]]:
-    """The sources (with the setting that names them) of the train or validation stream;
+    """Return the sources (with the setting that names them) of the train or validation stream;
     an empty list for validation means: hold out the first documents of the train stream."""
     if split == "validation":
         if cfg.validation_files:
@@ -291,7 +291,7 @@ class DocStream:
         return 0 if self.presharded and self.reader != 0 else self.skip_first
 
     def position(self) -> dict[str, Any]:
-        """The position after the last document taken (call between documents)."""
+        """Return the position after the last document taken (call between documents)."""
         st = dict(self.state)
         started = self._started or [False] * len(self.sources)
         st["sources"] = [
@@ -561,7 +561,7 @@ class StreamingBatches:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's position (the trainer gathers the ranks')."""
+        """Return this rank's position (the trainer gathers the ranks')."""
         return {
             "streaming": True,
             "consumed": self.consumed,
@@ -622,7 +622,7 @@ def check_sources(cfg: DataConfig, splits: tuple[str, ...] = ("train", "validati
 
 
 def validation_rows(cfg: DataConfig, tokenizer) -> list:
-    """The validation blocks (at most ``max_eval_samples``), packed like the training ones."""
+    """Return the validation blocks (at most ``max_eval_samples``) packed like the training ones."""
     held_out = not stream_sources(cfg, "validation")
     stream = DocStream(cfg, "validation")
     limit = cfg.max_eval_samples or 10**9
@@ -654,7 +654,7 @@ def validation_rows(cfg: DataConfig, tokenizer) -> list:
 
 
 def first_blocks(cfg: DataConfig, tokenizer, n: int, skip_first: int) -> list:
-    """The first ``n`` training blocks in stream order (for the majority-token baseline)."""
+    """Return the first ``n`` training blocks in stream order (for the majority-token baseline)."""
     from dataclasses import replace
 
     reader = ShardBlocks(replace(cfg, shuffle_buffer=1), tokenizer, 0, 1, 0, skip_first)
@@ -684,7 +684,7 @@ def as_dataset(rows: list):
 def setup_streaming(
     cfg: DataConfig, tokenizer, batch_size: int, rank: int, world: int, num_workers: int, seed: int
 ):
-    """(the training ``StreamingBlocks``, validation dataset, baseline dataset)."""
+    """Return (the training ``StreamingBlocks``, validation dataset, baseline dataset)."""
     check_sources(cfg)
     skip = 0 if stream_sources(cfg, "validation") else cfg.stream_validation_docs
     val_rows = validation_rows(cfg, tokenizer)

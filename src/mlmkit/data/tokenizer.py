@@ -78,7 +78,7 @@ def load_tokenizer(name_or_path: str, setting: str = "tokenizer.name_or_path"):
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of everything that changes how text becomes ids."""
+    """Hash everything that changes how text becomes ids."""
     state = tokenizer.backend_tokenizer.to_str()
     return hashlib.sha256(state.encode()).hexdigest()[:16]
 
@@ -101,7 +101,7 @@ SAMPLE_CHARS = 1_000_000  # the corpus sample checked before training
 
 
 def _normalizer(cfg: TokenizerConfig):
-    """The tokenizer's normaliser. Lowercasing keeps every mark; accents go only with
+    """Build the tokenizer's normaliser. Lowercasing keeps every mark; accents go only with
     tokenizer.strip_accents. WordPiece: BERT's, CJK ideographs spaced out as words of their own;
     BPE and Unigram: NFKC first."""
     from tokenizers import Regex, normalizers
@@ -149,7 +149,7 @@ def check_normalizer(cfg: TokenizerConfig, sample: list[str]) -> None:
 
 
 def _wrap(backend):
-    """A trained backend as a transformers fast tokenizer with BERT's specials and template:
+    """Wrap a trained backend as a transformers fast tokenizer with BERT's specials and template:
     its tokenizer.json (normaliser included) is what loads again."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
@@ -216,7 +216,7 @@ def _backend_and_trainer(cfg: TokenizerConfig):
 
 
 def _with_sample(texts: Iterator[str], chars: int) -> tuple[list[str], Iterator[str]]:
-    """The first ``chars`` characters' worth of ``texts``, and the whole stream again."""
+    """Return the first ``chars`` characters' worth of ``texts``, and the whole stream again."""
     import itertools
 
     sample, seen = [], 0
@@ -305,7 +305,7 @@ def get_tokenizer(
     cache_dir: str | os.PathLike,
     init_from: str | None = None,
 ):
-    """The tokenizer of a run: ``cfg.name_or_path``, else ``init_from``'s, else trained and cached.
+    """Return a run's tokenizer: ``cfg.name_or_path``, else ``init_from``'s, else a trained one.
 
     ``texts`` is called only when a tokenizer must be trained; the trained tokenizer is
     stored under ``cache_dir/tokenizers/<key>``, the key covering the corpus and settings.
@@ -352,15 +352,15 @@ def get_tokenizer(
 
 
 def load_base_tokenizer(cfg: TokenizerConfig, init_from: str | None):
-    """The tokenizer a run starts from: ``tokenizer.name_or_path``'s, else ``model.init_from``'s
-    (the one ``tokenizer.extend_vocab`` extends)."""
+    """Load the tokenizer a run starts from: ``tokenizer.name_or_path``'s, else
+    ``model.init_from``'s (the one ``tokenizer.extend_vocab`` extends)."""
     if cfg.name_or_path:
         return load_tokenizer(cfg.name_or_path)
     return load_tokenizer(init_from, setting="model.init_from")
 
 
 def _cached(key: dict, cache_dir, make: Callable[[], object]):
-    """The tokenizer cached under ``cache_dir/tokenizers/<hash of key>``, else ``make()``'s,
+    """Return the tokenizer cached under ``cache_dir/tokenizers/<hash of key>``, else ``make()``'s,
     cached."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     target = Path(cache_dir) / "tokenizers" / digest
@@ -381,7 +381,7 @@ def _cached(key: dict, cache_dir, make: Callable[[], object]):
 
 
 def _load_cached(target: Path):
-    """The tokenizer cached at ``target``, or None: there is none, or it was damaged (then
+    """Return the tokenizer cached at ``target``, or None: there is none, or it was damaged (then
     deleted with a warning)."""
     if not (target / "tokenizer.json").is_file():
         return None

@@ -66,7 +66,7 @@ def extend_tokenizer(
     min_frequency: int = 2,
     sample_chars: int | None = SAMPLE_CHARS,
 ):
-    """``(extended tokenizer, the words added)``: at most ``count`` whole words of ``texts``,
+    """Return ``(extended tokenizer, the words added)``: at most ``count`` whole words of ``texts``,
     absent from ``tokenizer``'s WordPiece vocabulary, that save the most tokens there (a word it
     makes one [UNK] counts one token a use: it is recovered)."""
     from tokenizers import Tokenizer, trainers

@@ -65,7 +65,7 @@ DROPOUT_KEYS = {
 
 
 def library():
-    """The ``sentence_transformers`` module, or one sentence on what to install."""
+    """Return the ``sentence_transformers`` module, or one sentence on what to install."""
     try:
         import sentence_transformers as st
     except ImportError:
@@ -86,8 +86,8 @@ def library():
 
 
 def check_base_model(cfg: EmbedConfig, run_dir: Path, is_main: bool) -> tuple[Path, Any]:
-    """``(resolved checkpoint, what base_model_dir writes)``: ``checkpoint`` found and loadable
-    (a model dir: an encoder mlmkit knows, safetensors weights, a tokenizer; a training
+    """Return ``(resolved checkpoint, what base_model_dir writes)``: ``checkpoint`` found and
+    loadable (a model dir: an encoder mlmkit knows, safetensors weights, a tokenizer; a training
     checkpoint: its model and tokenizer, loaded on the main process where ``<run dir>/base`` is
     not written yet), before anything is written."""
     from mlmkit.data.tokenizer import load_tokenizer
@@ -147,7 +147,7 @@ def embedding_length(cfg: EmbedConfig, base: Path, resolved: Path, config) -> in
 
 
 def dropout_of(cfg: EmbedConfig, config) -> float | None:
-    """The dropout to train with: the setting, else SimCSE's 0.1 for ``objective=simcse`` (a
+    """Return the dropout to train with: the setting, else SimCSE's 0.1 for ``objective=simcse`` (a
     preset of mlmkit pretrains without dropout, which would leave SimCSE's two copies equal),
     else None: the model's own."""
     if cfg.dropout is not None:
@@ -156,7 +156,7 @@ def dropout_of(cfg: EmbedConfig, config) -> float | None:
 
 
 def build_model(base: Path, length: int, dropout: float | None, config):
-    """A ``SentenceTransformer``: the encoder of ``base`` and mean pooling, ``dropout`` on
+    """Build a ``SentenceTransformer``: the encoder of ``base`` and mean pooling, ``dropout`` on
     every dropout of the encoder where it is set."""
     st = library()
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -254,7 +254,7 @@ _RETRIEVAL_KEY = re.compile(r"^eval_retrieval_cosine_(" + "|".join(map(re.escape
 
 
 def figures(metrics: dict[str, Any]) -> dict[str, float]:
-    """The held-out figures of the trainer's evaluation metrics, named as mlmkit's commands
+    """Return the held-out figures of the trainer's evaluation metrics, named as mlmkit's commands
     name them: ``sts_spearman``, ``sts_pearson`` (``sts_64d_spearman``, ...), ``retrieval_ndcg@10``,
     ``retrieval_recall@100``, ``retrieval_mrr@10``."""
     out = {}
@@ -365,7 +365,7 @@ def tracker_callbacks(cfg: LoggerConfig, run_dir: Path, is_main: bool) -> tuple[
 
 
 def resume_checkpoint(cfg: EmbedConfig, run_dir: Path) -> Path | None:
-    """The trainer checkpoint to continue from (``resume``), decided before any work; a run dir
+    """Decide the trainer checkpoint to continue from (``resume``) before any work; a run dir
     that already holds a run is refused unless it is resumed."""
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -523,8 +523,8 @@ def build_trainer(
 
 
 def eval_events(metrics: MetricsLog, this_run: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The run's ``eval`` events: those in ``metrics.jsonl`` (a resumed run's earlier ones too),
-    else those of this process."""
+    """Return the run's ``eval`` events: those in ``metrics.jsonl`` (a resumed run's earlier ones
+    too), else those of this process."""
     if metrics.enabled and metrics.path.is_file():
         lines = metrics.path.read_text().splitlines()
         events = [json.loads(line) for line in lines if line.strip()]
@@ -533,7 +533,7 @@ def eval_events(metrics: MetricsLog, this_run: list[dict[str, Any]]) -> list[dic
 
 
 def start_run(cfg: EmbedConfig, run_dir: Path) -> tuple[bool, Path | None]:
-    """``(main process?, checkpoint to resume)``: the run dir checked, logged to and locked."""
+    """Check, log to and lock the run dir; return ``(main process?, checkpoint to resume)``."""
     from accelerate import PartialState
 
     from mlmkit.training.lock import acquire
@@ -615,7 +615,7 @@ def run_training(
     stops: StopRequests,
     run_dir: Path,
 ) -> None:
-    """The held-out figures before (a fresh run), the training, and the figures after; a
+    """Measure the held-out figures before (a fresh run), train, and measure them after; a
     signal ends it after its checkpoint with ``Preempted``."""
     if evaluators and checkpoint is None:
         trainer.evaluate()  # step 0
@@ -641,7 +641,7 @@ def summarise(
     evals: list[dict[str, Any]],
     details: dict[str, Any],
 ) -> dict[str, Any]:
-    """The run's summary: its base, data, training and held-out figures before and after
+    """Summarise the run: its base, data, training and held-out figures before and after
     (``details``: the model type, held-out data, length and dropout)."""
     found = run_settings(resolved)
 

@@ -76,7 +76,7 @@ class EvalData:
 
 
 def load_eval_data(cfg: EmbedConfig) -> EvalData:
-    """The STS split of ``cfg.sts_dir`` and the BEIR folder ``cfg.retrieval_dir``, if set."""
+    """Load the STS split of ``cfg.sts_dir`` and the BEIR folder ``cfg.retrieval_dir``, if set."""
     data = EvalData()
     if cfg.sts_dir:
         examples = load_split(cfg.task, "train" if cfg.sts_split == "train" else "eval")
@@ -122,7 +122,7 @@ def drop_held_out(
 
 
 def pair_files(patterns: list[str]) -> list[Path]:
-    """The files of ``pairs.files`` (paths or globs), each a .jsonl, .json, .csv or .tsv file."""
+    """List the files of ``pairs.files`` (paths or globs): .jsonl, .json, .csv or .tsv files."""
     files: list[Path] = []
     for pattern in patterns:
         expanded = os.path.expanduser(str(pattern))
@@ -169,7 +169,7 @@ def _records(path: Path) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
 
 
 def read_pair_file(path: Path, pairs: EmbedPairsConfig) -> list[dict[str, str]]:
-    """The rows of one pairs file; a row with an empty anchor, positive (or negative, when one
+    """Read the rows of one pairs file; a row with an empty anchor, positive (or negative, when one
     is named) is left out with a warning, and a file without a named column is an error."""
     names, records = _records(path)
     if not records:
@@ -198,13 +198,13 @@ def read_pair_file(path: Path, pairs: EmbedPairsConfig) -> list[dict[str, str]]:
 
 
 def _wanted(pairs: EmbedPairsConfig) -> list[tuple[str, str]]:
-    """``(setting, column)`` of the anchor, the positive and the negative (when named)."""
+    """Return ``(setting, column)`` of the anchor, the positive and the negative (when named)."""
     wanted = [("anchor_column", pairs.anchor_column), ("positive_column", pairs.positive_column)]
     return wanted + ([("negative_column", pairs.negative_column)] if pairs.negative_column else [])
 
 
 def _row(record: dict[str, Any], wanted: list[tuple[str, str]]) -> dict[str, str] | None:
-    """A training row (``anchor``, ``positive``[, ``negative``]) of a record; None when a text
+    """Make a training row (``anchor``, ``positive``[, ``negative``]) of a record; None when a text
     is missing or empty."""
     texts = [record.get(column) for _, column in wanted]
     if not all(isinstance(t, str) and t.strip() for t in texts):
@@ -213,7 +213,7 @@ def _row(record: dict[str, Any], wanted: list[tuple[str, str]]) -> dict[str, str
 
 
 def read_hub_pairs(pairs: EmbedPairsConfig) -> list[dict[str, str]]:
-    """The rows of a Hub dataset (or a local dataset dir) of pairs."""
+    """Read the rows of a Hub dataset (or a local dataset dir) of pairs."""
     import datasets
 
     try:
@@ -264,7 +264,7 @@ def pair_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[list[dict[str, str]
 
 
 def sentences(document: str) -> list[str]:
-    """The sentences of ``document`` (cut at sentence-final punctuation; white space folded),
+    """Return the sentences of ``document`` (cut at sentence-final punctuation; white space folded),
     each of at least ``MIN_SENTENCE_CHARS`` characters."""
     text = " ".join(document.split())
     return [s for s in _SENTENCE_END.split(text) if len(s) >= MIN_SENTENCE_CHARS]
@@ -305,7 +305,7 @@ def corpus_rows(cfg: EmbedConfig, held_out: set[str]) -> tuple[Rows, dict[str, A
 
 
 def corpus_name(cfg: EmbedConfig) -> str:
-    """The corpus of ``cfg.data`` in a few words (the log and the model card)."""
+    """Describe the corpus of ``cfg.data`` in a few words (for the log and the model card)."""
     data = cfg.data
     if data.source == "files":
         return ", ".join(data.train_files) + " (its training split)"

@@ -51,7 +51,7 @@ STS_COLUMNS = [
 
 
 def stsb_task(sts_dir: str | Path) -> TaskConfig:
-    """The STS-B layout of ``conf/task/stsb.yaml`` for the folder ``sts_dir``."""
+    """Return the STS-B layout of ``conf/task/stsb.yaml`` for the folder ``sts_dir``."""
     return TaskConfig(
         name="stsb",
         data_dir=str(sts_dir),
@@ -156,7 +156,7 @@ def document_retrieval(files: list[str], out: str | Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line of the module's docstring."""
+    """Run the command line of the module's docstring."""
     parser = argparse.ArgumentParser(
         prog="python -m mlmkit.evaluation.embed_sets", description=__doc__.split("\n\n")[0]
     )

@@ -71,13 +71,13 @@ def reads_files(task: TaskConfig) -> bool:
 
 
 def task_file(task: TaskConfig, split: str) -> Path:
-    """The file of ``split`` (train | eval): absolute, or relative to task.data_dir."""
+    """Return the file of ``split`` (train | eval): absolute, or relative to task.data_dir."""
     path = Path(task.train_file if split == "train" else task.eval_file).expanduser()
     return path if path.is_absolute() else Path(task.data_dir or ".").expanduser() / path
 
 
 def file_setting(task: TaskConfig, split: str) -> str:
-    """The setting that points at the file of ``split``, for messages: task.data_dir for the
+    """Return the setting that points at the file of ``split``, for messages: task.data_dir for the
     GLUE presets (a folder of their files), else task.train_file or task.eval_file."""
     return "task.data_dir" if task.hub_path else f"task.{split}_file"
 
@@ -268,8 +268,8 @@ read_tsv = read_examples  # the name of the GLUE-format reader
 def discover_labels(
     rows: list[tuple[int, dict[str, str]]], path: Path, task: TaskConfig
 ) -> list[str]:
-    """The label values of the training rows, sorted (numbers by value), for a task that lists
-    none."""
+    """Return the label values of the training rows, sorted (numbers by value), for a task that
+    lists none."""
     values = {row[task.label_column].strip() for _, row in rows}
 
     def number(value: str) -> float | None:
@@ -345,14 +345,14 @@ def _label_reader(path: Path, task: TaskConfig):
 
 
 def _hub_label(task: TaskConfig, value) -> float | int | None:
-    """The label of a Hub row (None for an unlabelled one, -1 in GLUE's test splits)."""
+    """Return the label of a Hub row (None for an unlabelled one, -1 in GLUE's test splits)."""
     if task.kind == "regression":
         return float(value)
     return int(value) if int(value) >= 0 else None
 
 
 def load_split(task: TaskConfig, split: str) -> list[dict[str, Any]]:
-    """The examples of ``split`` (train | eval) from the task's files or the Hub."""
+    """Load the examples of ``split`` (train | eval) from the task's files or the Hub."""
     if reads_files(task):
         return read_examples(task_file(task, split), task, file_setting(task, split))
     return _from_hub(task, ["train" if split == "train" else task.hub_eval_split])[0]
@@ -374,12 +374,11 @@ def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
 
 
 def _hub_columns(task: TaskConfig, features) -> tuple[list[str], str]:
-    """The Hub dataset's text and label columns for the task's: the same names where the
-    dataset has them, else its ``label`` and its text (string) columns in order. The Hub's
-    ``glue`` renames GLUE's file columns: MRPC's ``#1 String`` / ``#2 String`` are
-    ``sentence1`` / ``sentence2``, MNLI's ``sentence1`` / ``sentence2`` ``premise`` /
-    ``hypothesis``, and every task's label (``Quality``, ``is_duplicate``, ``gold_label``,
-    ``score``) is ``label``."""
+    """Return the Hub dataset's text and label columns for the task's: the same names where the
+    dataset has them, else its ``label`` and its text (string) columns in order. The Hub's ``glue``
+    renames GLUE's file columns: MRPC's ``#1 String`` / ``#2 String`` are ``sentence1`` /
+    ``sentence2``, MNLI's ``sentence1`` / ``sentence2`` ``premise`` / ``hypothesis``, and every
+    task's label (``Quality``, ``is_duplicate``, ``gold_label``, ``score``) is ``label``."""
     label = task.label_column if task.label_column in features else "label"
     texts = list(task.text_columns)
     if any(c not in features for c in texts):
@@ -483,7 +482,7 @@ def build_classifier(cfg: FinetuneConfig, mlm):
 
 
 def start_at_mean_label(model, train_set: list[dict[str, Any]]) -> None:
-    """A regression head starts at the mean training label (its bias), so that training
+    """Start a regression head at the mean training label (its bias), so that training
     learns how scores differ, not first their level (0-5 for STS-B): a small encoder's
     output layer would otherwise spend most of a short fine-tuning reaching it, predicting
     nearly one value for every pair."""
@@ -559,7 +558,7 @@ class FrozenEncoderCache:
             self.states[key] = row[mask].clone()
 
     def close(self) -> None:
-        """The encoder's own forward again (before the model is saved or used elsewhere)."""
+        """Restore the encoder's own forward (before the model is saved or used elsewhere)."""
         del self.encoder.forward
         self.states.clear()
 

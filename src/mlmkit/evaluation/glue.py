@@ -97,7 +97,7 @@ class Protocol:
 
 
 def protocol_of(cfg: GlueConfig) -> Protocol:
-    """The protocol ``cfg`` names, with its ``lrs``, ``seeds`` and ``epochs`` if set."""
+    """Return the protocol ``cfg`` names, with its ``lrs``, ``seeds`` and ``epochs`` if set."""
     if cfg.protocol == "bert":
         p = Protocol("bert", [5e-5, 4e-5, 3e-5, 2e-5], [0], 3.0, 3.0, False)
     else:
@@ -326,7 +326,7 @@ def run_tasks(
 
 
 def average(results: dict[str, TaskResult]) -> tuple[float | None, list[str]]:
-    """The unweighted mean of the scored tasks of GLUE's eight, and which they are."""
+    """Return the unweighted mean of the scored tasks of GLUE's eight, and which they are."""
     covered = [n for n in AVERAGED if n in results and results[n].score is not None]
     return (sum(results[n].score for n in covered) / len(covered) if covered else None), covered
 

@@ -20,7 +20,7 @@ from mlmkit.training.validation import evaluate, fixed_eval_batches
 
 
 def eval_dataset(cfg: EvalConfig, tokenizer):
-    """The packed blocks to evaluate: ``cfg.files`` whole, or the validation split of
+    """Return the packed blocks to evaluate: ``cfg.files`` whole, or the validation split of
     ``cfg.data``."""
     import datasets
 

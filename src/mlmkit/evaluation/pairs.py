@@ -50,7 +50,7 @@ FIX = "set files=[...] to JSONL or TSV files of minimal pairs"
 def read_pairs(
     path: str | Path, good_field: str = "sentence_good", bad_field: str = "sentence_bad"
 ) -> list[tuple[str, str]]:
-    """``(acceptable, unacceptable)`` sentences of each line of a JSONL file (the fields
+    """Read the ``(acceptable, unacceptable)`` sentences of each line of a JSONL file (the fields
     ``good_field`` and ``bad_field``) or a TSV file (the columns of its header so named)."""
     file = Path(path).expanduser()
     if file.suffix not in (".jsonl", ".tsv"):
@@ -125,7 +125,7 @@ def _read_tsv(path: Path, good_field: str, bad_field: str) -> Iterable[tuple[str
 
 
 def _sentence(value: Any, where: str, field: str, setting: str) -> str:
-    """The sentence ``value`` of ``field`` on one line of a file."""
+    """Check and return the sentence ``value`` of ``field`` on one line of a file."""
     if not isinstance(value, str):
         raise DataError(
             f"{where} has no {field!r} (a JSON string); set {setting} to the field of "
@@ -145,7 +145,7 @@ def _sentence(value: Any, where: str, field: str, setting: str) -> str:
 def pseudo_log_likelihoods(
     model, tokenizer, sentences: Sequence[str], max_seq_length: int = 128, batch_size: int = 512
 ) -> list[float]:
-    """The pseudo-log-likelihood of each sentence under the masked LM ``model``
+    """Return the pseudo-log-likelihood of each sentence under the masked LM ``model``
     (``BertForMaskedLM`` or ``ModernBertForMaskedLM``): the sum over its tokens ([CLS], [SEP]
     aside) of the log-probability of the token where it alone is masked.
 
@@ -209,7 +209,7 @@ def _masked_log_probs(
     sentences: torch.Tensor,
     positions: torch.Tensor,
 ) -> torch.Tensor:
-    """The log-probability of the true token of each copy (row ``sentences[i]`` of ``ids``,
+    """Return the log-probability of the true token of each copy (row ``sentences[i]`` of ``ids``,
     ``positions[i]`` masked), in float64 on the CPU."""
     device = next(model.parameters()).device
     width = int(lengths[sentences].max())
@@ -229,7 +229,7 @@ def _masked_log_probs(
 
 
 def pair_accuracy(good: Sequence[float], bad: Sequence[float]) -> float:
-    """The share of pairs whose acceptable sentence scores higher (a tie counts half)."""
+    """Return the share of pairs whose acceptable sentence scores higher (a tie counts half)."""
     if not good or len(good) != len(bad):
         raise ValueError(
             "pair_accuracy needs as many acceptable as unacceptable scores, at least one."
@@ -274,7 +274,7 @@ def _device() -> torch.device:
 
 
 def evaluate_pairs(cfg: PairsEvalConfig) -> dict[str, Any]:
-    """The accuracy of each file of ``cfg.files``, their mean and the number of pairs; also
+    """Return the accuracy of each file of ``cfg.files``, their mean and the number of pairs; also
     written to ``cfg.output`` when set. Every file is read before the model loads, and the
     sentences of all files are scored together."""
     data = {name: read_pairs(name, cfg.good_field, cfg.bad_field) for name in cfg.files}

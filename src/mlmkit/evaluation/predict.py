@@ -35,7 +35,7 @@ from mlmkit.model.safety import read_json_object
 
 
 def classifier_class(config: dict, source: str = "the model", setting: str = "model_dir"):
-    """The class that serves a fine-tuned classifier's config (its config.json, as a dict),
+    """Return the class that serves a fine-tuned classifier's config (its config.json, as a dict),
     or an error naming ``source`` for a model that is no classifier: a mean-pooled BERT
     (``classifier_pooling: mean``) is ``MeanPoolBertForSequenceClassification``, any other BERT
     ``BertForSequenceClassification``, a ModernBERT ``ModernBertForSequenceClassification``
@@ -91,7 +91,7 @@ def load_classifier(model_dir: str | Path, setting: str = "model_dir"):
 
 
 def read_inputs(path: Path, columns: list[str]) -> list[list[str]]:
-    """The inputs of ``--file``: each non-blank line of a text file (a pair's two texts split
+    """Read the inputs of ``--file``: each non-blank line of a text file (a pair's two texts split
     at a tab), or the ``columns`` of each row of a .jsonl, .csv or .tsv file."""
     if not path.is_file():
         raise ConfigError(
@@ -119,7 +119,7 @@ def read_inputs(path: Path, columns: list[str]) -> list[list[str]]:
 
 
 def group_texts(texts: list[str], columns: list[str]) -> list[list[str]]:
-    """The positional texts as inputs: one each, or for a pair model two by two."""
+    """Group the positional texts as inputs: one each, or for a pair model two by two."""
     for i, text in enumerate(texts, 1):
         if not text.strip():
             raise ConfigError(f"Text {i} on the command line is empty; give a text to classify.")

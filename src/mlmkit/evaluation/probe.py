@@ -41,7 +41,8 @@ def encode_with(encoder) -> tuple[Callable[[dict], torch.Tensor], torch.device]:
 
 
 def token_ids(tokenizer, texts: list[list[str]], max_seq_length: int = 64):
-    """The tokenizer's unpadded ids of ``texts`` (sentences or pairs), cut at ``max_seq_length``."""
+    """Return the tokenizer's unpadded ids of ``texts`` (sentences or pairs), cut at
+    ``max_seq_length``."""
     return tokenizer(*zip(*texts), truncation=True, max_length=max_seq_length)
 
 
@@ -159,8 +160,8 @@ class LinearProbe:
         max_eval_samples: int | None = None,
         max_seq_length: int = 64,
     ) -> LinearProbe:
-        """The task's train and dev examples (its files or the Hub, as ``mlmkit finetune``
-        reads them); a regression task is refused."""
+        """Make a probe of the task's train and dev examples (its files or the Hub, as
+        ``mlmkit finetune`` reads them); a regression task is refused."""
         from mlmkit.evaluation.finetune import load_task
 
         if task.kind != "classification":
@@ -186,7 +187,7 @@ class LinearProbe:
         )
 
     def describe(self, every: int) -> str:
-        """The run log's line for this probe."""
+        """Return the run log's line for this probe."""
         return (
             f"Probe: {self.name}, {len(self.train_texts)} training and {len(self.eval_texts)} dev "
             f"examples, every {every} steps"
@@ -227,7 +228,7 @@ class LinearProbe:
 
 
 def probe_for_run(cfg: ProbeConfig) -> LinearProbe | None:
-    """The probe a pretraining run's ``probe`` settings ask for (None with ``probe.every=0``),
+    """Make the probe a pretraining run's ``probe`` settings ask for (None with ``probe.every=0``),
     its data read before the run starts; an error names the ``probe.task`` setting to change."""
     if not cfg.every:
         return None

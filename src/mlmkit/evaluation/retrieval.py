@@ -59,7 +59,7 @@ class BeirData:
 
 
 def read_beir(data_dir: str | Path, split: str = "test") -> BeirData:
-    """The documents, queries and relevance judgments of the BEIR-format folder ``data_dir``."""
+    """Read the documents, queries and relevance judgments in the BEIR-format ``data_dir``."""
     folder = Path(data_dir).expanduser()
     if not folder.is_dir():
         raise DataError(f"data_dir={str(folder)!r} is not a folder; set data_dir to {LAYOUT}.")
@@ -224,7 +224,7 @@ class _NoModelCard:
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The cosine similarity of each row of ``a`` with each row of ``b``."""
+    """Return the cosine similarity of each row of ``a`` with each row of ``b``."""
     a = torch.nn.functional.normalize(torch.as_tensor(a, dtype=torch.float32), dim=-1)
     b = torch.nn.functional.normalize(torch.as_tensor(b, dtype=torch.float32), dim=-1)
     return a @ b.T
@@ -249,7 +249,7 @@ def _evaluator_class():
 def retrieval_scores(
     embed_texts: Callable[[list[str]], torch.Tensor], data: BeirData, batch_size: int = 64
 ) -> dict[str, Any]:
-    """``{"queries", "documents", "ndcg@10", "recall@100", "mrr@10"}`` of the rankings by the
+    """Return ``{"queries", "documents", "ndcg@10", "recall@100", "mrr@10"}`` of the rankings by the
     cosine similarity of ``embed_texts``'s embeddings (queries without a relevant document
     are left out, as BEIR leaves them out)."""
     evaluator = _evaluator_class()(
@@ -330,7 +330,7 @@ def model_embedder(
 
 
 def evaluate_retrieval(cfg: RetrievalEvalConfig) -> dict[str, Any]:
-    """The retrieval figures of ``cfg``; also written to ``cfg.output`` when set."""
+    """Return the retrieval figures of ``cfg``; also written to ``cfg.output`` when set."""
     data = read_beir(cfg.data_dir, cfg.split)
     _evaluator_class()  # a missing sentence-transformers: said before the model loads
     embed_texts, resolved, length = model_embedder(cfg)

@@ -64,7 +64,7 @@ def embed(
 
 
 def pair_similarities(encoder, tokenizer, pairs: list[list[str]], **kwargs) -> list[float]:
-    """The cosine similarity of the embeddings of each pair's two sentences (each sentence
+    """Return the cosine similarity of the embeddings of each pair's two sentences (each sentence
     embedded once)."""
     unique = list(dict.fromkeys(s for pair in pairs for s in pair))
     vectors = torch.nn.functional.normalize(embed(encoder, tokenizer, unique, **kwargs), dim=-1)
@@ -75,7 +75,7 @@ def pair_similarities(encoder, tokenizer, pairs: list[list[str]], **kwargs) -> l
 
 
 def load_encoder(cfg: StsEvalConfig):
-    """``(encoder, tokenizer, resolved path)``: the checkpoint's encoder (without the MLM
+    """Load ``(encoder, tokenizer, resolved path)``: the checkpoint's encoder (without the MLM
     head), or for ``init=random`` the same architecture with seeded random weights."""
     mlm, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
     if cfg.init == "random":
@@ -86,7 +86,7 @@ def load_encoder(cfg: StsEvalConfig):
 
 
 def evaluate_sts(cfg: StsEvalConfig) -> dict[str, Any]:
-    """The zero-shot figures of ``cfg``; also written to ``cfg.output`` when set."""
+    """Return the zero-shot figures of ``cfg``; also written to ``cfg.output`` when set."""
     examples = load_split(cfg.task, "train" if cfg.split == "train" else "eval")
     encoder, tokenizer, resolved = load_encoder(cfg)
     t0 = time.perf_counter()
@@ -116,7 +116,7 @@ def evaluate_sts(cfg: StsEvalConfig) -> dict[str, Any]:
 
 
 def write_output(path: str | None, result: dict[str, Any]) -> None:
-    """A command's figures as JSON at ``path`` (its ``output`` setting), if set."""
+    """Write a command's figures as JSON at ``path`` (its ``output`` setting), if set."""
     if path:
         out = Path(path).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ WORKER: dict[str, str | None] = {"device": None}  # a worker's device (None: not
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (ids or UUIDs)."""
+    """List the GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (ids or UUIDs)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -56,7 +56,7 @@ def slot_devices(count: int, gpus: list[str]) -> list[str | None]:
 
 
 def _start_worker(slots: Any, ready: Any, threads: int) -> None:
-    """A worker's start: claim a device, split the CPU, log with the device named, and wait
+    """Start a worker: claim a device, split the CPU, log with the device named, and wait
     until every worker has started."""
     device = slots.get()
     WORKER["device"] = "cpu" if device is None else f"cuda:{device}"
@@ -84,8 +84,8 @@ class InProcess(Executor):
 
 
 def pool(parallel: int | None) -> Executor:
-    """An executor running ``parallel`` jobs at once (see ``worker_count``): this process when
-    that is one, otherwise workers pinned to the devices."""
+    """Return an executor running ``parallel`` jobs at once (see ``worker_count``): this process
+    when that is one, otherwise workers pinned to the devices."""
     import multiprocessing
 
     gpus = visible_gpus()

@@ -70,7 +70,7 @@ def write_final(model, path: Path, summary: dict[str, Any]) -> Path:
 
 
 def _figure_rows(summary: dict[str, Any]) -> str:
-    """The card's table of held-out figures, before and after the stage."""
+    """Return the card's table of held-out figures, before and after the stage."""
     before, after = summary.get("before") or {}, summary.get("after") or {}
     names = list(dict.fromkeys([*after, *before]))
     if not names:
@@ -84,7 +84,7 @@ def _figure_rows(summary: dict[str, Any]) -> str:
 
 
 def embedder_card(summary: dict[str, Any]) -> str:
-    """The README.md of an embedder's ``final/``."""
+    """Return the README.md of an embedder's ``final/``."""
     data = summary["data"]
     negatives = ", and the hard negative of its row" if data.get("hard_negatives") else ""
     objective = OBJECTIVES[summary["objective"]].format(negatives=negatives)

@@ -13,8 +13,8 @@ from mlmkit.model.bert import count_parameters
 
 
 def _origin_lines(config: dict[str, Any], summary: dict[str, Any]) -> str:
-    """The card's lines on where the weights come from: the model continued, and for a phase's
-    export (``phases/<name>/``) the phase, its settings, steps and tokens."""
+    """Return the card's lines on where the weights come from: the model continued, and for a
+    phase's export (``phases/<name>/``) the phase, its settings, steps and tokens."""
     init_from = config.get("model", {}).get("init_from")
     lines = f"- Continued pretraining of: {init_from}.\n" if init_from else ""
     phase = config.get("phase")
@@ -121,8 +121,8 @@ zero-shot on STS-B.
 
 
 def embedding_length(model, config: dict[str, Any]) -> int:
-    """The longest input of the sentence embedder: the longest blocks the model was trained on
-    (a phased run's longest phase)."""
+    """Return the longest input of the sentence embedder: the longest blocks the model was trained
+    on (a phased run's longest phase)."""
     trained = config.get("data", {}).get("max_seq_length") or model.config.max_position_embeddings
     for phase in config.get("phases") or []:
         trained = max(int(trained), int(phase.get("set", {}).get("data.max_seq_length") or 0))

@@ -204,8 +204,8 @@ class MLMCollator:
         self.generator.set_state(state["generator"])
 
     def step_generator_state(self) -> torch.Tensor | None:
-        """The state of the generator that masks inside the training step (None before its first
-        draw in a fresh run)."""
+        """Return the state of the generator that masks inside the training step (None before its
+        first draw in a fresh run)."""
         return (
             self._step_generator.get_state()
             if self._step_generator is not None
@@ -229,7 +229,7 @@ class MLMCollator:
         return g
 
     def _tables(self, device: torch.device):
-        """The special-token, continuation and replacement lookups on ``device``."""
+        """Return the special-token, continuation and replacement lookups on ``device``."""
         if device.type == "cpu":
             return self.special_lookup, self.continuation, self.random_ids
         if device not in self._device_tables:

@@ -29,7 +29,7 @@ LOCAL_HEAD_SCALE = 1.5
 
 
 def sinusoid_rates(width: int) -> torch.Tensor:
-    """The angular rates of the sine/cosine pairs of a width-``width`` sinusoidal position
+    """Return the angular rates of the sine/cosine pairs of a width-``width`` sinusoidal position
     table (Vaswani et al., 2017): pair k (dims 2k and 2k + 1) turns 10000^(-2k/width) per
     position."""
     return 10000.0 ** (-torch.arange(0, width, 2, dtype=torch.float32) / width)
@@ -262,7 +262,7 @@ ARCHITECTURES: dict[str, Any] = {"bert": Bert, "modernbert": ModernBert}
 
 
 def architecture(name: str):
-    """The parts of the architecture ``name`` (a ``model.architecture`` or a config's
+    """Return the parts of the architecture ``name`` (a ``model.architecture`` or a config's
     ``model_type``)."""
     if name not in ARCHITECTURES:
         raise ConfigError(
@@ -273,12 +273,12 @@ def architecture(name: str):
 
 
 def parts_of(model):
-    """The parts of ``model`` (a masked-LM or classification model of transformers)."""
+    """Return the parts of ``model`` (a masked-LM or classification model of transformers)."""
     return architecture(model.config.model_type)
 
 
 def transformers_class(name: str):
-    """A class of transformers by name (``Bert.masked_lm``, ...)."""
+    """Look up a class of transformers by name (``Bert.masked_lm``, ...)."""
     import transformers
 
     return getattr(transformers, name)

@@ -23,7 +23,7 @@ POSITION_BUCKET = 64  # the sparse head's row count is padded to a multiple of t
 
 
 def padded_vocab_size(tokenizer, multiple: int = 1) -> int:
-    """The tokenizer's id range rounded up to a multiple of ``multiple``.
+    """Round the tokenizer's id range up to a multiple of ``multiple``.
 
     Matrix kernels run fastest when the vocabulary dimension of the embedding and output
     matrices is a multiple of 64; the extra rows are never an input and never a target,
@@ -34,7 +34,7 @@ def padded_vocab_size(tokenizer, multiple: int = 1) -> int:
 
 
 def bert_config(cfg: ModelConfig, tokenizer):
-    """The transformers config (``BertConfig`` or ``ModernBertConfig``, as
+    """Build the transformers config (``BertConfig`` or ``ModernBertConfig``, as
     ``cfg.architecture`` says) for a preset, with the tokenizer's vocabulary (padded to a
     multiple of ``cfg.pad_vocab_multiple``) and special ids."""
     vocab_size = padded_vocab_size(tokenizer, cfg.pad_vocab_multiple)
@@ -42,14 +42,14 @@ def bert_config(cfg: ModelConfig, tokenizer):
 
 
 def flash_attn_available() -> bool:
-    """True where the flash-attn package is installed and a CUDA GPU is present."""
+    """Return True where the flash-attn package is installed and a CUDA GPU is present."""
     import importlib.util
 
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
 
 def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: str = "no") -> str:
-    """The transformers attention implementation for ``model.attn_implementation``.
+    """Return the transformers attention implementation for ``model.attn_implementation``.
 
     ``auto``: ``flash_attention_2`` on CUDA in bf16/fp16 with flash-attn installed (padded
     batches then run through flash-attn's variable-length kernel, padding costs no
@@ -227,7 +227,7 @@ SCRIPT_ROWS = 20  # base rows of a script, at least, for their mean to stand for
 
 
 def _script(text: str) -> str:
-    """The script most of ``text``'s letters are in: the first word of their Unicode names."""
+    """Return the script of most of ``text``'s letters: the first word of their Unicode names."""
     import unicodedata
     from collections import Counter
 
@@ -274,7 +274,7 @@ def silence_padded_vocab(model, n_real: int) -> None:
 
 
 def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
-    """The config of the BERT or ModernBERT model at ``name_or_path`` (a local dir, checked for
+    """Load the config of the BERT or ModernBERT model at ``name_or_path`` (a local dir, checked for
     safetensors and custom code before transformers opens it, or a Hub name), with one clear
     error on failure; ``setting`` names where the path came from."""
     from transformers import AutoConfig
@@ -341,7 +341,7 @@ def load_pretrained(
 def model_from_checkpoint(
     ckpt: Path, spec: Path, attn_implementation: str = "sdpa", setting: str = "checkpoint"
 ):
-    """The masked-LM model of a training checkpoint folder ``ckpt`` (its ``model.safetensors``)
+    """Load the masked-LM model of a training checkpoint folder ``ckpt`` (its ``model.safetensors``)
     on the architecture of ``spec``, the config.json its run wrote, with one clear error on
     failure; ``spec`` is refused if it asks for custom code."""
     from safetensors.torch import load_file

@@ -32,7 +32,7 @@ import torch
 
 
 def isolation_sep_id(packing: str, tokenizer) -> int | None:
-    """The id that ends a document where ``data.packing`` isolates documents, else None."""
+    """Return the id that ends a document where ``data.packing`` isolates documents, else None."""
     return tokenizer.sep_token_id if packing == "documents" else None
 
 
@@ -68,7 +68,7 @@ def block_diagonal_mask(
 def document_inputs(
     model, input_ids: torch.Tensor, sep_id: int, attention_mask: torch.Tensor | None = None
 ) -> dict:
-    """The keyword arguments of the encoder (or the whole masked-LM) of ``model`` that keep
+    """Return the keyword arguments of the encoder (or the whole masked-LM) of ``model`` that keep
     attention within each document and restart positions at each one. With flash-attn the
     ids come back flattened to one row: the caller's hidden states are then (1, batch x seq,
     hidden), to be read back as (batch, seq, hidden)."""
@@ -113,7 +113,7 @@ def _masked_inputs(
 def sequence_lengths(
     input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, sep_id: int | None = None
 ) -> torch.Tensor:
-    """The lengths of the sequences attention runs over in a collated batch (on the CPU), in
+    """Return the lengths of the sequences attention runs over in a collated batch (on the CPU), in
     order: each row's real tokens, or with ``sep_id`` (documents isolated) each document of a
     row (a [SEP] closes one; a row's tail is one too)."""
     batch, seq = input_ids.shape
@@ -128,7 +128,7 @@ def sequence_lengths(
 
 
 def varlen_layout(attention_mask: torch.Tensor | None, lengths: torch.Tensor) -> dict:
-    """The flat layout of a collated batch (on the CPU) whose sequences have ``lengths``
+    """Return the flat layout of a collated batch (on the CPU) whose sequences have ``lengths``
     (``sequence_lengths``), computed on the host: ``flat_index`` (the flat positions of the real
     tokens, in order), ``position_ids`` (1, tokens), restarting at 0 at each sequence,
     ``cu_seq_lens_q/k`` (int32, the cumulative lengths from 0) and ``max_length_q/k`` (the
@@ -175,7 +175,7 @@ def varlen_inputs(
     max_length_q: int,
     max_length_k: int,
 ) -> dict:
-    """The encoder's keyword arguments for a flattened batch (``flatten_rows``): flash-attn's
+    """Return the encoder's keyword arguments for a flattened batch (``flatten_rows``): flash-attn's
     variable-length kernel gets the cumulative lengths as they are (attention mask None, so
     transformers builds none); SDPA and eager attention get the block-diagonal mask of the
     sequences (and ModernBERT's window), the same masks as ``document_inputs``."""
@@ -196,9 +196,9 @@ def varlen_inputs(
 
 
 def padding_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
-    """The encoder's keyword arguments for a padded batch, its masks built here: transformers,
-    given the 2-D padding mask, first asks whether it hides anything (``mask.all()``, a wait
-    for the device on every forward, twice for ModernBERT), which mlmkit's loader has already
+    """Return the encoder's keyword arguments for a padded batch, its masks built here:
+    transformers, given the 2-D padding mask, first asks whether it hides anything (``mask.all()``,
+    a wait for the device on every forward, twice for ModernBERT), which mlmkit's loader has already
     answered (it drops the mask of a batch without padding). SDPA and eager attention get the
     key-padding mask as (batch, 1, 1, seq), ModernBERT's local layers also their window;
     flash-attn takes the 2-D mask as it is."""

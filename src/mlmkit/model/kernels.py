@@ -99,7 +99,8 @@ CPU_ATTENTION = "mlmkit_cpu_sdpa"
 def cpu_sdpa_attention_forward(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
 ):
-    """transformers' attention-function signature; (batch, seq, heads, dim) out, no weights."""
+    """Compute attention with transformers' attention-function signature; (batch, seq, heads, dim)
+    out, no weights."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if (

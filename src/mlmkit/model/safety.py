@@ -21,7 +21,7 @@ PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def read_json_object(path: Path, setting: str, error: type[MLMKitError] = ConfigError) -> dict:
-    """The JSON object in ``path``; one sentence naming the file when it is not one."""
+    """Read the JSON object in ``path``; one sentence naming the file when it is not one."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -68,11 +68,11 @@ class Budget:
         return self.synced_time + max(0, step - self.synced_step) * self.seconds_per_step
 
     def progress(self, step: int, tokens: int | None = None) -> float:
-        """The largest used share of any budget after ``step`` steps (and ``tokens``)."""
+        """Return the largest used share of any budget after ``step`` steps (and ``tokens``)."""
         return self.progress_at(step, self.tokens if tokens is None else tokens, self.elapsed(step))
 
     def progress_at(self, step: int, tokens: int, elapsed: float) -> float:
-        """The largest used share of any budget at ``step`` steps, ``tokens`` and ``elapsed``
+        """Return the largest used share of any budget at ``step`` steps, ``tokens`` and ``elapsed``
         seconds."""
         shares = []
         if self.max_steps:

@@ -48,7 +48,7 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
 
 
 def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
-    """The checkpoint to resume from: None, the latest in ``ckpt_dir`` ("auto"), or a path."""
+    """Return the checkpoint to resume from: None, the latest in ``ckpt_dir`` ("auto") or a path."""
     if resume is None or resume in ("", "none", "null", "false"):
         return None
     if resume == "auto":
@@ -107,7 +107,7 @@ def save_checkpoint(
 
 
 def _reason(exc: BaseException) -> str:
-    """An OS error's text ("No space left on device"), else the first line of the message."""
+    """Return an OS error's text ("No space left on device"), else the first line of the message."""
     text = getattr(exc, "strerror", None) or str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -142,7 +142,7 @@ def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
 
 
 def check_loop_state(state: Any) -> None:
-    """A ValueError unless ``state`` has the fields a resume reads (a file emptied or
+    """Raise a ValueError unless ``state`` has the fields a resume reads (a file emptied or
     rewritten by hand has not)."""
     if not isinstance(state, dict):
         raise ValueError(f"{LOOP_STATE} holds no JSON object")

@@ -68,7 +68,7 @@ MIXED_TOLERANCE = {"logits": 5e-2, "loss": 1e-2}
 def machine_report(
     device: torch.device, precision: str, reference_flops: float | None = None
 ) -> dict[str, Any]:
-    """The machine, its number formats and its peak (datasheet) or measured matmul rate
+    """Report the machine, its number formats and its peak (datasheet) or measured matmul rate
     (``reference_flops``: the rate the run's MFU is taken against, when it has one)."""
     import accelerate
     import transformers
@@ -118,7 +118,7 @@ def _backends():
 
 
 def sdpa_kernels(q: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
-    """The SDPA kernels that accept ``q`` (as query, key and value) with ``mask``."""
+    """List the SDPA kernels that accept ``q`` (as query, key and value) with ``mask``."""
     from torch.nn.attention import sdpa_kernel
 
     accepted = []
@@ -133,7 +133,7 @@ def sdpa_kernels(q: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
 
 
 def attention_report(cfg: Config, device: torch.device, precision: str) -> dict[str, Any]:
-    """The attention implementation of the run, and per kind of batch the SDPA kernels that
+    """Report the attention implementation of the run, and per kind of batch the SDPA kernels that
     accept it and the one SDPA takes."""
     m, seq = cfg.model, cfg.data.max_seq_length
     implementation = resolve_attn_implementation(m.attn_implementation, device.type, precision)
@@ -320,7 +320,7 @@ def rehearse(
 
 
 def expected_mfu(hidden: int, device_type: str) -> float | None:
-    """What a model of this width should reach (``EXPECTED_MFU``, the nearest width below;
+    """Return what a model of this width should reach (``EXPECTED_MFU``, the nearest width below;
     None below the narrowest measured, where the embeddings and the optimizer dominate)."""
     table = EXPECTED_MFU["cuda" if device_type == "cuda" else "cpu"]
     return max((mfu for width, mfu in table if width <= hidden), default=None)
@@ -431,14 +431,14 @@ def parity_report(
 
 
 def two_documents(row: torch.Tensor, sep_id: int) -> torch.Tensor:
-    """A packed row of (at least) two documents made from ``row`` (``[CLS] ... [SEP]``): a
+    """Make a packed row of (at least) two documents from ``row`` (``[CLS] ... [SEP]``): a
     [SEP] put in after its first half, its last token dropped to keep its length."""
     half = row.numel() // 2
     return torch.cat([row[:half], torch.tensor([sep_id], dtype=row.dtype), row[half:-2], row[-1:]])
 
 
 def documents_check(model, row: torch.Tensor, sep_id: int, device: torch.device) -> dict[str, Any]:
-    """The encoder's states of each document of a packed row, with isolation
+    """Compare the encoder's states of each document of a packed row, with isolation
     (``data.packing=documents``), against the document encoded alone (SDPA, fp32)."""
     model = copy.deepcopy(model)
     model.set_attn_implementation("sdpa")
@@ -562,7 +562,7 @@ def kernel_findings(cfg: Config, device: torch.device, attention: dict[str, Any]
 
 
 def parity_rows(batch: dict, rows: int) -> dict[str, torch.Tensor]:
-    """The first ``rows`` rows of a validation batch, on the CPU, with their chosen positions."""
+    """Return a validation batch's first ``rows`` rows, on the CPU, with their chosen positions."""
     from mlmkit.model.bert import prediction_positions
 
     out = {
@@ -582,7 +582,7 @@ def run_doctor(
     parity_batches: int = 2,
     parity_rows_per_batch: int = 8,
 ) -> dict[str, Any]:
-    """The report of ``mlmkit doctor`` for the run ``cfg`` (see the module's docstring)."""
+    """Build the report of ``mlmkit doctor`` for the run ``cfg`` (see the module's docstring)."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlmkit-doctor-") as scratch:
         run_dir = Path(scratch) / "run"
@@ -637,7 +637,7 @@ def run_doctor(
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The report as the lines ``mlmkit doctor`` prints."""
+    """Format the report as the lines ``mlmkit doctor`` prints."""
     m, a, r, p = report["machine"], report["attention"], report["rehearsal"], report["parity"]
     lines = [
         f"machine: {m['device']}; {m['gpus']} GPU(s); bf16 {'yes' if m['bf16'] else 'no'}, TF32 "

@@ -68,7 +68,7 @@ def acquire(run_dir: Path) -> None:
 
 
 def commit(run_dir: Path) -> None:
-    """The run writes into ``run_dir`` from now on: its lock file keeps naming this process."""
+    """Commit ``run_dir``: the run writes there from now on, its lock file naming this process."""
     _before.pop(Path(run_dir).resolve(), None)
 
 
@@ -100,7 +100,7 @@ def _is_at(fd: int, path: Path) -> bool:
 
 
 def _holder(fd: int) -> str:
-    """The holder as it wrote itself ("pid N on host H"), or "pid unknown" before it has."""
+    """Return the holder as it wrote itself ("pid N on host H"), or "pid unknown" before it has."""
     fields = os.pread(fd, 512, 0).decode(errors="replace").split()
     if len(fields) != 2:
         return "pid unknown"

@@ -15,7 +15,7 @@ class MetricsLog:
         self.enabled = enabled
 
     def _split(self, step: int) -> tuple[list[str], list[str]]:
-        """The lines of events up to ``step`` and after it."""
+        """Split the lines of events into those up to ``step`` and those after it."""
         kept, later = [], []
         if not self.enabled or not self.path.is_file():
             return kept, later
@@ -47,7 +47,7 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The events of a run's metrics.jsonl (JSON objects with an ``event`` name); a line cut
+    """Read the events of a run's metrics.jsonl (JSON objects with an ``event`` name); a line cut
     by a kill, or anything else, is passed over. One sentence when there is no event."""
     from mlmkit.errors import DataError
 

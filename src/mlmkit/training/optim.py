@@ -52,7 +52,7 @@ def build_optimizer(
 
 
 def schedule_multiplier(cfg: OptimConfig, progress: float, warm_end: float) -> float:
-    """The multiplier of ``cfg.lr`` after warmup, at ``progress`` (the used share of the
+    """Return the multiplier of ``cfg.lr`` after warmup, at ``progress`` (the used share of the
     budget, 0..1) when warmup ended at ``warm_end``.
 
     linear and cosine decay from the end of warmup to the end of the budget; ``wsd``
@@ -74,7 +74,7 @@ def schedule_multiplier(cfg: OptimConfig, progress: float, warm_end: float) -> f
 
 
 def lr_lambda(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """The multiplier of ``cfg.lr`` after ``step`` optimizer steps of ``total_steps``."""
+    """Return the multiplier of ``cfg.lr`` after ``step`` optimizer steps of ``total_steps``."""
     warmup = min(cfg.warmup_steps, total_steps)
     if warmup and step < warmup:
         return (step + 1) / warmup

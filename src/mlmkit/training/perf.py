@@ -177,7 +177,7 @@ def model_train_flops(config, blocks: Mapping[int, int], predicted: float) -> fl
 
 
 def chip_peak(name: str) -> float | None:
-    """The dense bf16 peak FLOP/s (``CHIP_BF16_PEAK``) of the GPU that CUDA names ``name``
+    """Return the dense bf16 peak FLOP/s (``CHIP_BF16_PEAK``) of the GPU that CUDA names ``name``
     (``"NVIDIA H100 80GB HBM3"``), else None."""
     if "H100" in name and not any(k in name for k in ("PCIe", "NVL")):
         return CHIP_BF16_PEAK["H100 SXM"]
@@ -204,7 +204,7 @@ def _best_rate(
     repeats: int,
     max_seconds: float | None = None,
 ) -> float:
-    """The best FLOP/s of ``products`` (a list of ``(flops, fn)``), each timed ``repeats``
+    """Measure the best FLOP/s of ``products`` (a list of ``(flops, fn)``), each timed ``repeats``
     times for at least ``min_seconds`` (and at least one call) after a warm-up call; after
     ``max_seconds`` (a busy machine can slow the products tenfold) nothing more is timed."""
 
@@ -245,7 +245,7 @@ def measure_matmul_rate(
     min_seconds: float = 0.5,
     repeats: int = 3,
 ) -> float:
-    """The best matmul rate (FLOP/s) of this machine for square ``n x n`` products in ``dtype``.
+    """Measure the machine's best matmul rate (FLOP/s) for ``n x n`` products in ``dtype``.
 
     Best of ``repeats`` timings, each at least ``min_seconds`` long. Without ``n``: the best
     of 1024 and 2048 on a CPU (which of them runs the matrix units fastest depends on the
@@ -296,7 +296,7 @@ def measure_shapes_rate(
     repeats: int = 3,
     max_seconds: float | None = None,
 ) -> float:
-    """The best rate (FLOP/s) over the products a training step makes of each ``(m, k, n)``:
+    """Measure the best rate (FLOP/s) over the products a training step makes of each ``(m, k, n)``:
     the forward ``x @ W^T`` (as ``F.linear``), the input gradient ``g @ W`` and the weight
     gradient ``g^T @ x``. Smallest first; none is started after ``max_seconds`` (the largest
     behave as the large squares of ``measure_matmul_rate`` do)."""
@@ -323,7 +323,7 @@ def shape_products(shapes, dtype: torch.dtype, device: torch.device):
 
 
 def compute_dtype(device: torch.device, precision: str) -> torch.dtype:
-    """The dtype a run's matmuls take: bf16/fp16 under mixed precision, except bf16 on a
+    """Return the dtype a run's matmuls take: bf16/fp16 under mixed precision, except bf16 on a
     CPU without bf16 hardware, which is emulated (no faster than fp32: fp32 is the bound)."""
     if device.type == "cuda" and precision in ("bf16", "fp16"):
         return torch.bfloat16 if precision == "bf16" else torch.float16
@@ -439,7 +439,7 @@ def stored_reference_rate(
 def _stored_rates(
     folder: Path | None, key: str, settings: str
 ) -> tuple[tuple[float, str] | None, list[float]]:
-    """(the ``(rate, how)`` stored under ``key``, or None; the rates stored for the same
+    """Return (the ``(rate, how)`` stored under ``key``, or None; the rates stored for the same
     ``settings`` with other products) in ``folder``; a damaged file counts as none."""
     stored, others = None, []
     for file in sorted(folder.glob("*.json")) if folder is not None and folder.is_dir() else []:
@@ -480,8 +480,8 @@ class ThroughputMeter:
     def figures(
         self, blocks: Mapping[int, int], masked: float, seconds: float, world: int = 1
     ) -> dict[str, float]:
-        """The window's figures: ``blocks``, this process's attended blocks by length (each of
-        the ``world`` processes taken to have fed as many); ``masked``, the chosen tokens of all
+        """Return the window's figures: ``blocks``, this process's attended blocks by length (each
+        of the ``world`` processes taken to have fed as many); ``masked``, the chosen tokens of all
         processes; ``seconds``, the window's training time."""
         seconds = max(seconds, 1e-9)
         tokens = world * sum(n * count for n, count in blocks.items())

@@ -54,7 +54,7 @@ class PhasePlan:
         return self.phases[self.index].name
 
     def config(self, index: int | None = None) -> Config:
-        """The settings of phase ``index`` (the current one by default)."""
+        """Return the settings of phase ``index`` (the current one by default)."""
         return self.configs[self.index if index is None else index]
 
     def begin(self, step: int, tokens: int, elapsed: float) -> int:
@@ -95,7 +95,7 @@ class PhasePlan:
         return self.budget.progress_at(mark["step"], mark["tokens"], mark["elapsed"])
 
     def lr_factor(self, step: int) -> float:
-        """The multiplier of ``optim.lr`` for the step that follows ``step`` finished steps."""
+        """Return the ``optim.lr`` multiplier for the step that follows ``step`` finished steps."""
         i = max(self.index, 0)
         phase, o = self.phases[i], self.optim
         ratio = (phase.lr or o.lr) / o.lr
@@ -132,7 +132,7 @@ class PhasePlan:
 def begun_phases(
     cfg: Config, saved: dict[str, Any] | None, checkpoint: Path | None
 ) -> list[dict[str, Any]]:
-    """The starts of the phases a resumed checkpoint had begun (``saved``: its loop state's
+    """Return the starts of the phases a resumed checkpoint had begun (``saved``: its loop state's
     ``phases``), checked against this run's list: those phases keep their names, order and
     settings (a checkpoint of a run without phases was in a first phase with the run's own
     settings). Empty for a new run."""
@@ -170,7 +170,7 @@ def _canonical(settings: dict[str, Any]) -> str:
 
 
 def phase_changes(before: Config, after: Config, phase_set: dict[str, Any]) -> dict[str, Any]:
-    """The settings that change at a boundary, for the log and the ``phase`` event."""
+    """Return the settings that change at a boundary, for the log and the ``phase`` event."""
     out = {}
     for name in phase_set:
         section, _, key = name.partition(".")
@@ -206,7 +206,7 @@ class BatchRamp:
         return self.accum(tokens_seen) / self.target
 
     def retarget(self, per_pass: int, target_accum: int) -> None:
-        """A phase's batch: the ramp goes on towards it."""
+        """Take a phase's batch as the target: the ramp goes on towards it."""
         start = self.start * self.per_pass
         self.per_pass, self.target = per_pass, target_accum
         self.start = max(1, min(target_accum, math.ceil(start / per_pass)))

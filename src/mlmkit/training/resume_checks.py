@@ -78,7 +78,8 @@ MODEL_SHAPE_KEYS = (
 
 
 def is_fixed(name: str) -> bool:
-    """A setting a resume must not change (the seed orders the data and seeds the masks)."""
+    """Return True for a setting a resume must not change (the seed orders the data and seeds the
+    masks)."""
     if name == "train.seed":
         return True
     if name.startswith("model."):
@@ -89,7 +90,7 @@ def is_fixed(name: str) -> bool:
 
 
 def saved_loop_state(resume_from: Path) -> dict[str, Any]:
-    """The loop state of ``resume_from``, or of the newest older checkpoint whose loop state
+    """Read the loop state of ``resume_from``, or of the newest older checkpoint whose loop state
     can be read (a damaged one is passed over here and when loading); empty when none can."""
     ckpt_dir = resume_from.parent
     candidates = [resume_from] + [

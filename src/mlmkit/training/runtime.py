@@ -44,7 +44,7 @@ log = logging.getLogger("mlmkit")
 
 @functools.cache
 def cpu_has_bf16() -> bool:
-    """True where bf16 matmuls run on bf16 hardware (AVX512-BF16 or AMX) and torch's CPU
+    """Return True where bf16 matmuls run on bf16 hardware (AVX512-BF16 or AMX) and torch's CPU
     kernels use it: the CPU has the units, and torch's kernels are not held below AVX512
     (``ATEN_CPU_CAPABILITY=avx2`` makes an AMX machine compute as an AVX2-only one does)."""
     try:
@@ -58,7 +58,7 @@ def cpu_has_bf16() -> bool:
 
 
 def runs_on_cpu() -> bool:
-    """True where this process trains on the CPU: ``ACCELERATE_USE_CPU`` is set (as
+    """Return True where this process trains on the CPU: ``ACCELERATE_USE_CPU`` is set (as
     ``accelerate launch --cpu`` and CPU multi-process runs set it), or no CUDA or MPS device
     is there. Several CPU processes then talk over gloo."""
     from accelerate.utils import parse_flag_from_env
@@ -71,7 +71,7 @@ def runs_on_cpu() -> bool:
 def resolve_precision(
     precision: str, use_cpu: bool | None = None, setting: str = "train.precision"
 ) -> str:
-    """The accelerate ``mixed_precision`` value for ``train.precision`` (``setting`` names
+    """Return the accelerate ``mixed_precision`` value for ``train.precision`` (``setting`` names
     it in messages)."""
     on_cuda = torch.cuda.is_available() and not use_cpu
     if precision == "auto":
@@ -97,7 +97,7 @@ def resolve_precision(
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a resolved precision (``resolve_precision``): bf16 or fp16, None
+    """Return the autocast dtype of a resolved precision (``resolve_precision``): bf16 or fp16, None
     for no (full precision)."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
@@ -156,7 +156,7 @@ def compile_encoder(model, backend: str = "inductor") -> None:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows elsewhere."""
+    """Return the CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows elsewhere."""
     import platform
 
     try:

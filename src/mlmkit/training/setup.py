@@ -147,7 +147,7 @@ def open_run_dir(run_dir: Path, model=None, tokenizer=None) -> None:
 
 
 def resume_point(run_dir: Path, resume: str | None) -> Path | None:
-    """The checkpoint to start from, decided before any expensive work; a run dir that
+    """Decide the checkpoint to start from before any expensive work; a run dir that
     already holds a run is refused unless the run is resumed."""
     ckpt_dir = run_dir / "checkpoints"
     resume_from = resolve_resume(resume, ckpt_dir)
@@ -212,8 +212,8 @@ def _tokenizer(
     run_tokenizer: Path | None,
     tokenizer=None,
 ):
-    """A resumed run keeps its own tokenizer (``<run>/model/``); a new one gets ``get_tokenizer``'s;
-    a phase takes the run's (``tokenizer``)."""
+    """Return the run's tokenizer: a resumed run keeps its own (``<run>/model/``); a new one gets
+    ``get_tokenizer``'s; a phase takes the run's (``tokenizer``)."""
     if tokenizer is not None:
         return tokenizer
     if run_tokenizer is not None:
@@ -226,8 +226,8 @@ def _tokenizer(
 def prepare_data(
     cfg: Config, accelerator: Accelerator, run_tokenizer: Path | None = None, tokenizer=None
 ) -> Data:
-    """The tokenizer and data; the main process of each node prepares, the others reuse.
-    ``run_tokenizer``: the tokenizer dir of a resumed run; ``tokenizer``: the run's own, for
+    """Prepare the tokenizer and data: the main process of each node prepares them, the others reuse
+    them. ``run_tokenizer``: the tokenizer dir of a resumed run; ``tokenizer``: the run's own, for
     the data of a later phase."""
     if cfg.data.streaming:
         return _prepare_streaming(cfg, accelerator, run_tokenizer, tokenizer)
@@ -299,7 +299,7 @@ def _prepare_streaming(
 
 
 def check_engine(accelerator: Accelerator, cfg: Config, phases=()) -> int:
-    """The accumulation steps of the run, checked against the engine. Under DeepSpeed nothing
+    """Return the accumulation steps of the run, checked against the engine. Under DeepSpeed nothing
     accumulates: an optimizer step is one micro-batch of train.batch_size per process, and
     DeepSpeed takes that micro-batch from its own config (``phases``: the run's, which may
     then not change the batch)."""
@@ -434,7 +434,7 @@ def build_run_model(
 
 
 def build_meter(cfg: Config, accelerator: Accelerator, precision: str, model) -> ThroughputMeter:
-    """The throughput meter, its MFU against the rate this machine can reach (``perf``)."""
+    """Build the throughput meter, its MFU against the rate this machine can reach (``perf``)."""
     block_tokens = cfg.train.batch_size * cfg.data.max_seq_length  # one micro-batch's products
     shapes = model_matmul_shapes(
         model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens)
@@ -459,8 +459,8 @@ def build_meter(cfg: Config, accelerator: Accelerator, precision: str, model) ->
 def build_schedule(
     cfg: Config, accelerator: Accelerator, objective, run_cfg: Config | None = None, accum: int = 1
 ) -> Schedule:
-    """The optimizer, the budget and the learning-rate schedule against it (a phased run's plan
-    and a batch-size warmup shape it). ``run_cfg``: the run's settings, whose ``phases`` the
+    """Build the optimizer, the budget and the learning-rate schedule against it (a phased run's
+    plan and a batch-size warmup shape it). ``run_cfg``: the run's settings, whose ``phases`` the
     schedule follows; ``accum``: the accumulation steps of the run's batch (a batch-size warmup
     starts below them)."""
     tc = cfg.train
@@ -490,7 +490,7 @@ def build_schedule(
 
 
 def build_collator(cfg: Config, tokenizer, rank: int, generator=None) -> MLMCollator:
-    """The run's collator (``generator``: a collator generator whose state it carries on from,
+    """Build the run's collator (``generator``: a collator generator whose state it carries on from,
     at a phase's start)."""
     m = cfg.masking
     collator = MLMCollator(

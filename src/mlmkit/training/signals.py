@@ -57,7 +57,7 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def requested(self, accelerator, everywhere: bool = True) -> bool:
-        """True on every rank once any rank got a signal (ranks must stop at one step).
+        """Return True on every rank once any rank got a signal (ranks must stop at one step).
         With several processes the ranks agree by an all-reduce, which waits for the device, so
         only where ``everywhere`` (the loop's log and checkpoint steps): elsewhere a signal is
         held until then."""

@@ -41,7 +41,7 @@ class TrainState:
         self.step += 1
 
     def state_dict(self) -> dict[str, Any]:
-        """The loop state of the whole run (collective: every rank must call it)."""
+        """Return the loop state of the whole run (collective: every rank must call it)."""
         stream = (
             {"streaming": True, "ranks": gather_object([self.stream.state_dict()])}
             if self.streaming

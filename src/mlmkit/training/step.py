@@ -66,7 +66,7 @@ class StepResult:
 def next_micro_batches(
     stream, collator, accum: int, on_device: bool
 ) -> tuple[list[dict[str, torch.Tensor]], float, list[BatchLayout | None]]:
-    """The micro-batches of one optimizer step, the seconds the host waited for them (the
+    """Return the micro-batches of one optimizer step, the seconds the host waited for them (the
     loader's share of the step: with workers, only what they had not prepared ahead) and the
     layout the loader found of each (``BatchLayout``, taken out of the batch; None where the
     stream gives none); with ``masking.on_device`` the dataloader only padded them, and they
@@ -99,8 +99,8 @@ def skips_on_device(optimizer) -> bool:
 
 
 def local_norm(norm) -> torch.Tensor:
-    """The gradient norm as a plain tensor of this process. FSDP2 under accelerate before 1.16
-    returns it as a DTensor (the norm of sharded gradients), and whatever is computed from one
+    """Return the gradient norm as a plain tensor of this process. FSDP2 under accelerate before
+    1.16 returns it as a DTensor (the norm of sharded gradients), and whatever is computed from one
     stays a DTensor, which the log step cannot read; its ``full_tensor()`` is the whole norm
     (the same on every rank, which all take part). No norm (DeepSpeed may report none) is 0."""
     if norm is None:
@@ -114,7 +114,7 @@ def local_norm(norm) -> torch.Tensor:
 
 
 def deepspeed_engine(accelerator):
-    """The DeepSpeed engine behind ``accelerator`` once ``prepare`` made it, else None."""
+    """Return the DeepSpeed engine behind ``accelerator`` once ``prepare`` made it, else None."""
     if accelerator.distributed_type.value != "DEEPSPEED":
         return None
     wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
@@ -135,8 +135,8 @@ def step_tokens(accelerator, micro, layouts=None) -> int:
 
 
 def step_blocks(micro, layouts=None) -> Counter:
-    """This rank's attended blocks of the step, by length: the loader's count where it made one,
-    else every row of a batch taken as one block of its width."""
+    """Count this rank's attended blocks of the step, by length: the loader's count where it made
+    one, else every row of a batch taken as one block of its width."""
     blocks: Counter = Counter()
     for batch, layout in zip(micro, layouts or [None] * len(micro)):
         if layout is not None:

@@ -26,7 +26,7 @@ _REQUIRES = {
 
 
 def log_with(cfg: LoggerConfig) -> str | None:
-    """The accelerate tracker name for ``cfg`` (None for ``logger=none``), checked to be
+    """Return the accelerate tracker name for ``cfg`` (None for ``logger=none``), checked to be
     installed."""
     if cfg.name == "none":
         return None

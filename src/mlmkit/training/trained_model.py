@@ -29,7 +29,7 @@ def save_run_model_spec(run_dir: Path, model, tokenizer) -> None:
 
 
 def resolve_model_path(path: str | Path, setting: str = "checkpoint") -> Path:
-    """An exported model dir or a ``checkpoints/step_*`` folder for ``path``.
+    """Resolve ``path`` to an exported model dir or a ``checkpoints/step_*`` folder.
 
     A run dir stands for its ``final/`` export, or for its latest checkpoint when the run
     has not finished.

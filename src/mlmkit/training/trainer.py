@@ -81,8 +81,8 @@ class Trainer:
         on_phase_end=None,
         on_open=None,
     ) -> None:
-        """``notes``: lines for the log from before it opened (what composition chose);
-        ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
+        """Set up the trainer. ``notes``: lines for the log from before it opened (what composition
+        chose); ``probe``: scores the frozen encoder every ``probe.every`` steps (any object with
         ``score(encoder, tokenizer) -> dict``, e.g. ``evaluation.probe.LinearProbe``);
         ``on_phase_end(trainer, name, last_eval)``: called on every rank when a phase ends
         (``mlmkit.pretrain`` writes ``phases/<name>/``); ``on_open(run_dir)``: called on the
@@ -117,7 +117,7 @@ class Trainer:
         self.window, self.progress = LogWindow(self.accelerator.device), None
 
     def _check_resume(self) -> dict[str, Any]:
-        """The checkpoint's loop state ({} for a new run), its settings checked against this
+        """Return the checkpoint's loop state ({} for a new run), its settings checked against this
         run's before anything in the run dir is written; the phase the run continues in."""
         cfg = self.run_cfg
         saved = resume_checks.saved_loop_state(self.resume_from) if self.resume_from else {}
@@ -133,7 +133,8 @@ class Trainer:
         return saved
 
     def _prepare_data(self, saved: dict[str, Any]):
-        """The tokenizer and data of the current phase; a resume's data must be the checkpoint's."""
+        """Prepare the tokenizer and data of the current phase; a resume's data must be the
+        checkpoint's."""
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
         run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
         data = setup.prepare_data(
@@ -160,8 +161,8 @@ class Trainer:
         return token_counts(data.baseline_set, data.tokenizer)
 
     def _build_parts(self, precision: str, counts, begun: list) -> None:
-        """The model and objective, the optimizer and its schedule, the budget, the collator and
-        the loop's state, prepared by the accelerator."""
+        """Build the model and objective, the optimizer and its schedule, the budget, the collator
+        and the loop's state, prepared by the accelerator."""
         acc = self.accelerator
         model = setup.build_run_model(
             self.cfg, acc, precision, self.tokenizer, self.resume_from, counts, run_cfg=self.run_cfg
@@ -410,7 +411,7 @@ class Trainer:
         self.paused(self.save)
 
     def stopped(self, signals: StopSignals) -> Preempted:
-        """The error that ends a run stopped by a signal, after its checkpoint."""
+        """Return the error that ends a run stopped by a signal, after its checkpoint."""
         self.end_fit()
         return Preempted(
             f"Stopped by {signals.name} at step {self.state.step} after saving a checkpoint; "
@@ -445,7 +446,7 @@ class Trainer:
         self.progress.update(state.step)
 
     def log(self, result: StepResult) -> None:
-        """A ``train`` event of the steps since the last one (their skipped steps read from the
+        """Log a ``train`` event of the steps since the last one (their skipped steps read from the
         device first)."""
         acc, state, window = self.accelerator, self.state, self.window
         self.skips.settle(state, self.cfg.train.max_bad_steps, result.grad_norm)
@@ -497,7 +498,7 @@ class Trainer:
         return figures
 
     def run_probe(self) -> None:
-        """A ``probe`` event: the probe's figures for the encoder as it is now (every rank
+        """Log a ``probe`` event: the probe's figures for the encoder as it is now (every rank
         takes part, as sharded weights need; the run's autocast and engine, as its evaluation)."""
         objective, was_training = self.objective, self.objective.training
         objective.eval()
@@ -578,7 +579,7 @@ class Trainer:
         self.accelerator.end_training()
 
     def _shared_clock(self) -> float:
-        """The main process's training seconds, on every rank."""
+        """Return the main process's training seconds, on every rank."""
         seconds = self.time_base + time.perf_counter() - self.t_start
         acc = self.accelerator
         if acc.num_processes == 1:
@@ -590,7 +591,7 @@ class Trainer:
 
 
 def refresh_lr(scheduler) -> None:
-    """The learning rate of the next step, from the schedule as it now stands (a new phase)."""
+    """Set the learning rate of the next step from the schedule as it now stands (a new phase)."""
     inner = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps the scheduler
     factors = [fn(inner.last_epoch) for fn in inner.lr_lambdas]
     for group, base, factor in zip(inner.optimizer.param_groups, inner.base_lrs, factors):

@@ -67,7 +67,7 @@ def majority_baseline(
 
 
 def rank_share(batches: list, rank: int, world: int):
-    """This rank's share of ``batches`` (every world-th one) as ``(batch, counted)`` pairs.
+    """Yield this rank's share of ``batches`` (every world-th one) as ``(batch, counted)`` pairs.
 
     Every rank gets the same number of pairs: a rank short of a batch repeats one with
     ``counted`` False, to run and not count. With FSDP or DeepSpeed ZeRO-3 each forward

@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def metric_path(name: str) -> Path:
-    """The folder of the shipped metric ``name`` (the script inside has the same name)."""
+    """Return the folder of the shipped metric ``name`` (the script inside has the same name)."""
     if name not in METRICS:
         raise ValueError(f"Unknown metric {name!r}; mlmkit ships {', '.join(METRICS)}.")
     return HERE / name
@@ -29,7 +29,7 @@ def load_metric(name: str, **kwargs):
 
 
 def correlation_metric(key: str, fn, description: str):
-    """The ``evaluate.Metric`` class of a correlation ``fn(predictions, references)`` (the
+    """Make the ``evaluate.Metric`` class of a correlation ``fn(predictions, references)`` (the
     shipped ``pearson`` and ``spearman`` scripts), reporting ``{key: value}``."""
     import datasets
     import evaluate
