@@ -180,8 +180,9 @@ bench-processes: venv  ## tokens/s of 1 against 2 processes, scaling efficiency
 bench-vocab-init: venv  ## tokenizer.extend_vocab on the Hindi novel: words the old vocabulary cannot spell started as the average word vs [UNK], early losses side by side
 	$(BIN)/python benchmarks/vocab_init.py $(ARGS)
 
-lint: venv
-	$(BIN)/ruff check .
+lint: venv  ## ruff: the rules of pyproject.toml (lines within 100 characters, docstrings that start with a verb) and its formatting
+	$(BIN)/ruff check src tests benchmarks train.py
+	$(BIN)/ruff format --check src tests benchmarks train.py
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -445,7 +445,7 @@ def test_a_run_says_its_mfu_is_unreliable_against_an_implausible_rate(
     from runs import TINY
 
     from mlmkit.config import compose
-    from mlmkit.training import perf
+    from mlmkit.training import lock, perf, setup
     from mlmkit.training.trainer import Trainer
 
     monkeypatch.setattr(
@@ -461,8 +461,10 @@ def test_a_run_says_its_mfu_is_unreliable_against_an_implausible_rate(
         ]
     )
     try:
-        Trainer(cfg, tmp_path / "run")
+        Trainer(cfg, tmp_path / "run").resume()  # a new run: its log is written from here on
     finally:
+        setup.stop_logging()
+        lock.release()
         AcceleratorState._reset_state(reset_partial_state=True)
     log = (tmp_path / "run" / "train.log").read_text()
     assert "MFU is taken against 0.03 TFLOP/s per process" in log
