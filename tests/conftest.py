@@ -21,10 +21,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator, as in runs.TEST_ENV
 
 
+# The files that take minutes, the longest first: run first, so that under pytest-xdist
+# (``--dist loadfile``: a file's tests on one worker) no worker is left alone with one at the end
+LONGEST_FILES = [
+    "tests/e2e/test_examples.py",
+    "tests/slurm/test_slurm_jobs.py",
+    "tests/e2e/test_distributed.py",
+    "tests/e2e/test_reliability.py",
+    "tests/e2e/test_gpu_check.py",
+    "tests/e2e/test_bench_quality.py",
+    "tests/e2e/test_bench_phases.py",
+    "tests/e2e/test_launch.py",
+    "tests/cli/test_malformed_inputs.py",
+]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is present."""
+    """Run the longest files first; tests marked ``gpu`` skip, with the reason, where no CUDA
+    GPU is present."""
     import torch
 
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")

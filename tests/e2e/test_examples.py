@@ -241,17 +241,15 @@ def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_rand
 ):
     """examples/embedder.sh, shrunk: the tiny model pretrained on AG News's texts, the stage with
     STS-B train pairs and without pairs (SimCSE, same-document pairs), every model scored on STS-B
-    dev and its retrieval set, and the Hindi part on the same tiny run as a stand-in."""
+    dev and its retrieval set. Its optional Hindi part (HINDI_RUN) runs the same commands on
+    another corpus and is left out here (half a minute of the suite)."""
     shared_file("glue/STS-B/dev.tsv")
     shared_file("agnews/dev.tsv")
-    shared_file("corpora/hindi/sevasadan.txt")
     work = tmp_path / "embedder"
     stage = {
         "PAIR_STEPS": "2",
         "TEXT_STEPS": "2",
-        "HINDI_STEPS": "2",
         "BATCH": "8",
-        "HINDI_RUN": str(work / "mlm"),
         "EMBED_ARGS": "max_texts=64 max_seq_length=32 precision=no",
     }
     proc = bash(
@@ -275,10 +273,7 @@ def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_rand
         "| MLM + embed, no pairs: same-document pairs",
     ], proc.stdout[-3000:]
     assert all(0 < float(r[2]) <= 1 for r in rows[1:6])  # nDCG@10 of each model
-    assert [r[0] for r in rows[6:]] == [
-        "| Hindi, simcse: before -> after",
-        "| Hindi, same_document: before -> after",
-    ]
+    assert len(rows) == 6  # the header and five models: no Hindi rows without HINDI_RUN
     pairs = json.loads((work / "pairs" / "results.json").read_text())
     assert (
         pairs["data"]["dropped"] > 0 and pairs["steps"] == 2

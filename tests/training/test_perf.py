@@ -376,6 +376,9 @@ def test_the_meter_counts_real_tokens_per_second_and_the_blocks_flops():
         ("NVIDIA GeForce RTX 3090", 71),
         ("NVIDIA GH200 480GB", 989),
         ("NVIDIA A10", 125),
+        ("NVIDIA L40", 181),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA L4", 121),
         ("Tesla T4", None),
     ],
 )

@@ -73,6 +73,7 @@ CHIP_BF16_PEAK = {
     "A100": 312e12,
     "A800": 312e12,
     "L40S": 362e12,
+    "L40": 181e12,  # NVIDIA L40 datasheet: BF16 181.05 TFLOPS (362.1 with sparsity)
     "L4": 121e12,
     "A10G": 70e12,  # AWS's A10G
     "A10": 125e12,
@@ -179,11 +180,13 @@ def model_train_flops(config, blocks: Mapping[int, int], predicted: float) -> fl
 def chip_peak(name: str) -> float | None:
     """Return the dense bf16 peak FLOP/s (``CHIP_BF16_PEAK``) of the GPU that CUDA names ``name``
     (``"NVIDIA H100 80GB HBM3"``), else None."""
-    if "H100" in name and not any(k in name for k in ("PCIe", "NVL")):
+    words = name.replace("-", " ").split()  # "NVIDIA A100-SXM4-80GB": NVIDIA, A100, SXM4, 80GB
+    if "H100" in words and not any(k in words for k in ("PCIe", "NVL")):
         return CHIP_BF16_PEAK["H100 SXM"]
-    # longest key first, so "A100" does not match an "A10" entry, nor "H200 NVL" an "H200" one
+    # a key matches whole words ("L4" is not "L40"), the longest first ("H200 NVL" before "H200")
     for key in sorted(CHIP_BF16_PEAK, key=len, reverse=True):
-        if key in name:
+        size = len(key.split())
+        if any(words[i : i + size] == key.split() for i in range(len(words))):
             return CHIP_BF16_PEAK[key]
     return None
 
