@@ -33,6 +33,25 @@ TINY = [
 ]
 
 
+# the smallest run that trains, evaluates, checkpoints and exports (4 steps of 4 blocks of 32)
+SMALLEST = [
+    "model.num_hidden_layers=1",
+    "model.hidden_size=32",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+    "tokenizer.vocab_size=300",
+    "data.max_seq_length=32",
+    "data.max_eval_samples=16",
+    "train.batch_size=4",
+    "train.progress=false",
+    "train.log_every=2",
+    "train.save_every=2",
+    "train.max_steps=4",
+    "train.precision=no",
+    "logger=none",
+]
+
+
 def free_port() -> str:
     """A TCP port free now, for a launch's rendezvous (tests may run in parallel workers,
     each launching its own process group)."""

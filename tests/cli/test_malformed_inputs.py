@@ -23,27 +23,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from runs import run_cli
+from runs import SMALLEST, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 # a run of a few seconds: the model, tokenizer and data as small as the settings allow
 TINY = [
-    "model.num_hidden_layers=1",
-    "model.hidden_size=32",
-    "model.num_attention_heads=2",
-    "model.intermediate_size=64",
-    "tokenizer.vocab_size=300",
-    "data.max_seq_length=32",
-    "data.max_eval_samples=16",
-    "train.batch_size=4",
-    "train.progress=false",
-    "train.log_every=2",
+    *SMALLEST,
     "train.eval_every=0",
-    "train.save_every=2",
-    "train.max_steps=4",
-    "train.precision=no",
-    "logger=none",
     "optim.warmup_steps=4",
 ]  # warmup = the step budget: warned about
 

@@ -21,27 +21,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from runs import run_cli
+from runs import SMALLEST, run_cli
 
 # the smallest run that trains, evaluates, checkpoints and exports
-TINY = [
-    "model.num_hidden_layers=1",
-    "model.hidden_size=32",
-    "model.num_attention_heads=2",
-    "model.intermediate_size=64",
-    "tokenizer.vocab_size=300",
-    "data.max_seq_length=32",
-    "data.max_eval_samples=16",
-    "train.batch_size=4",
-    "train.progress=false",
-    "train.log_every=2",
-    "train.eval_every=2",
-    "train.save_every=2",
-    "train.max_steps=4",
-    "train.precision=no",
-    "logger=none",
-    "optim.warmup_steps=1",
-]
+TINY = [*SMALLEST, "train.eval_every=2", "optim.warmup_steps=1"]
 FINETUNE = ["epochs=1", "batch_size=8", "max_seq_length=32", "precision=no"]
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import TINY as BASE_TINY
 
 from .slurm_cluster import cluster
 
@@ -29,17 +30,7 @@ TRAIN_SBATCH, SUBMITIT = (
 )
 # a tiny model on the built-in corpus, fp32, quiet
 TINY = [
-    "model.num_hidden_layers=1",
-    "model.hidden_size=32",
-    "model.num_attention_heads=2",
-    "model.intermediate_size=64",
-    "tokenizer.vocab_size=1000",
-    "tokenizer.max_train_chars=300000",
-    "data.max_seq_length=64",
-    "data.max_eval_samples=64",
-    "train.batch_size=8",
-    "train.progress=false",
-    "optim.warmup_steps=5",
+    *BASE_TINY,
     "train.eval_every=0",
     "train.save_every=0",
     "train.precision=no",
