@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -73,10 +74,17 @@ def test_signal_saves_a_checkpoint_and_exits_75(tmp_path, cache_dir, sig):
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_in_one_sentence(tmp_path, cache_dir):
+    """The second Ctrl-C comes once the first is acknowledged, within the same step: steps of
+    most of a second (a wider model), so that the step cannot end first. (Two signals sent
+    together may reach Python's handler as one.)"""
     run = tmp_path / "run"
     proc = _start(
         run,
         cache_dir,
+        "model.num_hidden_layers=4",
+        "model.hidden_size=256",
+        "model.intermediate_size=1024",
+        "model.num_attention_heads=4",
         "train.max_steps=500",
         "train.log_every=1",
         "train.save_every=0",
@@ -84,13 +92,19 @@ def test_a_second_ctrl_c_stops_at_once_in_one_sentence(tmp_path, cache_dir):
         "train.precision=no",
         "train.batch_size=64",
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
     deadline = time.time() + 120
     while len(train_steps(run)) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.01)
+    while not any("press Ctrl-C again" in line for line in lines) and time.time() < deadline:
+        time.sleep(0.005)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    reader.join(timeout=30)
+    err = "".join(lines)
     assert proc.returncode == 130, err[-3000:]
     assert "press Ctrl-C again to stop at once" in err and "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
