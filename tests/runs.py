@@ -83,7 +83,11 @@ def _command_state(cwd: Path, env: dict | None):
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
     }
     loggers = [logging.getLogger(), logging.getLogger("mlmkit")]
-    logging_state = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    logging_state = [(lg, list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    # mlmkit's logger as a new process has it, whatever an earlier test left
+    mlmkit_log = loggers[1]
+    mlmkit_log.handlers[:], mlmkit_log.level, mlmkit_log.propagate = [], logging.NOTSET, True
+    mlmkit_log.disabled = False
     torch_state = (
         torch.get_num_threads(),
         torch.are_deterministic_algorithms_enabled(),
@@ -103,10 +107,15 @@ def _command_state(cwd: Path, env: dict | None):
         sys.argv[:] = saved_argv
         for sig, handler in signals.items():
             signal.signal(sig, handler)
-        for lg, handlers, level, propagate in logging_state:
+        for lg, handlers, level, propagate, disabled in logging_state:
             for handler in set(lg.handlers) - set(handlers):
                 handler.close()
-            lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
+            lg.handlers[:], lg.level, lg.propagate, lg.disabled = (
+                handlers,
+                level,
+                propagate,
+                disabled,
+            )
         torch.set_num_threads(torch_state[0])
         torch.use_deterministic_algorithms(torch_state[1])
         torch.set_float32_matmul_precision(torch_state[2])
