@@ -44,7 +44,6 @@ def _pretrain(tmp_path, corpus):
         "logger=none",
         f"paths.cache_dir={tmp_path / 'cache'}",
         f"hydra.run.dir={run}",
-        timeout=3600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run
@@ -117,7 +116,6 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
             f"files=[{pairs_file}]",
             f"init={init}",
             f"output={out}",
-            timeout=1800,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
