@@ -152,21 +152,19 @@ def test_finetune_pooling_setting_is_checked():
         FinetuneConfig(checkpoint="x", pooling="max")
 
 
+# a BERT of a few thousand weights, for the classifiers' own tests
+SMALL_BERT = dict(
+    vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+)
+
+
 def test_freeze_encoder_trains_only_the_pooler_and_classifier():
     from transformers import BertConfig
 
     from mlmkit.evaluation.finetune import freeze_encoder
     from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 
-    model = MeanPoolBertForSequenceClassification(
-        BertConfig(
-            vocab_size=100,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-        )
-    )
+    model = MeanPoolBertForSequenceClassification(BertConfig(**SMALL_BERT))
     freeze_encoder(model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {
@@ -216,17 +214,7 @@ def _frozen_classifiers(kind: str):
         )
 
         def make():
-            return cls(
-                BertConfig(
-                    vocab_size=100,
-                    hidden_size=16,
-                    num_hidden_layers=1,
-                    num_attention_heads=2,
-                    intermediate_size=32,
-                    hidden_dropout_prob=0.2,
-                    classifier_dropout=0.0,
-                )
-            )
+            return cls(BertConfig(**SMALL_BERT, hidden_dropout_prob=0.2, classifier_dropout=0.0))
 
     models = []
     for _ in range(2):
