@@ -13,7 +13,6 @@ full-weight gather for the export.
         --num_processes 2 tests/engine_on_cpu.py <train.py overrides>
 """
 
-import importlib
 import os
 import runpy
 import sys
@@ -24,20 +23,6 @@ from accelerate.state import PartialState
 from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
 
 from mlmkit.training import setup
-
-
-def skip_shared_memory_op() -> None:
-    """Keep DeepSpeed's CPU backend from building its shared-memory allreduce (a C++ build of a
-    minute on a fresh machine, cached per environment): gloo's allreduce serves these tests, as
-    DeepSpeed itself falls back to it where the op is not compatible."""
-    try:  # by name: the package's attribute ``torch`` is torch itself
-        deepspeed_comm = importlib.import_module("deepspeed.comm.torch")
-    except ImportError:  # without the deepspeed extra: FSDP only
-        return
-    deepspeed_comm.build_shm_op = lambda: None
-
-
-skip_shared_memory_op()
 
 
 def _flag(name: str) -> bool:

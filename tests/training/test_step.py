@@ -260,7 +260,7 @@ def deepspeed_on_cpu():
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
-        # gloo's allreduce, not the shared-memory op DeepSpeed would build (engine_on_cpu.py)
+        # gloo's allreduce, not the shared-memory op DeepSpeed would build (a minute of C++)
         patch.setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)
         try:
             yield make
