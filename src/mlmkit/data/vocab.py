@@ -69,15 +69,47 @@ def extend_tokenizer(
     """Return ``(extended tokenizer, the words added)``: at most ``count`` whole words of ``texts``,
     absent from ``tokenizer``'s WordPiece vocabulary, that save the most tokens there (a word it
     makes one [UNK] counts one token a use: it is recovered)."""
-    from tokenizers import Tokenizer, trainers
-    from transformers import PreTrainedTokenizerFast
-
     kind = _backend_model_type(tokenizer)
     if kind != "WordPiece":
         raise ConfigError(
             f"tokenizer.extend_vocab adds words to a WordPiece vocabulary (BERT's), and this "
             f"tokenizer is {kind}; set tokenizer.extend_vocab=0."
         )
+    sample, seen = _sample(texts, sample_chars)
+    counts = word_counts(tokenizer, sample)
+    vocab = tokenizer.get_vocab()
+    candidates = _domain_words(tokenizer, sample, counts, count, min_frequency)
+    pieces = tokenizer(candidates, add_special_tokens=False)["input_ids"] if candidates else []
+    # tokens saved; a word that was one [UNK] saves none but is recovered: counted as one a use
+    unk = tokenizer.unk_token_id
+    saved = {
+        w: counts[w] * max(len(p) - 1, 1)
+        for w, p in zip(candidates, pieces)
+        if len(p) > 1 or p == [unk]
+    }
+    added = sorted(saved, key=lambda w: (-saved[w], w))[:count]
+    extended = _with_words(tokenizer, added)
+    (before, unk_before), (after, unk_after) = (
+        coverage(tokenizer, counts),
+        coverage(extended, counts),
+    )
+    log.info(
+        "Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; on %.1fM "
+        "characters of the corpus, tokens per word %.3f -> %.3f, [UNK] %.2f%% -> %.2f%% of the "
+        "tokens",
+        len(added),
+        len(vocab),
+        seen / 1e6,
+        before,
+        after,
+        100 * unk_before,
+        100 * unk_after,
+    )
+    return extended, added
+
+
+def _sample(texts: Iterable[str], sample_chars: int | None) -> tuple[list[str], int]:
+    """Return the first texts up to ``sample_chars`` characters (all: None) and their length."""
     sample, seen = [], 0
     for text in texts:
         if text:
@@ -85,9 +117,15 @@ def extend_tokenizer(
             seen += len(text)
         if sample_chars is not None and seen >= sample_chars:
             break
-    counts = word_counts(tokenizer, sample)
+    return sample, seen
+
+
+def _domain_words(tokenizer, sample: list[str], counts, count: int, min_frequency: int) -> list:
+    """Return the whole words of new pieces learned on ``sample`` (with the old normaliser and
+    pre-tokenizer) that ``tokenizer``'s vocabulary lacks and the sample uses often enough."""
+    from tokenizers import Tokenizer, trainers
+
     vocab = tokenizer.get_vocab()
-    # new pieces learned on the domain (the old normaliser and pre-tokenizer): its whole words
     learner = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     learner.post_processor = None
     trainer = trainers.WordPieceTrainer(
@@ -98,20 +136,20 @@ def extend_tokenizer(
         show_progress=False,
     )
     learner.train_from_iterator(sample, trainer=trainer)
-    candidates = [
+    return [
         w
         for w in learner.get_vocab()
         if not w.startswith("##") and w not in vocab and counts[w] >= min_frequency and len(w) > 1
     ]
-    pieces = tokenizer(candidates, add_special_tokens=False)["input_ids"] if candidates else []
-    # tokens saved; a word that was one [UNK] saves none but is recovered: counted as one a use
-    unk = tokenizer.unk_token_id
-    saved = {
-        w: counts[w] * max(len(p) - 1, 1)
-        for w, p in zip(candidates, pieces)
-        if len(p) > 1 or p == [unk]
-    }
-    added = sorted(saved, key=lambda w: (-saved[w], w))[:count]
+
+
+def _with_words(tokenizer, added: list[str]):
+    """Return a copy of ``tokenizer`` whose vocabulary ends with ``added``, every old token at its
+    id; refused in one sentence where that cannot be."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = tokenizer.get_vocab()
     state = json.loads(tokenizer.backend_tokenizer.to_str())
     for token in state.get("added_tokens", []):  # kept at their ids: added tokens outside the
         state["model"]["vocab"].setdefault(
@@ -141,20 +179,4 @@ def extend_tokenizer(
             "tokenizer.extend_vocab could not add words to this tokenizer without renumbering its "
             "tokens; set tokenizer.extend_vocab=0."
         )
-    (before, unk_before), (after, unk_after) = (
-        coverage(tokenizer, counts),
-        coverage(extended, counts),
-    )
-    log.info(
-        "Vocabulary extension: %d words added to the %d of model.init_from's tokenizer; on %.1fM "
-        "characters of the corpus, tokens per word %.3f -> %.3f, [UNK] %.2f%% -> %.2f%% of the "
-        "tokens",
-        len(added),
-        len(vocab),
-        seen / 1e6,
-        before,
-        after,
-        100 * unk_before,
-        100 * unk_after,
-    )
-    return extended, added
+    return extended

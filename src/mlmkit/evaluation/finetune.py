@@ -682,6 +682,67 @@ def check_new_run_dir(run_dir: Path, what: str) -> None:
         )
 
 
+def data_loaders(cfg: FinetuneConfig, tokenizer, train_set, eval_set) -> tuple[Any, Any]:
+    """Return the training loader (shuffled by ``cfg.seed``) and the dev set's loader."""
+    from torch.utils.data import DataLoader
+
+    collate = Collate(tokenizer, cfg.max_seq_length)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        drop_last=False,
+    )
+    eval_loader = DataLoader(eval_set, batch_size=cfg.batch_size * 2, collate_fn=collate)
+    return train_loader, eval_loader
+
+
+def optimizer_and_schedule(
+    cfg: FinetuneConfig, model, accelerator, train_examples: int
+) -> tuple[Any, Any, int]:
+    """Return the optimizer, its linear schedule with warmup, and the number of steps."""
+    steps_per_epoch = math.ceil(train_examples / (cfg.batch_size * accelerator.num_processes))
+    total = max(1, round(cfg.epochs * steps_per_epoch))
+    optim = OptimConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        beta2=0.999,
+        eps=1e-8,
+        warmup_steps=int(cfg.warmup_ratio * total),
+        schedule="linear",
+    )
+    optimizer = build_optimizer(model, optim, accelerator.device.type)
+    return optimizer, build_scheduler(optimizer, optim, total), total
+
+
+def summarize(
+    cfg: FinetuneConfig,
+    source,
+    steps: int,
+    train_examples: int,
+    eval_examples: int,
+    started: float,
+    results: dict[str, Any],
+    run_dir: Path,
+) -> dict[str, Any]:
+    """Return what results.json holds: the run's settings, sizes and time, the dev figures."""
+    return {
+        "task": cfg.task.name,
+        "checkpoint": str(source),
+        "init": cfg.init,
+        "pooling": cfg.pooling,
+        "steps": steps,
+        "train_examples": train_examples,
+        "eval_examples": eval_examples,
+        "seconds": round(time.perf_counter() - started, 1),
+        **({"labels": list(cfg.task.labels)} if cfg.task.kind == "classification" else {}),
+        "model": str(run_dir / "model") if cfg.save_model else None,
+        **{k: v for k, v in results.items() if k.startswith("eval_")},
+    }
+
+
 def finetune(
     cfg: FinetuneConfig, run_dir: str | os.PathLike, on_open: Callable[[Path], None] | None = None
 ) -> dict[str, Any]:
@@ -690,7 +751,6 @@ def finetune(
     called on the main process once every check has passed, before anything is written there."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader
 
     run_dir = Path(run_dir)
     check_new_run_dir(run_dir, "fine-tuning")
@@ -718,28 +778,8 @@ def finetune(
         train_set = train_set[: cfg.max_train_samples]
     if cfg.task.kind == "regression":
         start_at_mean_label(model, train_set)
-    collate = Collate(tokenizer, cfg.max_seq_length)
-    train_loader = DataLoader(
-        train_set,
-        batch_size=cfg.batch_size,
-        shuffle=True,
-        collate_fn=collate,
-        generator=torch.Generator().manual_seed(cfg.seed),
-        drop_last=False,
-    )
-    eval_loader = DataLoader(eval_set, batch_size=cfg.batch_size * 2, collate_fn=collate)
-    steps_per_epoch = math.ceil(len(train_set) / (cfg.batch_size * accelerator.num_processes))
-    total = max(1, round(cfg.epochs * steps_per_epoch))
-    optim = OptimConfig(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        beta2=0.999,
-        eps=1e-8,
-        warmup_steps=int(cfg.warmup_ratio * total),
-        schedule="linear",
-    )
-    optimizer = build_optimizer(model, optim, accelerator.device.type)
-    scheduler = build_scheduler(optimizer, optim, total)
+    train_loader, eval_loader = data_loaders(cfg, tokenizer, train_set, eval_set)
+    optimizer, scheduler, total = optimizer_and_schedule(cfg, model, accelerator, len(train_set))
     model, optimizer, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, train_loader, eval_loader
     )
@@ -773,19 +813,7 @@ def finetune(
     finally:
         if cache is not None:
             cache.close()
-    summary = {
-        "task": cfg.task.name,
-        "checkpoint": str(source),
-        "init": cfg.init,
-        "pooling": cfg.pooling,
-        "steps": step,
-        "train_examples": len(train_set),
-        "eval_examples": len(eval_set),
-        "seconds": round(time.perf_counter() - t0, 1),
-        **({"labels": list(cfg.task.labels)} if cfg.task.kind == "classification" else {}),
-        "model": str(run_dir / "model") if cfg.save_model else None,
-        **{k: v for k, v in results.items() if k.startswith("eval_")},
-    }
+    summary = summarize(cfg, source, step, len(train_set), len(eval_set), t0, results, run_dir)
     if accelerator.is_main_process:
         save_results(
             run_dir, cfg.task, summary, eval_set, preds, accelerator.unwrap_model(model), tokenizer

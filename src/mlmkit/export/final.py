@@ -31,6 +31,38 @@ def _origin_lines(config: dict[str, Any], summary: dict[str, Any]) -> str:
     return lines
 
 
+def _usage_section(mask: str, hidden: int, length: int) -> str:
+    """Return the card's "Use" section: fill-mask, the command line, sentence embeddings."""
+    return f"""## Use
+
+```python
+from transformers import pipeline
+
+fill = pipeline("fill-mask", model="path/to/this/dir")
+fill("The {mask} of the function is returned.")
+```
+
+or from the command line: \
+`mlmkit fill-mask path/to/this/dir "The {mask} of the function is returned."`
+
+### Sentence embeddings
+
+The dir is also a [sentence-transformers](https://www.sbert.net) model: the encoder followed by
+mean pooling of the last layer's token states (padding excluded), {hidden} dimensions,
+inputs cut at {length} tokens (`pip install sentence-transformers`).
+
+```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("path/to/this/dir")
+vectors = model.encode(["A man is playing a guitar.", "Someone plays the guitar."])
+model.similarity(vectors[:1], vectors[1:])  # cosine similarity
+```
+
+`mlmkit eval-sts checkpoint=path/to/this/dir data_dir=path/to/STS-B` scores these embeddings
+zero-shot on STS-B."""
+
+
 def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]) -> str:
     c = model.config
     mask = tokenizer.mask_token
@@ -83,34 +115,7 @@ heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{att
 | --- | --- |
 {metrics}
 
-## Use
-
-```python
-from transformers import pipeline
-
-fill = pipeline("fill-mask", model="path/to/this/dir")
-fill("The {mask} of the function is returned.")
-```
-
-or from the command line: \
-`mlmkit fill-mask path/to/this/dir "The {mask} of the function is returned."`
-
-### Sentence embeddings
-
-The dir is also a [sentence-transformers](https://www.sbert.net) model: the encoder followed by
-mean pooling of the last layer's token states (padding excluded), {c.hidden_size} dimensions,
-inputs cut at {embedding_length(model, config)} tokens (`pip install sentence-transformers`).
-
-```python
-from sentence_transformers import SentenceTransformer
-
-model = SentenceTransformer("path/to/this/dir")
-vectors = model.encode(["A man is playing a guitar.", "Someone plays the guitar."])
-model.similarity(vectors[:1], vectors[1:])  # cosine similarity
-```
-
-`mlmkit eval-sts checkpoint=path/to/this/dir data_dir=path/to/STS-B` scores these embeddings
-zero-shot on STS-B.
+{_usage_section(mask, c.hidden_size, embedding_length(model, config))}
 
 ## Full config
 
