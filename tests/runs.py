@@ -33,6 +33,19 @@ TINY = [
 ]
 
 
+# accelerate launch's options for two processes on one machine, full precision, no compiler
+TWO_PROCESSES = [
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+]
+
 # the smallest run that trains, evaluates, checkpoints and exports (4 steps of 4 blocks of 32)
 SMALLEST = [
     "model.num_hidden_layers=1",

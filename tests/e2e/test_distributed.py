@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TEST_ENV, TINY, events, free_port, run_train, write_probe_task
+from runs import ROOT, TEST_ENV, TINY, TWO_PROCESSES, events, free_port, run_train, write_probe_task
 
 COMMON = [
     "train.max_steps=10",
@@ -60,15 +60,7 @@ def launch_two(
         *launcher,
         "--main_process_port",
         free_port(),
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
+        *TWO_PROCESSES,
         *script,
         *TINY,
         f"paths.cache_dir={cache_dir}",

@@ -12,24 +12,14 @@ import sys
 import time
 
 import pytest
-from runs import ROOT, TINY, free_port
+from runs import ROOT, TINY, TWO_PROCESSES, free_port
 
 from mlmkit.cli import COMMANDS
 from mlmkit.cli.launch import explained, split_command
 from mlmkit.errors import ConfigError
 
 ENV = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-OPTIONS = [
-    "--multi_gpu",
-    "--num_processes",
-    "2",
-    "--num_machines",
-    "1",
-    "--mixed_precision",
-    "no",
-    "--dynamo_backend",
-    "no",
-]
+OPTIONS = TWO_PROCESSES
 
 
 def test_the_command_line_splits_at_the_command():
