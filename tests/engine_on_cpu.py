@@ -13,6 +13,7 @@ full-weight gather for the export.
         --num_processes 2 tests/engine_on_cpu.py <train.py overrides>
 """
 
+import importlib
 import os
 import runpy
 import sys
@@ -23,6 +24,21 @@ from accelerate.state import PartialState
 from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
 
 from mlmkit.training import setup
+
+
+def skip_shared_memory_op() -> None:
+    """Keep DeepSpeed's CPU backend from building its shared-memory allreduce: two C++ files,
+    about a minute of one core each on a fresh machine.
+    DeepSpeed calls that op only in ``inference_all_reduce``; training's collectives go through
+    torch.distributed (gloo here) with or without it."""
+    try:  # by name: the package's attribute ``torch`` is torch itself
+        deepspeed_comm = importlib.import_module("deepspeed.comm.torch")
+    except ImportError:  # without the deepspeed extra: FSDP only
+        return
+    deepspeed_comm.build_shm_op = lambda: None
+
+
+skip_shared_memory_op()
 
 
 def _flag(name: str) -> bool:

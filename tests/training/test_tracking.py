@@ -56,7 +56,11 @@ def _wandb(run):
     # an offline run is one protobuf record log; values are stored as JSON text
     (log,) = run.glob("wandb/offline-run-*/run-*.wandb")
     data = log.read_bytes()
-    losses = [float(m.group(2)) for m in re.finditer(rb"train/loss\x82\x01(.)([-0-9.e]+)", data)]
+    # the value's field: its tag, then its length in one byte (any byte: DOTALL), then the JSON
+    losses = [
+        float(data[m.end() : m.end() + m.group(1)[0]])
+        for m in re.finditer(rb"train/loss\x82\x01(.)", data, re.DOTALL)
+    ]
     steps = [e["step"] for e in events(run, "train")]
     # each history row appears twice (history and summary records)
     return dict(zip(steps, losses[::2])), b"model.hidden_size\x82\x01\x0232" in data
