@@ -89,13 +89,18 @@ sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/
 # TEST_THREADS threads (more threads than cores make OpenMP's waiting threads spin).
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
+# make test LONG=1: the long tests (make test-long) too, among the others in the same workers, so
+# that the other worker goes on while they train (what CI runs)
+ifeq ($(LONG),1)
+TEST_MARKS := -m "long or not long"
+endif
 
 # Bytecode of mlmkit and the tests first: where PYTHONDONTWRITEBYTECODE=1 is set, every fresh
 # interpreter a test starts would compile them again. A file that does not compile is printed,
 # and pytest reports it too.
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m compileall -q src tests || true
-	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(ARGS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(TEST_MARKS) $(ARGS)
 
 test-long: venv  ## the long tests alone (400 steps of bert-mini that must learn word order a random init lacks; docs/benchmarks.md)
 	$(BIN)/python -m compileall -q src tests || true

@@ -24,6 +24,7 @@ os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator, as in runs.
 # The files that take minutes, the longest first: run first, so that under pytest-xdist
 # (``--dist loadfile``: a file's tests on one worker) no worker is left alone with one at the end
 LONGEST_FILES = [
+    "tests/e2e/test_pretraining_pays_off.py",  # under make test LONG=1 (CI)
     "tests/e2e/test_examples.py",
     "tests/slurm/test_slurm_jobs.py",
     "tests/e2e/test_distributed.py",

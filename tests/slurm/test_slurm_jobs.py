@@ -152,20 +152,13 @@ def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_r
 ):
     """SLURM's own warning: a 1-minute time limit and ``--signal=USR1@5``. slurmctld sends the
     signal at its first look at time limits 25 s or more into the job (it looks every 30 s);
-    the job, submitted just after a look, trains until the next one, saves a checkpoint, exits
-    75 and requeues itself; the requeued job resumes. Its weights equal an uninterrupted run's."""
-    base = [*TINY, f"paths.cache_dir={cache_dir}"]
-    # the cache (tokenizer, packed data) filled, then this machine's speed: runs here (the
-    # first run of a process trains slower than those after it)
-    train_here(tmp_path / "warmup", [*base, "train.max_steps=20"])
-    train_here(tmp_path / "timed", [*base, "train.max_steps=150"])
-    # the fastest 10 steps: this machine's speed with the least of other work beside it
-    rate = max(e["tokens_per_s"] for e in events(tmp_path / "timed")[2:]) / (8 * 64)
-    # about 35 s of training at that speed: past the warning, some 30 s after the job starts (a
-    # job that trains slower is warned again before it ends, and resumed again)
-    steps = 10 * max(20, round(rate * 35 / 10))
-    overrides = [*base, f"train.max_steps={steps}"]
-    train_here(tmp_path / "reference", overrides)  # the uninterrupted run, alone (as the job)
+    the job, submitted just after a look, trains on a 30-s time budget until the next one,
+    saves a checkpoint, exits 75 and requeues itself; the requeued job resumes and spends the
+    rest of the budget. Its weights equal an uninterrupted run's of as many steps: after its
+    warmup the learning rate is constant, so no step's rate depends on the clock."""
+    base = [*TINY, f"paths.cache_dir={cache_dir}", "optim.schedule=constant"]
+    # a budget the job is still spending at the warning, however fast this machine trains
+    overrides = [*base, "train.max_steps=null", "train.max_time=30s"]
 
     slurm.wait_for_time_check()  # the job starts just after one: warned at the next, 30 s on
     job = submit(tmp_path, *ONE_NODE, "--time=1", "--signal=USR1@5", *overrides)
@@ -179,6 +172,8 @@ def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_r
     assert_clean(log, runs=stops + 1)
     run = tmp_path / "outputs" / f"slurm-{job}"
     logged = [e["step"] for e in events(run)]
+    # the uninterrupted run, alone (as the job was): as many steps, on a step budget
+    train_here(tmp_path / "reference", [*base, f"train.max_steps={logged[-1]}"])
     assert logged == [e["step"] for e in events(tmp_path / "reference")]  # each step once
     resumed = weights(run / "final")
     for name, tensor in weights(tmp_path / "reference" / "final").items():
