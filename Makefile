@@ -86,7 +86,9 @@ sweep-table: venv  ## final figures of a sweep: make sweep-table ARGS="multirun/
 
 # Test files run in TEST_WORKERS processes at once (pytest-xdist; much of a test's time is a
 # subprocess starting Python and importing torch, which one core does alone), each with
-# TEST_THREADS threads (more threads than cores make OpenMP's waiting threads spin).
+# TEST_THREADS threads (more threads than cores make OpenMP's waiting threads spin), the longest
+# files first (tests/conftest.py; --no-loadscope-reorder keeps xdist from putting the files with
+# the most tests first instead).
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 # make test LONG=1: the long tests (make test-long) too, among the others in the same workers, so
@@ -100,7 +102,7 @@ endif
 # and pytest reports it too.
 test: venv  ## the test suite (CPU, a few minutes)
 	$(BIN)/python -m compileall -q src tests || true
-	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=12 $(TEST_MARKS) $(ARGS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=12 $(TEST_MARKS) $(ARGS)
 
 test-long: venv  ## the long tests alone (400 steps of bert-mini that must learn word order a random init lacks; docs/benchmarks.md)
 	$(BIN)/python -m compileall -q src tests || true

@@ -22,7 +22,8 @@ os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator, as in runs.
 
 
 # The files that take minutes, the longest first: run first, so that under pytest-xdist
-# (``--dist loadfile``: a file's tests on one worker) no worker is left alone with one at the end
+# (``--dist loadfile``: a file's tests on one worker) no worker is left alone with one at the end.
+# make test passes --no-loadscope-reorder: else xdist hands out the files with the most tests first.
 LONGEST_FILES = [
     "tests/e2e/test_pretraining_pays_off.py",  # under make test LONG=1 (CI)
     "tests/e2e/test_examples.py",
@@ -30,10 +31,15 @@ LONGEST_FILES = [
     "tests/e2e/test_distributed.py",
     "tests/e2e/test_reliability.py",
     "tests/e2e/test_gpu_check.py",
-    "tests/e2e/test_bench_quality.py",
+    "tests/e2e/test_train.py",
     "tests/e2e/test_bench_phases.py",
+    "tests/e2e/test_bench_quality.py",
     "tests/e2e/test_launch.py",
     "tests/cli/test_malformed_inputs.py",
+    "tests/training/test_speed_settings.py",
+    "tests/e2e/test_packaging.py",
+    "tests/e2e/test_bench_modern.py",
+    "tests/cli/test_refusals.py",
 ]
 
 

@@ -7,11 +7,7 @@ import json
 import pytest
 import torch
 from conftest import shared_file
-from runs import (
-    ROOT,  # noqa: E402
-    assert_same_losses,
-    python_run,
-)
+from runs import assert_same_losses, run_cli
 
 import mlmkit.data.streaming as streaming
 from mlmkit.config import DataConfig, SourceConfig
@@ -322,10 +318,6 @@ def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
     assert not reader.stream.presharded
 
 
-def _run(*args, timeout=300):
-    return python_run(*args, timeout=timeout)
-
-
 TINY = [
     "model.num_hidden_layers=1",
     "model.hidden_size=32",
@@ -353,9 +345,7 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
     text = shared_file("corpora/tinyshakespeare/input.txt")
     tok = tmp_path / "tok"
     assert (
-        _run(
-            "-m",
-            "mlmkit",
+        run_cli(
             "tokenizer",
             "data=files",
             f"data.train_files=[{text}]",
@@ -366,7 +356,7 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
         == 0
     )
     common = [
-        str(ROOT / "train.py"),
+        "train",
         *TINY,
         "data=files",
         f"data.train_files=[{text}]",
@@ -375,14 +365,14 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
         "data.packing=line_by_line",
     ]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    proc = _run(*common, f"hydra.run.dir={whole}")
+    proc = run_cli(*common, f"hydra.run.dir={whole}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     import shutil
 
     shutil.copytree(whole, cut)
     shutil.rmtree(cut / "checkpoints" / "step_0000012")
     shutil.rmtree(cut / "final")
-    proc = _run(*common, f"hydra.run.dir={cut}", "train.resume=auto")
+    proc = run_cli(*common, f"hydra.run.dir={cut}", "train.resume=auto")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Resumed from" in proc.stderr and "step_0000006" in proc.stderr
 
@@ -395,7 +385,7 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
     state = json.loads((whole / "checkpoints" / "step_0000006" / "loop_state.json").read_text())
     assert state["stream"]["ranks"][0]["consumed"] == 6
     # a different worker count cannot continue the stream: one sentence, exit 2
-    proc = _run(
+    proc = run_cli(
         *common,
         f"hydra.run.dir={cut}",
         "train.resume=auto",
