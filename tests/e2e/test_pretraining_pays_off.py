@@ -1,4 +1,5 @@
-"""Pretraining must pay off downstream: the long test (make test-long, run by CI)."""
+"""Pretraining must pay off downstream: the long test (make test-long alone; CI runs it among
+the others, make test LONG=1)."""
 
 from __future__ import annotations
 
