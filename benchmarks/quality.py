@@ -96,14 +96,9 @@ def choose_data(builtin: bool) -> Data:
 
 def compose(overrides: list[str]):
     """The ``Config`` train.py composes from ``overrides`` (no hydra.* settings)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    from mlmkit.config import compose_command, to_config
 
-    from mlmkit.config import CONFIG_MODULE, register_configs, to_config
-
-    register_configs()
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        return to_config(hydra_compose("config", overrides=overrides))
+    return to_config(compose_command("config", overrides))
 
 
 # ---- running mlmkit ------------------------------------------------------------------------

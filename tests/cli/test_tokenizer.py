@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import shared_file
-from runs import (
-    python_run,
-)
-
-
-def _run(*args, timeout=300):
-    return python_run(*args, timeout=timeout)
+from runs import run_cli
 
 
 @pytest.mark.parametrize("algorithm", ["bpe", "unigram", "wordpiece"])
@@ -19,9 +13,7 @@ def test_tokenizer_command_writes_a_dir_training_can_use(tmp_path, algorithm):
 
     text = shared_file("corpora/tinyshakespeare/input.txt")
     out = tmp_path / "tok"
-    proc = _run(
-        "-m",
-        "mlmkit",
+    proc = run_cli(
         "tokenizer",
         "data=files",
         f"data.train_files=[{text}]",
@@ -40,9 +32,7 @@ def test_tokenizer_command_writes_a_dir_training_can_use(tmp_path, algorithm):
     # one text in 50 held out: its [UNK] share is printed and in the tokenizer's card
     held_out = next(line for line in proc.stdout.splitlines() if line.startswith("[UNK] is "))
     assert held_out in (out / "README.md").read_text() and "of the held-out text" in held_out
-    bad = _run(
-        "-m",
-        "mlmkit",
+    bad = run_cli(
         "tokenizer",
         "data=files",
         f"data.train_files=[{tmp_path}/nothing*.txt]",

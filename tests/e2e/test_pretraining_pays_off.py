@@ -11,14 +11,16 @@ import pytest
 from conftest import shared_file
 from runs import run_cli
 
-# The long test's pretraining: bert-mini with its defaults, 128 blocks of 16 tokens per step, 400
+# The long test's pretraining: bert-mini with its defaults, 128 blocks of 16 tokens per step, 300
 # steps. A step budget, so that every machine trains the same model; the 30-minute cap only
 # guards against a far slower machine. Many short rows leave the unigram plateau far sooner than
-# fewer long ones; the word order of minimal pairs pays off by 400 steps (0.83 of the pairs against
-# a random init's 0.50, as at 600 or 1,000 steps), long before zero-shot STS-B turns (about 2,000).
-# docs/benchmarks.md, "Pretraining pays off downstream", has the figures and why the test asserts
-# word order rather than an SST-2 probe.
-PRETRAIN_STEPS, PRETRAIN_CAP, BLOCK, ROWS = 400, "30m", 16, 128
+# fewer long ones; the word order of minimal pairs pays off by 300 steps (0.80 to 0.82 of the pairs
+# against a random init's 0.49, 0.83 at 400 and 1,000 steps), long before zero-shot STS-B turns
+# (about 2,000). docs/benchmarks.md, "Pretraining pays off downstream", has the figures and why the
+# test asserts word order rather than an SST-2 probe.
+PRETRAIN_STEPS, PRETRAIN_CAP, BLOCK, ROWS = 300, "30m", 16, 128
+# the unigram plateau is about 13% masked-token accuracy; three 300-step runs ended at 20.1-21.0%
+LEFT_PLATEAU = 0.18
 # The pairs made from the first 300 of the 872 dev sentences: with the 30-point gap measured
 # between pretrained and random models on all 869 pairs, one standard error of an accuracy on 300
 # pairs is at most 2.9 points (the gap's 3.6), so the thresholds below sit 4.7 or more standard
@@ -79,7 +81,7 @@ def _read_sentences(path) -> list[str]:
 @pytest.mark.long
 def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     """Task-adaptive pretraining (Gururangan et al., 2020): bert-mini pretrained by mlmkit on
-    the text of SST-2's training phrases for 400 steps, then judged zero-shot on minimal
+    the text of SST-2's training phrases for 300 steps, then judged zero-shot on minimal
     pairs of word order made from sentences it never saw (the first 300 of GLUE's 872 SST-2 dev
     sentences, test.tsv here): ``mlmkit eval-pairs`` scores each sentence by its
     pseudo-log-likelihood (Salazar et al., 2020) and counts the pairs whose original sentence
@@ -106,8 +108,10 @@ def test_pretraining_teaches_the_word_order_a_random_init_lacks(tmp_path):
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e.get("event") == "train"][-1] == PRETRAIN_STEPS
     mlm_accuracy = [e["eval_accuracy"] for e in events if e.get("event") == "eval"][-1]
-    # the unigram plateau is about 13%: below 20% the model has not left it, and no gain is expected
-    assert mlm_accuracy > 0.20, f"pretraining ended at {mlm_accuracy:.3f} masked-token accuracy"
+    # below LEFT_PLATEAU the model has not left the unigram plateau, and no gain is expected
+    assert mlm_accuracy > LEFT_PLATEAU, (
+        f"pretraining ended at {mlm_accuracy:.3f} masked-token accuracy"
+    )
     accuracy = {}
     for init in ("pretrained", "random"):
         out = tmp_path / f"pairs-{init}.json"

@@ -17,11 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
 from mlmkit.cli.errors import hydra_error_sentence
-from mlmkit.config import CONFIG_MODULE, Config, register_configs, to_config
+from mlmkit.config import Config, compose_command, to_config
 from mlmkit.data.streaming import iter_texts
 from mlmkit.data.tokenizer import train_tokenizer, unk_report
 from mlmkit.errors import ConfigError, TokenizerError
@@ -101,11 +98,8 @@ def tokenizer_card(cfg: Config, tokenizer, chars: int, report: str) -> str:
 
 def compose_training_config(overrides: list[str]) -> Config:
     """Compose the training config with ``overrides`` applied (Hydra's compose, no run dir)."""
-    register_configs()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            return to_config(compose(config_name="config", overrides=overrides))
+        return to_config(compose_command("config", overrides))
     except ConfigError:
         raise
     except Exception as exc:  # a misspelt override or group

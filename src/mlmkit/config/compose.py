@@ -73,19 +73,27 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 
 
-def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Compose the ``Config`` that ``mlmkit train <overrides>`` runs with: conf/config.yaml,
-    the presets it names, the overrides and the recipes (``compose(["model=bert-mini"])``)."""
+def compose_command(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose conf/<config_name>.yaml with ``overrides`` as that command's Hydra does, outside a
+    run (no run dir; Hydra's global state is left clear)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
-    overrides = list(overrides)
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides)
-    return finish(cfg, overrides)[0]
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Compose the ``Config`` that ``mlmkit train <overrides>`` runs with: conf/config.yaml,
+    the presets it names, the overrides and the recipes (``compose(["model=bert-mini"])``)."""
+    overrides = list(overrides)
+    return finish(compose_command("config", overrides), overrides)[0]
 
 
 def finish(cfg: DictConfig, overrides: list[str]) -> tuple[Config, list[str]]:

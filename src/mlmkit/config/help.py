@@ -90,20 +90,11 @@ def config_groups(config_name: str) -> list[tuple[str, str, list[str]]]:
 
 def composed_defaults(config_name: str) -> dict[str, Any]:
     """Return the command's settings as its config composes them with no overrides (unresolved)."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from mlmkit.config.compose import register_configs
+    from mlmkit.config.compose import compose_command
 
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            cfg = compose(config_name=config_name)
-    finally:
-        GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg, resolve=False)
+    return OmegaConf.to_container(compose_command(config_name), resolve=False)
 
 
 def shown(value: Any) -> str:
