@@ -147,6 +147,29 @@ def test_a_damaged_tokenizer_entry_is_deleted_and_trained_again(tmp_path, damage
     assert len(calls) == 2 and len(warnings_logged.all()) == 1
 
 
+def test_a_tokenizer_another_process_cached_first_is_the_one_returned(tmp_path):
+    """Two runs that train the same tokenizer at once: the one that caches second gets the
+    cached tokenizer, not its own (their ties between merges may differ)."""
+    import shutil
+
+    other = TokenizerConfig(vocab_size=120, min_frequency=1)
+    # what the other process trained and cached under the same key, from other text
+    first = get_tokenizer(other, lambda: iter(t.upper() for t in TEXTS), "corpus-1", tmp_path / "a")
+    [winner] = (tmp_path / "a" / "tokenizers").iterdir()
+
+    def texts():  # the other process finishes while this one trains
+        shutil.copytree(winner, tmp_path / "b" / "tokenizers" / winner.name)
+        return iter(TEXTS)
+
+    mine = get_tokenizer(other, texts, "corpus-1", tmp_path / "b")
+    alone = get_tokenizer(other, lambda: iter(TEXTS), "corpus-1", tmp_path / "c")
+    assert tokenizer_fingerprint(alone) != tokenizer_fingerprint(first)  # the texts differ
+    assert tokenizer_fingerprint(mine) == tokenizer_fingerprint(first)
+    assert tokenizer_fingerprint(
+        get_tokenizer(other, lambda: iter(TEXTS), "corpus-1", tmp_path / "b")
+    ) == tokenizer_fingerprint(mine)
+
+
 def test_a_full_disk_while_caching_the_tokenizer_is_one_sentence(tmp_path):
     with limited_file_size(1_000), pytest.raises(ConfigError) as info:
         get_tokenizer(TOKENIZER, lambda: iter(TEXTS), "corpus-1", tmp_path)

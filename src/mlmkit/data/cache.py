@@ -31,10 +31,10 @@ _TEMP_NAME = re.compile(
 ORPHAN_AGE_S = 60.0  # a folder younger than this may be one whose writer has not locked it yet
 
 
-def write_entry(target: Path, fill: Callable[[Path], None], info: dict | None = None) -> None:
+def write_entry(target: Path, fill: Callable[[Path], None], info: dict | None = None) -> bool:
     """``fill(folder)`` writes the entry; it is then renamed to ``target``, its manifest
-    holding ``info`` (``read_info``). On an error the folder is removed and the error
-    raised, unless another process put ``target`` in place."""
+    holding ``info`` (``read_info``). Return False where another process put ``target`` in
+    place first (its entry stays); on an error the folder is removed and the error raised."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     fd = os.open(tmp, os.O_RDONLY)
@@ -51,7 +51,9 @@ def write_entry(target: Path, fill: Callable[[Path], None], info: dict | None = 
             os.replace(tmp, target)  # atomic: a reader sees the whole entry or none
         except OSError:
             if not target.is_dir():
-                raise  # else a concurrent writer was first, with the same content
+                raise
+            return False  # a concurrent writer was first
+        return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(fd)

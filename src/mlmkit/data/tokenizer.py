@@ -370,13 +370,19 @@ def _cached(key: dict, cache_dir, make: Callable[[], object]):
         return cached
     tokenizer = make()
     try:
-        cache.write_entry(target, lambda folder: tokenizer.save_pretrained(str(folder)))
+        placed = cache.write_entry(target, lambda folder: tokenizer.save_pretrained(str(folder)))
     except Exception as exc:  # a full disk: OSError, or the Rust writer's own error
         raise ConfigError(
             f"Could not save the trained tokenizer under paths.cache_dir={str(cache_dir)!r} "
             f"({cache.reason(exc)}); free disk space there or set paths.cache_dir to another "
             "folder."
         ) from None
+    if not placed:
+        # Another process cached this key while this one trained. Training breaks ties between
+        # equally frequent merges differently in each process, so take the cached one: every run
+        # with these settings then tokenizes alike.
+        cached = _load_cached(target)
+        return tokenizer if cached is None else cached
     return tokenizer
 
 
