@@ -32,16 +32,14 @@ venv: $(STAMP)
 # and the dev tools through uv, which downloads and installs in parallel (about 45 s instead of
 # 90 s on 2 cores, bytecode included, which an environment with PYTHONDONTWRITEBYTECODE=1 would
 # otherwise compile in every process) and keeps that torch; pip where uv cannot be installed or
-# cannot reach the index (uv does not read pip.conf). BYTECODE= leaves the bytecode to be written
-# as processes import (CI: about 60 s of CPU less at install, for the modules no test imports).
-BYTECODE ?= --compile-bytecode
+# cannot reach the index (uv does not read pip.conf).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || \
 	  $(BIN)/python -m pip install --quiet --retries 1 --no-deps "$(TORCH)" $(TORCH_INDEX)
 	( $(BIN)/python -m pip install --quiet uv && \
-	  $(BIN)/python -m uv pip install --quiet $(BYTECODE) --python $(BIN)/python -e ".[dev]" ) || \
+	  $(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev]" ) || \
 	  $(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
