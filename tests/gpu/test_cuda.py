@@ -136,6 +136,18 @@ def test_on_device_masks_resume_exactly_on_cuda(tokenizer):
         assert ids.is_cuda and torch.equal(ids, ids2) and torch.equal(labels, labels2)
 
 
+def _counted(what: str, reads) -> str:
+    """What ``reads`` counted (each wait's place and text) and the warnings it caught and did not
+    count; printed too, for ``pytest -rA`` or ``-s``."""
+    lines = [
+        f"{what}: {reads.count} counted",
+        *(f"  counted: {w}" for w in reads.waits),
+        *(f"  not counted: {w}" for w in reads.other_warnings),
+    ]
+    print(*lines, sep="\n")
+    return "\n".join(lines)
+
+
 def test_the_doctor_counts_every_wait_for_the_gpu():
     """On CUDA, mlmkit doctor counts synchronising calls through torch's sync debug mode: a
     nonzero and an item count, device-side work does not."""
@@ -146,13 +158,15 @@ def test_the_doctor_counts_every_wait_for_the_gpu():
         reads.counting = True
         (x * 2).sum()
         reads.counting = False
-    assert reads.count == 0
+    shown = _counted("device-side work", reads)
+    assert reads.count == 0, shown
     with HostReads("cuda") as reads:
         reads.counting = True
         x.nonzero()
         x.sum().item()
         reads.counting = False
-    assert reads.count >= 2
+    shown = _counted("nonzero and item", reads)
+    assert reads.count >= 2, shown
 
 
 def test_side_by_side_workers_each_see_one_gpu_dealt_round_robin():

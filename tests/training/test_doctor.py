@@ -245,3 +245,65 @@ def test_the_fp32_reference_runs_without_tf32_and_the_flags_come_back(tokenizer,
         flags == [True, True] for flags in mixed
     )  # the run's own precision, as it runs
     assert report["checks"]["sdpa, fp32"]["ok"] and report["documents"]["ok"]
+
+
+def test_the_documents_check_runs_a_copy_of_the_model_on_the_device_it_checks(
+    tokenizer, monkeypatch
+):
+    """On the H200 the check was given the model on the CPU and fed it CUDA ids. Here the model
+    is on the CPU and the check is asked for ``meta`` (the one other device every torch has): the
+    copy it builds its encoder from is on ``meta``, weights and buffers, and the caller's model
+    stays on the CPU. (On ``meta`` the check itself cannot finish, so it stops at that point.)"""
+    import torch
+    from batches import _model, _packed
+
+    from mlmkit.training import doctor
+
+    class Reached(Exception):
+        pass
+
+    seen = []
+
+    def masked_lm(model):
+        seen.append({t.device for t in [*model.parameters(), *model.buffers()]})
+        raise Reached
+
+    monkeypatch.setattr(doctor, "MaskedLM", masked_lm)
+    model = _model(tokenizer)
+    row = torch.tensor(_packed(tokenizer, n=1, length=48)[0]["input_ids"])
+    with pytest.raises(Reached):
+        doctor.documents_check(model, row, tokenizer.sep_token_id, torch.device("meta"))
+    assert seen == [{torch.device("meta")}]
+    assert {t.device for t in [*model.parameters(), *model.buffers()]} == {torch.device("cpu")}
+
+
+def test_the_doctor_counts_cudas_sync_warnings_and_no_other(monkeypatch):
+    """On CUDA the doctor counts the warning torch gives at each synchronising call in sync debug
+    mode "warn" (c10/cuda/CUDAFunctions.cpp), with the place it came from; another warning that
+    mentions synchronising is no wait for the GPU and is not counted (on the H200 one was). Driven
+    without a GPU: the warnings emitted as torch words them, the debug mode only recorded."""
+    import warnings
+
+    import torch
+
+    from mlmkit.training.doctor import HostReads
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    cuda = "called a synchronizing CUDA operation"
+    with HostReads("cuda") as reads:
+        reads.counting = True
+        for text in (
+            f"{cuda} (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:176.)",
+            "the processes are synchronized before the checkpoint is written",
+            cuda,
+        ):
+            warnings.warn(text, stacklevel=1)  # the place: this file
+        reads.counting = False
+    assert reads.count == 2
+    assert modes[0] == "warn" and modes[-1] == "default"
+    assert [w.split(": ", 1)[1].split(" (")[0] for w in reads.waits] == [cuda, cuda]
+    assert all(w.startswith(f"{__file__}:") for w in [*reads.waits, *reads.other_warnings])
+    assert [w.split(": ", 1)[1] for w in reads.other_warnings] == [
+        "the processes are synchronized before the checkpoint is written"
+    ]

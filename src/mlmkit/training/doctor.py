@@ -168,14 +168,28 @@ def attention_report(cfg: Config, device: torch.device, precision: str) -> dict[
 
 # ---- 3. the rehearsal -------------------------------------------------------------------------
 
+# What torch warns (c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync) at each synchronising CUDA
+# call under torch.cuda.set_sync_debug_mode("warn"); a release build appends
+# " (Triggered internally at ...)".
+CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def is_cuda_sync_warning(record: warnings.WarningMessage) -> bool:
+    """Whether a caught warning is CUDA's report of a synchronising call (and not any other
+    warning that mentions synchronisation)."""
+    return issubclass(record.category, UserWarning) and str(record.message).startswith(
+        CUDA_SYNC_WARNING
+    )
+
 
 class HostReads:
     """Counts the host's waits for the device while ``counting`` is set. On CUDA: every
     synchronising CUDA call torch reports (``torch.cuda.set_sync_debug_mode``: ``item``,
-    ``nonzero``, boolean indexing, ...). On a CPU, where nothing waits: the reads of tensor values
-    on the host (``item``, ``bool``, ``float``, ``int``, ``tolist``), each a wait on a GPU. With
-    ``refuse`` such a read raises instead, on any device (the tests' guard of code that must not
-    wait)."""
+    ``nonzero``, boolean indexing, ...), that warning and no other; ``waits`` then lists each as
+    ``file:line: text``, ``other_warnings`` the warnings caught that were not counted. On a CPU,
+    where nothing waits: the reads of tensor values on the host (``item``, ``bool``, ``float``,
+    ``int``, ``tolist``), each a wait on a GPU. With ``refuse`` such a read raises instead, on any
+    device (the tests' guard of code that must not wait)."""
 
     NAMES = ("item", "__bool__", "__float__", "__int__", "tolist")
 
@@ -183,6 +197,8 @@ class HostReads:
         self.device_type, self.count, self._counting, self.refuse = device_type, 0, False, refuse
         self._cuda = device_type == "cuda" and not refuse
         self._saved: dict[str, Any] = {}
+        self.waits: list[str] = []
+        self.other_warnings: list[str] = []
 
     @property
     def counting(self) -> bool:
@@ -219,7 +235,11 @@ class HostReads:
     def __exit__(self, *exc) -> None:
         if self._cuda:
             self.counting = False
-            self.count = sum("synchroniz" in str(w.message) for w in self._records)
+            self.waits, self.other_warnings = [], []
+            for w in self._records:
+                seen = f"{w.filename}:{w.lineno}: {w.message}"
+                (self.waits if is_cuda_sync_warning(w) else self.other_warnings).append(seen)
+            self.count = len(self.waits)
             self._catch.__exit__(*exc)
             return
         for name, own in self._saved.items():
@@ -439,8 +459,9 @@ def two_documents(row: torch.Tensor, sep_id: int) -> torch.Tensor:
 
 def documents_check(model, row: torch.Tensor, sep_id: int, device: torch.device) -> dict[str, Any]:
     """Compare the encoder's states of each document of a packed row, with isolation
-    (``data.packing=documents``), against the document encoded alone (SDPA, fp32)."""
-    model = copy.deepcopy(model)
+    (``data.packing=documents``), against the document encoded alone (SDPA, fp32), on
+    ``device``: a copy of ``model`` is moved there, ``model`` stays where it is."""
+    model = copy.deepcopy(model).to(device)
     model.set_attn_implementation("sdpa")
     encoder = MaskedLM(model).parts.encoder(model).eval()
     if int((row == sep_id).sum()) < 2:
