@@ -103,19 +103,26 @@ def test_masked_on_the_device_the_batch_is_flattened_in_the_step(tokenizer):
 # -- workers that persist across epochs ------------------------------------------------------------
 
 
-class _Recorded(torch.utils.data.Dataset):
-    """Rows of ids, writing the id of the process that reads each batch to ``log``."""
+class _Recorded:
+    """A packed split (a ``datasets.Dataset`` of rows of ids) that writes the id of the process
+    that reads each batch to ``log``."""
 
-    def __init__(self, rows, log) -> None:
-        self.rows, self.log = rows, log
+    def __init__(self, rows, log, dataset=None) -> None:
+        import datasets
+
+        self.log = log
+        self.dataset = dataset or datasets.Dataset.from_dict({"input_ids": rows})
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.dataset)
+
+    def with_format(self, kind):
+        return _Recorded(None, self.log, self.dataset.with_format(kind))
 
     def __getitem__(self, indices):
         with open(self.log, "a") as f:
             f.write(f"{os.getpid()}\n")
-        return {"input_ids": [self.rows[i] for i in indices]}
+        return self.dataset[indices]
 
 
 def _stream(tokenizer, rows, log, workers=1):

@@ -207,7 +207,7 @@ def test_held_out_validation_documents_are_not_trained_on(tmp_path, tokenizer):
         shuffle_buffer=8,
     )
     train, val, baseline = streaming.setup_streaming(cfg, tokenizer, 4, 0, 1, 0, 0)
-    val_rows = {tuple(r.tolist()) for r in val["input_ids"]}
+    val_rows = {tuple(r) for r in val["input_ids"]}
     assert len(val_rows) == 40
     reader = streaming.ShardBlocks(cfg, tokenizer, 0, 1, 0, skip_first=40)
     it = reader.blocks()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from mlmkit.data.packing import id_rows
 from mlmkit.data.streaming import StreamingBatches
 from mlmkit.errors import ConfigError
 from mlmkit.masking.collator import MLMCollator
@@ -113,7 +114,8 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
 
 
 class KeyedRows(torch.utils.data.Dataset):
-    """Rows of a packed dataset fetched by (index, mask seed); the seed rides along."""
+    """Rows of a packed dataset fetched by (index, mask seed) as numpy arrays read from Arrow
+    (``packing.id_rows``); the seed rides along."""
 
     def __init__(self, dataset) -> None:
         self.dataset = dataset
@@ -122,11 +124,10 @@ class KeyedRows(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, key: tuple[int, int]) -> dict[str, Any]:
-        index, mask_seed = key
-        return {"input_ids": self.dataset[index]["input_ids"], "mask_seed": mask_seed}
+        return self.__getitems__([key])[0]
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list[dict[str, Any]]:
-        rows = self.dataset[[k[0] for k in keys]]["input_ids"]  # one fetch for the batch
+        rows = id_rows(self.dataset, [k[0] for k in keys])  # one fetch for the batch
         return [{"input_ids": r, "mask_seed": k[1]} for r, k in zip(rows, keys)]
 
 

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING
 
 from mlmkit.config import DataConfig
 from mlmkit.data import cache
+from mlmkit.data.fingerprint import content, derive
 from mlmkit.data.sources import PACK_VERSION, corpus_fingerprint, load_corpus
 from mlmkit.data.tokenizer import tokenizer_fingerprint
 from mlmkit.errors import DataError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 log = logging.getLogger(__name__)
@@ -125,14 +127,28 @@ def check_predictable(rows, tokenizer, setting: str) -> None:
     )
 
 
+def id_rows(blocks, index: slice | list[int]) -> list[np.ndarray]:
+    """Return rows ``index`` of a packed split's ``input_ids`` as numpy arrays, read from Arrow.
+
+    None of datasets' torch or numpy formatters: datasets before 4.8.4 import
+    ``torchvision.io.VideoReader`` in them, which torchvision 0.26 removed. Tensors are made where
+    batches are collated."""
+    import numpy as np
+
+    column = blocks.with_format("arrow")[index]["input_ids"].combine_chunks()
+    if len(column) == 0:
+        return []
+    offsets = column.offsets.to_numpy()
+    return np.split(column.flatten().to_numpy(), offsets[1:-1] - offsets[0])
+
+
 def _first_ids(blocks, max_blocks: int) -> torch.Tensor:
     """Return the first ``max_blocks`` of ``blocks`` (a packed split) as one flat tensor of ids."""
+    import numpy as np
     import torch
 
-    ids = blocks[: min(len(blocks), max_blocks)]["input_ids"]
-    if isinstance(ids, list):  # rows of different lengths (line_by_line packing)
-        ids = torch.cat([torch.as_tensor(r).reshape(-1) for r in ids]) if ids else torch.zeros(0)
-    return torch.as_tensor(ids).reshape(-1).long()
+    rows = id_rows(blocks, slice(0, max_blocks))
+    return torch.from_numpy(np.concatenate(rows) if rows else np.zeros(0)).long()
 
 
 def token_counts(train_set, tokenizer, max_blocks: int = 20_000) -> torch.Tensor:
@@ -191,13 +207,19 @@ def pack_corpus(
     num_proc: int | None = None,
     packing: str = "concatenate",
     cache_files: bool = True,
+    key: str | None = None,
 ):
     """Tokenize and pack every split of ``corpus`` into blocks of ``max_seq_length`` ids.
 
     One pass per split (tokenize and pack in the same batch), int32 ids, no attention
-    masks or token type ids: everything else is derived from the ids at collation.
+    masks or token type ids: everything else is derived from the ids at collation. ``key``
+    names the corpus (``sources.corpus_fingerprint``; by default a hash of its documents): each
+    split's fingerprint, by which datasets names its cache of this step, derives from it.
     """
     import datasets
+
+    if key is None:
+        key = derive(*(content(ds["text"]) for ds in corpus.values()))
 
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
     packed = {}
@@ -218,6 +240,14 @@ def pack_corpus(
             remove_columns=ds.column_names,
             features=features,
             load_from_cache_file=cache_files,
+            new_fingerprint=derive(
+                key,
+                split,
+                tokenizer_fingerprint(tokenizer),
+                max_seq_length,
+                packing,
+                PACK_VERSION,
+            ),
             desc=f"Tokenizing and packing {split}",
         )
     return datasets.DatasetDict(packed)
@@ -293,20 +323,30 @@ def prepare_datasets(
     if packed is None:
         if corpus is None:
             corpus = load_corpus(cfg)
-        packed = pack_corpus(corpus, tokenizer, cfg.max_seq_length, cfg.num_proc, cfg.packing)
+        packed = pack_corpus(
+            corpus,
+            tokenizer,
+            cfg.max_seq_length,
+            cfg.num_proc,
+            cfg.packing,
+            key=fingerprint or corpus_fingerprint(cfg),
+        )
         check_packed(packed, cfg)
         if cfg.cache:
             packed = _store(packed, target, cache_dir)
     check_packed(packed, cfg)
     for split in ("train", "validation"):
         check_predictable(
-            packed[split].select(range(min(len(packed[split]), PREDICTABLE_SAMPLE)))["input_ids"],
-            tokenizer,
-            _corpus_setting(cfg, split),
+            packed[split][:PREDICTABLE_SAMPLE]["input_ids"], tokenizer, _corpus_setting(cfg, split)
         )
     if cfg.max_eval_samples is not None and len(packed["validation"]) > cfg.max_eval_samples:
-        packed["validation"] = packed["validation"].select(range(cfg.max_eval_samples))
-    return packed.with_format("torch")
+        packed["validation"] = packed["validation"].select(
+            range(cfg.max_eval_samples), new_fingerprint=derive(key, "first", cfg.max_eval_samples)
+        )
+    # rows as Python lists (no torch or numpy formatter of datasets'): tensors are made in the
+    # collate function (datasets before 4.8.4 import torchvision.io.VideoReader in those
+    # formatters, which torchvision 0.26 removed)
+    return packed
 
 
 def _load_cached(target: Path):

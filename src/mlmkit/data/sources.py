@@ -18,12 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mlmkit.config import DataConfig, SourceConfig
+from mlmkit.data.fingerprint import derive, in_memory
 from mlmkit.errors import DataError, MLMKitError, first_line
 
 log = logging.getLogger(__name__)
 
 SPLIT_SEED = 0  # the held-out validation split does not move with train.seed
 PACK_VERSION = "v3"  # v3: special-token strings in the text are tokenized as text
+# the documents read from .txt and .jsonl files: a change in how they are read changes this, so
+# datasets' cache of what was read before is not taken for the new reading
+READER_VERSION = "v1"
 TEXT_EXTENSIONS = {
     ".txt": "text",
     ".text": "text",
@@ -118,7 +122,8 @@ def resolve_files(patterns: list[str], setting: str) -> list[str]:
     return files
 
 
-def _file_stats(files: list[str]) -> list[tuple[str, int, int]]:
+def file_stats(files: list[str]) -> list[tuple[str, int, int]]:
+    """Return each file's absolute path, size and modification time (what names its content)."""
     return [(os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
 
 
@@ -509,7 +514,7 @@ def _load_structured(builder: str, files: list[str], text_column: str, setting: 
             text_column,
             f"{'objects' if kind in ('dict', 'struct') else kind} values",
         )
-    return _text_only(ds, text_column)
+    return _text_only(ds, text_column, derive("files", builder, file_stats(files), text_column))
 
 
 def load_files(files: list[str], cfg: DataConfig, setting: str):
@@ -533,12 +538,14 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
                 if builder == "text"
                 else (_jsonl_generator, {"column": cfg.text_column})
             )
+            gen_kwargs = {"files": file_stats(group), **kwargs}
             try:
                 parts.append(
                     datasets.Dataset.from_generator(
                         generator,
-                        gen_kwargs={"files": _file_stats(group), **kwargs},
+                        gen_kwargs=gen_kwargs,
                         features=datasets.Features({"text": datasets.Value("string")}),
+                        fingerprint=derive("files", builder, gen_kwargs, READER_VERSION),
                     )
                 )
             except ValueError:  # datasets refuses a generator that yields nothing
@@ -554,27 +561,39 @@ def load_files(files: list[str], cfg: DataConfig, setting: str):
     return ds
 
 
-def _text_only(ds, text_column: str):
-    """Keep the text column (named ``text``), drop empty documents."""
+def _nonempty(batch: dict) -> list[bool]:
+    return [bool(t and t.strip()) for t in batch["text"]]
+
+
+def _text_only(ds, text_column: str, key: str):
+    """Keep the text column (named ``text``), drop empty documents; ``key``: the fingerprint of
+    what ``ds`` was read from, from which each step's is derived."""
     import datasets
 
-    ds = ds.select_columns([text_column])
+    ds = ds.select_columns([text_column], new_fingerprint=derive(key, "select", text_column))
     if text_column != "text":
-        ds = ds.rename_column(text_column, "text")
-    ds = ds.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
-    return ds.cast_column("text", datasets.Value("string"))
+        ds = ds.rename_column(text_column, "text", new_fingerprint=derive(key, "rename"))
+    ds = ds.filter(_nonempty, batched=True, new_fingerprint=derive(key, "nonempty"))
+    return ds.cast_column("text", datasets.Value("string"), new_fingerprint=derive(key, "cast"))
+
+
+def builtin_dataset():
+    """Return the built-in corpus (``builtin_documents``) as a dataset of documents."""
+    return in_memory(
+        {"text": builtin_documents()},
+        derive(_source_identity(SourceConfig(kind="builtin"), None), READER_VERSION),
+    )
 
 
 def load_source(src, cfg: DataConfig, setting: str):
     """Load the documents of one source of a mix (map mode)."""
-    import datasets
-
     if src.kind == "builtin":
-        return datasets.Dataset.from_dict({"text": builtin_documents()})
+        return builtin_dataset()
     if src.kind == "hub":
         return _text_only(
             load_hub(src.name, src.config, src.split, src.text_column, False, setting),
             src.text_column,
+            derive(_source_identity(src, cfg)),
         )
     from dataclasses import replace
 
@@ -594,11 +613,12 @@ def load_corpus(cfg: DataConfig):
 
     validation = None
     if cfg.source == "builtin":
-        train = datasets.Dataset.from_dict({"text": builtin_documents()})
+        train = builtin_dataset()
     elif cfg.source == "hub":
         train = _text_only(
             load_hub(cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_column, False),
             cfg.text_column,
+            derive(_source_identity(_hub_source(cfg, cfg.hub_split), cfg)),
         )
         if cfg.hub_validation_split:
             validation = _text_only(
@@ -606,6 +626,7 @@ def load_corpus(cfg: DataConfig):
                     cfg.hub_name, cfg.hub_config, cfg.hub_validation_split, cfg.text_column, False
                 ),
                 cfg.text_column,
+                derive(_source_identity(_hub_source(cfg, cfg.hub_validation_split), cfg)),
             )
     elif cfg.source == "mix":
         parts = [load_source(s, cfg, f"data.sources[{i}]") for i, s in enumerate(cfg.sources)]
@@ -635,14 +656,30 @@ def load_corpus(cfg: DataConfig):
                 "The corpus has a single document, so no validation split can be held out; "
                 "set data.validation_files, or data.txt_sample_by=paragraph."
             )
+        key = corpus_fingerprint(cfg)
         split = train.train_test_split(
-            test_size=cfg.validation_split, seed=SPLIT_SEED, shuffle=True
+            test_size=cfg.validation_split,
+            seed=SPLIT_SEED,
+            shuffle=True,
+            train_new_fingerprint=derive(key, "train"),
+            test_new_fingerprint=derive(key, "validation"),
         )
         train, validation = split["train"], split["test"]
     return datasets.DatasetDict({"train": train, "validation": validation})
 
 
-def _source_identity(src, cfg: DataConfig) -> dict:
+def _hub_source(cfg: DataConfig, split: str) -> SourceConfig:
+    """Return ``data=hub``'s dataset as a source of a mix (one split of it)."""
+    return SourceConfig(
+        kind="hub",
+        name=cfg.hub_name,
+        config=cfg.hub_config,
+        split=split,
+        text_column=cfg.text_column,
+    )
+
+
+def _source_identity(src, cfg: DataConfig | None) -> dict:
     if src.kind == "builtin":
         return {"builtin": sys.version, "stdlib": sysconfig.get_paths()["stdlib"]}
     if src.kind == "hub":
@@ -652,14 +689,14 @@ def _source_identity(src, cfg: DataConfig) -> dict:
             "split": src.split,
             "text_column": src.text_column,
             # a local dataset dir changes when it is rewritten
-            "stats": _file_stats(
+            "stats": file_stats(
                 sorted(glob.glob(os.path.join(src.name, "**", "*.arrow"), recursive=True))
             )
             if os.path.isdir(src.name)
             else None,
         }
     return {
-        "files": _file_stats(resolve_files(src.files, "data.sources")),
+        "files": file_stats(resolve_files(src.files, "data.sources")),
         "text_column": src.text_column,
         "txt_sample_by": cfg.txt_sample_by,
     }
@@ -671,16 +708,7 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
         ident = _source_identity(SourceConfig(kind="builtin"), cfg)
     elif cfg.source == "hub":
         ident = {
-            **_source_identity(
-                SourceConfig(
-                    kind="hub",
-                    name=cfg.hub_name,
-                    config=cfg.hub_config,
-                    split=cfg.hub_split,
-                    text_column=cfg.text_column,
-                ),
-                cfg,
-            ),
+            **_source_identity(_hub_source(cfg, cfg.hub_split), cfg),
             "validation_split_name": cfg.hub_validation_split,
         }
     elif cfg.source == "mix":
@@ -690,12 +718,12 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
         }
     else:
         ident = {
-            "train": _file_stats(resolve_files(cfg.train_files, "data.train_files")),
+            "train": file_stats(resolve_files(cfg.train_files, "data.train_files")),
             "text_column": cfg.text_column,
             "txt_sample_by": cfg.txt_sample_by,
         }
     ident["validation"] = (
-        _file_stats(resolve_files(cfg.validation_files, "data.validation_files"))
+        file_stats(resolve_files(cfg.validation_files, "data.validation_files"))
         if cfg.validation_files
         else None
     )

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from mlmkit.config import DataConfig, SourceConfig
+from mlmkit.data.fingerprint import content, in_memory
 from mlmkit.data.packing import check_predictable, encode, pack_concat, pack_lines
 from mlmkit.data.sources import (
     SPLIT_SEED,
@@ -674,11 +675,9 @@ def iter_texts(cfg: DataConfig) -> Iterator[str]:
 
 
 def as_dataset(rows: list):
-    import datasets
-
-    return datasets.Dataset.from_dict({"input_ids": [r.tolist() for r in rows]}).with_format(
-        "torch"
-    )
+    """Return blocks of ids (numpy arrays) as a dataset in memory, as map mode's packed splits
+    are (``packing.id_rows`` reads them), fingerprinted by their content."""
+    return in_memory({"input_ids": [r.tolist() for r in rows]}, content(rows))
 
 
 def setup_streaming(

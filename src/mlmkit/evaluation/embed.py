@@ -40,6 +40,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from mlmkit.config import EmbedConfig, LoggerConfig, parse_duration
+from mlmkit.data.fingerprint import content, in_memory
 from mlmkit.errors import CheckpointError, ConfigError, Preempted
 from mlmkit.evaluation.embed_data import EvalData, load_eval_data, training_rows
 from mlmkit.evaluation.retrieval import FIGURES
@@ -505,7 +506,6 @@ def build_trainer(
 ):
     """``SentenceTransformerTrainer`` on ``rows`` with ``cfg``'s loss and ``evaluators``; the
     library's own model card and printed logs give way to mlmkit's card and events."""
-    import datasets
     from transformers import PrinterCallback
 
     report_to, trackers = tracker_callbacks(cfg.logger, run_dir, is_main)
@@ -513,7 +513,9 @@ def build_trainer(
     trainer = trainer_class()(
         model=model,
         args=args,
-        train_dataset=datasets.Dataset.from_list(rows),
+        train_dataset=in_memory(
+            {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}, content(rows)
+        ),
         loss=build_loss(cfg, model),
         evaluator=evaluators or None,
         callbacks=[*callbacks, *trackers],

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.config import EvalConfig
+from mlmkit.data.fingerprint import derive
 from mlmkit.data.packing import PREDICTABLE_SAMPLE, check_predictable, pack_corpus, prepare_datasets
-from mlmkit.data.sources import load_files, resolve_files
+from mlmkit.data.sources import file_stats, load_files, resolve_files
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.model.bert import MaskedLM
 from mlmkit.model.documents import isolation_sep_id
@@ -25,17 +26,20 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
     import datasets
 
     if cfg.files:
-        docs = load_files(resolve_files(cfg.files, "files"), cfg.data, "files")
+        files = resolve_files(cfg.files, "files")
+        key = derive("eval files", file_stats(files), cfg.data.text_column, cfg.data.txt_sample_by)
+        docs = load_files(files, cfg.data, "files")
         blocks = pack_corpus(
             datasets.DatasetDict({"validation": docs}),
             tokenizer,
             cfg.data.max_seq_length,
             cfg.data.num_proc,
             cfg.data.packing,
+            key=key,
         )["validation"]
-        if cfg.data.max_eval_samples is not None and len(blocks) > cfg.data.max_eval_samples:
-            blocks = blocks.select(range(cfg.data.max_eval_samples))
-        blocks = blocks.with_format("torch")
+        n = cfg.data.max_eval_samples
+        if n is not None and len(blocks) > n:
+            blocks = blocks.select(range(n), new_fingerprint=derive(key, "first", n))
     else:
         blocks = prepare_datasets(cfg.data, tokenizer, Path(cfg.paths.cache_dir).expanduser())[
             "validation"
@@ -46,11 +50,7 @@ def eval_dataset(cfg: EvalConfig, tokenizer):
             "tokens; add text or lower data.max_seq_length."
         )
     if cfg.files:
-        check_predictable(
-            blocks.select(range(min(len(blocks), PREDICTABLE_SAMPLE)))["input_ids"],
-            tokenizer,
-            "files",
-        )
+        check_predictable(blocks[:PREDICTABLE_SAMPLE]["input_ids"], tokenizer, "files")
     return blocks
 
 

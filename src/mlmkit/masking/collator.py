@@ -197,6 +197,32 @@ class MLMCollator:
             self.generator.manual_seed((base * 1_000_003 + info.seed) % (2**63))
             self._worker_key = key
 
+    # -- pickling: what dataloader workers receive -----------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Return the collator with its tensors and generator states as numpy arrays, which
+        pickle by value. Dataloader workers started by spawn or forkserver (Python 3.14's
+        default) receive it so: torch would pass a tensor through shared memory, and a
+        generator's state, a temporary tensor, is freed before the worker maps it."""
+        state = self.__dict__.copy()
+        for name in ("special_lookup", "continuation", "random_ids"):
+            state[name] = state[name].numpy()
+        state["generator"] = self.generator.get_state().numpy()
+        step_state = self.step_generator_state()
+        state["_step_state"] = None if step_state is None else step_state.cpu().numpy()
+        state["_step_generator"], state["_device_tables"] = None, {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        for name in ("special_lookup", "continuation", "random_ids"):
+            state[name] = torch.from_numpy(state[name])
+        generator = torch.Generator()
+        generator.set_state(torch.from_numpy(state["generator"]))
+        state["generator"] = generator
+        if state["_step_state"] is not None:
+            state["_step_state"] = torch.from_numpy(state["_step_state"])
+        self.__dict__.update(state)
+
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}
 

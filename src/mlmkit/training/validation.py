@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from mlmkit.data.packing import id_rows
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 
 EVAL_MASK_CHUNK = 256  # rows masked together when fixing the validation masks
@@ -35,7 +36,7 @@ def fixed_eval_batches(
         )  # BERT's 80-10-10, whatever the training strategy
         # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
         for start in range(0, len(dataset), EVAL_MASK_CHUNK):
-            rows = dataset[start : start + EVAL_MASK_CHUNK]["input_ids"]
+            rows = id_rows(dataset, slice(start, start + EVAL_MASK_CHUNK))
             chunks.append(collator([{"input_ids": r} for r in rows]))
             chosen += int((chunks[-1]["labels"] != IGNORE_INDEX).sum())
     batches = []
