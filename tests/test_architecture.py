@@ -20,6 +20,7 @@ LAYERS = [
     "mlmkit.model",
     "mlmkit.data",
     "mlmkit.training",
+    "mlmkit.finetune",
     "mlmkit.evaluation",
     "mlmkit.export",
     "mlmkit.cli",

@@ -8,8 +8,9 @@ from runs import ROOT
 
 from mlmkit.config import TaskConfig
 from mlmkit.errors import DataError
-from mlmkit.evaluation.finetune import load_task, score
-from mlmkit.evaluation.metric_modules import load_metric
+from mlmkit.finetune.metric_modules import load_metric
+from mlmkit.finetune.reader import load_task
+from mlmkit.finetune.sequence import score
 
 BOM = "\ufeff"  # GLUE's MRPC files start with a UTF-8 byte-order mark (see MRPC below)
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from runs import ROOT, TEST_ENV, events, free_port, run_cli
 
-from mlmkit.evaluation.metric_modules import load_metric
+from mlmkit.finetune.metric_modules import load_metric
 
 EVAL_ARGS = ["data.max_seq_length=64", "data.max_eval_samples=64", "batch_size=8"]
 

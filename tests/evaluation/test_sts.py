@@ -11,7 +11,7 @@ from conftest import shared_file
 from runs import python_run, run_cli, run_finetune, run_train
 
 from mlmkit.errors import DataError
-from mlmkit.evaluation.correlation import pearson, ranks, spearman
+from mlmkit.finetune.correlation import pearson, ranks, spearman
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -73,7 +73,7 @@ def test_correlations_match_their_definitions():
 
 
 def test_pearson_and_spearman_metric_modules_load_offline():
-    from mlmkit.evaluation.metric_modules import load_metric
+    from mlmkit.finetune.metric_modules import load_metric
 
     got = load_metric("spearman").compute(predictions=[0.1, 0.5, 0.2], references=[1.0, 3.0, 2.0])
     assert got == {"spearman": pytest.approx(1.0)}
@@ -85,7 +85,7 @@ def test_pearson_and_spearman_metric_modules_load_offline():
 
 
 def _stsb_task(data_dir: Path | None = None):
-    from .test_finetune import _task
+    from helpers import task_config as _task
 
     task = _task("stsb")
     task.data_dir = None if data_dir is None else str(data_dir)
@@ -93,7 +93,7 @@ def _stsb_task(data_dir: Path | None = None):
 
 
 def test_stsb_tsv_files_are_read_as_pairs_with_scores():
-    from mlmkit.evaluation.finetune import load_task
+    from mlmkit.finetune.reader import load_task
 
     dev_file = shared_file("glue/STS-B/dev.tsv")
     train, dev = load_task(_stsb_task(dev_file.parent))
@@ -106,7 +106,7 @@ def test_stsb_tsv_files_are_read_as_pairs_with_scores():
 
 
 def test_a_header_line_of_the_column_names_is_skipped(tmp_path):
-    from mlmkit.evaluation.finetune import read_tsv
+    from mlmkit.finetune.reader import read_tsv
 
     header = (
         "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
@@ -138,7 +138,7 @@ def test_a_header_line_of_the_column_names_is_skipped(tmp_path):
     ],
 )
 def test_bad_sts_files_are_one_sentence(tmp_path, case, lines, message):
-    from mlmkit.evaluation.finetune import load_split
+    from mlmkit.finetune.reader import load_split
 
     folder = tmp_path / "STS-B"
     folder.mkdir()

@@ -1,5 +1,5 @@
 """``mlmkit finetune checkpoint=<run> task=sst2|...|files [settings]``: fine-tuning on a GLUE
-task or on your own files (``mlmkit.evaluation.finetune``; settings: conf/finetune.yaml)."""
+task or on your own files (``mlmkit.finetune``; settings: conf/finetune.yaml)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main() -> None:
         from accelerate import PartialState
         from hydra.core.hydra_config import HydraConfig
 
-        from mlmkit.evaluation.finetune import finetune
+        from mlmkit.finetune.loop import finetune
 
         logging.basicConfig(
             level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S"

@@ -26,7 +26,7 @@ def _check(cond: bool, message: str) -> None:
 # Choices that several settings share, named once.
 STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")  # masking.strategy
 PRECISIONS = ("auto", "no", "fp16", "bf16")  # train.precision, and precision= of eval and finetune
-# task.metrics: the metric scripts shipped in mlmkit.evaluation.metric_modules, one folder each
+# task.metrics: the metric scripts shipped in mlmkit.finetune.metric_modules, one folder each
 METRICS = ("accuracy", "f1", "matthews_correlation", "pearson", "spearman")
 DEFAULT_MAX_STEPS = 3000  # train.max_steps when no budget is set
 

@@ -38,8 +38,8 @@ from typing import Any
 from mlmkit.config import EmbedConfig, EmbedPairsConfig
 from mlmkit.data.sources import check_not_binary, load_corpus
 from mlmkit.errors import DataError
-from mlmkit.evaluation.finetune import load_split
 from mlmkit.evaluation.retrieval import BeirData, read_beir
+from mlmkit.finetune.reader import load_split
 
 log = logging.getLogger("mlmkit")
 

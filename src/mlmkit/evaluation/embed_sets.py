@@ -33,7 +33,7 @@ from pathlib import Path
 from mlmkit.config import DataConfig, TaskConfig
 from mlmkit.errors import DataError, MLMKitError
 from mlmkit.evaluation.embed_data import normalise, sentences
-from mlmkit.evaluation.finetune import load_split
+from mlmkit.finetune.reader import load_split
 
 PASSAGE_SENTENCES = 4  # document-retrieval: a query's passage, its first sentence included
 STS_COLUMNS = [

@@ -23,7 +23,7 @@ left out as usual (GLUE's WNLI dev set is adversarial to training-set statistics
 labelled with the tasks it covers: a task whose data is missing is skipped with a note.
 ``parallel`` tasks run side by side, each in a process of its own pinned to a GPU (default:
 one per visible GPU; one at a time on a CPU): ``mlmkit.evaluation.workers``.
-Each fine-tuning is ``mlmkit finetune`` (``evaluation.finetune.finetune``) into
+Each fine-tuning is ``mlmkit finetune`` (``finetune.loop.finetune``) into
 ``<run dir>/<task>/lr<lr>-seed<seed>/``; the results are ``results.json``, ``results.md`` (the
 table) and ``glue.png`` (a bar chart) in the run dir.
 """
@@ -190,7 +190,7 @@ def finetune_run(
     out: Path,
 ) -> dict[str, Any]:
     """One fine-tuning (``mlmkit finetune``) and its dev figures."""
-    from mlmkit.evaluation.finetune import finetune
+    from mlmkit.finetune.loop import finetune
 
     ft = FinetuneConfig(
         checkpoint=checkpoint,
@@ -221,8 +221,8 @@ def finetune_run(
 
 def mismatched_accuracy(model_dir: str, data_dir: str | None) -> float:
     """MNLI's mismatched dev accuracy of an MNLI-fine-tuned model."""
-    from mlmkit.evaluation.finetune import load_split
     from mlmkit.evaluation.predict import load_classifier, predict
+    from mlmkit.finetune.reader import load_split
 
     task = task_config("mnli_mm", data_dir)
     examples = load_split(task, "eval")
@@ -388,7 +388,7 @@ def glue(
     results.json, results.md and glue.png to ``run_dir`` (a new or empty folder); returns what
     results.json holds. ``on_open(run_dir)`` is called once every check has passed, before
     anything is written there."""
-    from mlmkit.evaluation.finetune import check_new_run_dir
+    from mlmkit.finetune.loop import check_new_run_dir
     from mlmkit.training.trained_model import resolve_model_path
 
     run_dir, protocol = Path(run_dir), protocol_of(cfg)

@@ -22,7 +22,7 @@ from mlmkit.config import TaskConfig
 from mlmkit.data.sources import check_not_binary
 from mlmkit.data.tokenizer import load_tokenizer
 from mlmkit.errors import ConfigError, DataError, first_line
-from mlmkit.evaluation.finetune import read_rows
+from mlmkit.finetune.reader import read_rows
 from mlmkit.model.architectures import (
     ARCHITECTURES,
     architecture,

@@ -162,7 +162,7 @@ class LinearProbe:
     ) -> LinearProbe:
         """Make a probe of the task's train and dev examples (its files or the Hub, as
         ``mlmkit finetune`` reads them); a regression task is refused."""
-        from mlmkit.evaluation.finetune import load_task
+        from mlmkit.finetune.reader import load_task
 
         if task.kind != "classification":
             raise ConfigError(

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from mlmkit.config import StsEvalConfig
-from mlmkit.evaluation.correlation import pearson, spearman
-from mlmkit.evaluation.finetune import load_split
+from mlmkit.finetune.correlation import pearson, spearman
+from mlmkit.finetune.reader import load_split
 from mlmkit.model.architectures import parts_of
 from mlmkit.model.classifier import masked_mean
 from mlmkit.training.trained_model import load_model_and_tokenizer

@@ -39,11 +39,14 @@ class Bert:
     name = "bert"
     masked_lm = "BertForMaskedLM"
     sequence_classification = "BertForSequenceClassification"
+    token_classification = "BertForTokenClassification"  # a label per token (NER, POS)
+    question_answering = "BertForQuestionAnswering"  # an answer span's start and end
     takes_token_type_ids = True
     # stored once: the decoder's weight is the word embeddings, its bias the head's bias
     tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
     layer_class = "BertLayer"  # one FSDP unit each
-    # the modules a sequence classifier takes from the masked-LM model (the pooler is new)
+    # the modules a sequence classifier (or a token classifier, a span extractor) takes from the
+    # masked-LM model (the sequence classifier's pooler is new)
     shared_with_classifier = ("bert",)
 
     @staticmethod
@@ -141,6 +144,17 @@ class Bert:
         return transformers_class(Bert.sequence_classification)(config)
 
     @staticmethod
+    def token_classifier(config):
+        """``BertForTokenClassification``: a label per token state."""
+        return transformers_class(Bert.token_classification)(config)
+
+    @staticmethod
+    def question_answerer(config):
+        """``BertForQuestionAnswering``: start and end logits per token state."""
+        config.num_labels = 2
+        return transformers_class(Bert.question_answering)(config)
+
+    @staticmethod
     def encoder(model) -> nn.Module:
         return model.bert
 
@@ -175,11 +189,14 @@ class ModernBert:
     name = "modernbert"
     masked_lm = "ModernBertForMaskedLM"
     sequence_classification = "ModernBertForSequenceClassification"
+    token_classification = "ModernBertForTokenClassification"
+    question_answering = "ModernBertForQuestionAnswering"
     takes_token_type_ids = False
     tied_keys = ("decoder.weight",)
     layer_class = "ModernBertEncoderLayer"  # one FSDP unit each
     # the encoder, and the MLM head's dense + norm, which the classifier applies to the pooled
-    # state (the same names in both models, as transformers' from_pretrained would carry them)
+    # state (the token and span heads to every token's state; the same names in both models,
+    # as transformers' from_pretrained would carry them)
     shared_with_classifier = ("model", "head")
 
     @staticmethod
@@ -226,6 +243,17 @@ class ModernBert:
         """``ModernBertForSequenceClassification``, pooling as its config says (cls | mean)."""
         config.classifier_pooling = pooling
         return transformers_class(ModernBert.sequence_classification)(config)
+
+    @staticmethod
+    def token_classifier(config):
+        """``ModernBertForTokenClassification``: a label per token state."""
+        return transformers_class(ModernBert.token_classification)(config)
+
+    @staticmethod
+    def question_answerer(config):
+        """``ModernBertForQuestionAnswering``: start and end logits per token state."""
+        config.num_labels = 2
+        return transformers_class(ModernBert.question_answering)(config)
 
     @staticmethod
     def encoder(model) -> nn.Module:

@@ -4,7 +4,7 @@ Pearson's r of the ranks of predictions and references, equal values sharing the
 their ranks; 0 when either is constant.
 """
 
-from mlmkit.evaluation.correlation import spearman
-from mlmkit.evaluation.metric_modules import correlation_metric
+from mlmkit.finetune.correlation import spearman
+from mlmkit.finetune.metric_modules import correlation_metric
 
 Spearman = correlation_metric("spearman", spearman, __doc__)

@@ -5,7 +5,7 @@
 for predictions p and references t; 0 when either is constant.
 """
 
-from mlmkit.evaluation.correlation import pearson
-from mlmkit.evaluation.metric_modules import correlation_metric
+from mlmkit.finetune.correlation import pearson
+from mlmkit.finetune.metric_modules import correlation_metric
 
 Pearson = correlation_metric("pearson", pearson, __doc__)

@@ -1,0 +1,362 @@
+"""The one fine-tuning loop and its run: ``mlmkit finetune`` for every kind of task.
+
+    mlmkit finetune checkpoint=outputs/<run> task=sst2 task.data_dir=../shared/data/glue/SST-2
+    mlmkit finetune checkpoint=outputs/<run> task=files task.train_file=a.csv task.eval_file=b.csv
+    mlmkit finetune ... init=random          # same architecture from scratch
+    mlmkit finetune ... pooling=cls          # classify from the [CLS] state (default: the mean)
+
+The task (``mlmkit.finetune.task.Task``: a reader, a head, a decoder/scorer) reads its
+examples, names its labels in the model's config and turns examples into features; the loop
+trains the model (``mlmkit.finetune.model.build_model``: the task's head on the checkpoint's
+encoder) for ``epochs`` with AdamW and a linear schedule, and after every epoch runs the
+evaluation features through it, has the task decode and score them and logs the figures
+(``metrics.jsonl``'s ``eval`` events, with the training's tokens/s). At the end it writes
+``<run dir>/results.json``, the last epoch's predictions (``eval_predictions.jsonl``) and the
+model (a plain model dir, its labels in ``id2label``) to ``<run dir>/model``, which
+``mlmkit predict`` and transformers' pipelines serve. Settings: conf/finetune.yaml and
+conf/task/.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlmkit.config import FinetuneConfig, OptimConfig, TaskConfig
+from mlmkit.errors import ConfigError
+from mlmkit.finetune.model import FrozenEncoderCache, build_model, freeze_encoder
+from mlmkit.finetune.sequence import SequenceTask
+from mlmkit.finetune.task import LengthBatches, Task
+from mlmkit.training.metrics_log import MetricsLog
+from mlmkit.training.optim import build_optimizer, build_scheduler
+from mlmkit.training.runtime import resolve_precision, runs_on_cpu
+from mlmkit.training.trained_model import load_model_and_tokenizer
+
+log = logging.getLogger("mlmkit")
+
+
+def task_of(cfg: TaskConfig) -> Task:
+    """Return the task object of ``cfg``, by its kind."""
+    return SequenceTask(cfg)
+
+
+@dataclass
+class Run:
+    """What the loop works with: the prepared model, optimizer, schedule and loaders, the task
+    and its evaluation features."""
+
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    train_loader: Any
+    eval_loader: Any
+    task: Task
+    eval_features: list
+    eval_examples: list
+    metrics: MetricsLog
+
+
+# ---- loop -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluation_outputs(run: Run) -> list[torch.Tensor]:
+    """Return the task's outputs (``Task.outputs``) of every evaluation feature, in the
+    features' order, gathered from every process; a row padded past its feature is cut at
+    decoding."""
+    accelerator, model = run.accelerator, run.model
+    model.eval()
+    found: dict[int, torch.Tensor] = {}
+    for batch in run.eval_loader:
+        index = batch.pop("index")
+        inputs = {k: v for k, v in batch.items() if k not in run.task.targets}
+        out = run.task.outputs(model(**inputs))
+        if out.dim() > 2 and accelerator.num_processes > 1:
+            out = accelerator.pad_across_processes(out, dim=1)
+        index, out = accelerator.gather_for_metrics((index, out))
+        found.update(zip(index.tolist(), out.cpu()))
+    model.train()
+    return [found[i] for i in range(len(run.eval_features))]
+
+
+def evaluate(run: Run) -> tuple[dict[str, Any], list[Any]]:
+    """Return the task's figures on the evaluation set and its predictions (one per example)."""
+    outputs = evaluation_outputs(run)
+    predictions = run.task.decode(outputs, run.eval_features, run.eval_examples)
+    return run.task.score(predictions, run.eval_examples), predictions
+
+
+def train_epoch(run: Run, step: int, total: int) -> tuple[int, float, int]:
+    """Step over the training loader until it ends or ``total`` steps are taken; returns the
+    step reached, the mean training loss and the tokens (padding excluded) of all processes."""
+    accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
+    loss_sum, n = 0.0, 0
+    tokens = torch.zeros((), dtype=torch.long, device=accelerator.device)
+    for batch in run.train_loader:
+        batch.pop("index", None)
+        tokens += batch["attention_mask"].sum()  # on the device: no wait for it here
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        run.scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        loss_sum, n = loss_sum + float(loss.detach()), n + 1
+        if step >= total:
+            break
+    return step, loss_sum / max(n, 1), int(accelerator.reduce(tokens, "sum"))
+
+
+def fit(run: Run, total: int) -> tuple[int, dict[str, Any], list[Any]]:
+    """``total`` optimizer steps, the evaluation set scored after every epoch (and the last
+    step); returns the steps taken, the last ``eval`` event and the predictions it scored."""
+    step, epoch = 0, 0
+    results: dict[str, Any] = {}
+    predictions: list[Any] = []
+    run.model.train()
+    while step < total:
+        started = time.perf_counter()
+        step, train_loss, tokens = train_epoch(run, step, total)
+        seconds = time.perf_counter() - started
+        epoch += 1
+        figures, predictions = evaluate(run)
+        results = {
+            "event": "eval",
+            "step": step,
+            "epoch": epoch,
+            "train_loss": train_loss,
+            "tokens_per_s": tokens / max(seconds, 1e-9),
+            **{f"eval_{k}": v for k, v in figures.items()},
+        }
+        run.metrics.write(results)
+        log.info(
+            "epoch %d | step %d | train loss %.4f | %.0f tokens/s | %s",
+            epoch,
+            step,
+            train_loss,
+            results["tokens_per_s"],
+            " | ".join(f"{k} {v:.4f}" for k, v in figures.items() if isinstance(v, float)),
+        )
+    return step, results, predictions
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+def check_new_run_dir(run_dir: Path, what: str) -> None:
+    """Refuse a run dir that holds anything already (an earlier fine-tuning's results and model,
+    a pretraining run): a second command there would overwrite it. ``what``: the command's
+    kind of run, for the message."""
+    try:
+        held = sorted(p.name for p in run_dir.iterdir())
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        held = [run_dir.name]
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ConfigError(
+            f"The run dir {str(run_dir)!r} is not empty ({shown}); a {what} writes "
+            "only into a new or empty folder, so that nothing there is overwritten: "
+            "choose a new hydra.run.dir."
+        )
+
+
+def data_loaders(
+    cfg: FinetuneConfig, task: Task, tokenizer, train_features, eval_features
+) -> tuple[Any, Any]:
+    """Return the training loader (shuffled by ``cfg.seed``; a task of windows batches them by
+    length) and the evaluation set's loader."""
+    from torch.utils.data import DataLoader
+
+    collate = task.collate(tokenizer, cfg.max_seq_length)
+    if task.group_by_length:
+        lengths = [len(f["input_ids"]) for f in train_features]
+        train_loader = DataLoader(
+            train_features,
+            batch_sampler=LengthBatches(lengths, cfg.batch_size, seed=cfg.seed),
+            collate_fn=collate,
+        )
+        lengths = [len(f["input_ids"]) for f in eval_features]
+        eval_loader = DataLoader(
+            eval_features,
+            batch_sampler=LengthBatches(lengths, cfg.batch_size * 2),
+            collate_fn=collate,
+        )
+        return train_loader, eval_loader
+    train_loader = DataLoader(
+        train_features,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        drop_last=False,
+    )
+    eval_loader = DataLoader(eval_features, batch_size=cfg.batch_size * 2, collate_fn=collate)
+    return train_loader, eval_loader
+
+
+def optimizer_and_schedule(
+    cfg: FinetuneConfig, model, accelerator, train_examples: int
+) -> tuple[Any, Any, int]:
+    """Return the optimizer, its linear schedule with warmup, and the number of steps."""
+    steps_per_epoch = math.ceil(train_examples / (cfg.batch_size * accelerator.num_processes))
+    total = max(1, round(cfg.epochs * steps_per_epoch))
+    optim = OptimConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        beta2=0.999,
+        eps=1e-8,
+        warmup_steps=int(cfg.warmup_ratio * total),
+        schedule="linear",
+    )
+    optimizer = build_optimizer(model, optim, accelerator.device.type)
+    return optimizer, build_scheduler(optimizer, optim, total), total
+
+
+def summarize(
+    cfg: FinetuneConfig,
+    task: Task,
+    source,
+    steps: int,
+    sizes: tuple[int, int],
+    started: float,
+    results: dict[str, Any],
+    run_dir: Path,
+) -> dict[str, Any]:
+    """Return what results.json holds: the run's settings, sizes and time, the figures."""
+    return {
+        "task": cfg.task.name,
+        "kind": cfg.task.kind,
+        "checkpoint": str(source),
+        "init": cfg.init,
+        "pooling": cfg.pooling,
+        "steps": steps,
+        "train_examples": sizes[0],
+        "eval_examples": sizes[1],
+        "seconds": round(time.perf_counter() - started, 1),
+        "tokens_per_s": round(results.get("tokens_per_s", 0.0), 1),
+        **task.summary(),
+        "model": str(run_dir / "model") if cfg.save_model else None,
+        **{k: v for k, v in results.items() if k.startswith("eval_")},
+    }
+
+
+def open_run(cfg: FinetuneConfig, run_dir: Path, on_open) -> tuple[Any, Task, Any, Any, Any]:
+    """Check the run dir, start the accelerator, load the checkpoint and the task's examples,
+    build the model; returns ``(accelerator, task, model, tokenizer, checkpoint)`` and the
+    examples in ``task.train``/``task.eval``."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    check_new_run_dir(run_dir, "fine-tuning")
+    use_cpu = runs_on_cpu()
+    accelerator = Accelerator(
+        cpu=use_cpu,
+        mixed_precision=resolve_precision(cfg.precision, use_cpu=use_cpu, setting="precision"),
+    )
+    # every rank has found the run dir empty before one writes there
+    accelerator.wait_for_everyone()
+    set_seed(cfg.seed)
+    mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
+    task = task_of(cfg.task)
+    task.train, task.eval = task.load()  # before the head: its labels may come from the data
+    model = build_model(cfg, task, mlm)
+    del mlm
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if on_open is not None:
+            on_open(run_dir)
+    return accelerator, task, model, tokenizer, source
+
+
+def finetune(
+    cfg: FinetuneConfig, run_dir: str | os.PathLike, on_open: Callable[[Path], None] | None = None
+) -> dict[str, Any]:
+    """Fine-tune and evaluate after every epoch into ``run_dir`` (a new or empty folder); returns
+    the final figures (and where the model was saved, ``model``). ``on_open(run_dir)`` is called
+    on the main process once every check has passed, before anything is written there."""
+    run_dir = Path(run_dir)
+    accelerator, task, model, tokenizer, source = open_run(cfg, run_dir, on_open)
+    if cfg.freeze_encoder:
+        freeze_encoder(model, task.head_modules)
+    train_set = task.train[: cfg.max_train_samples] if cfg.max_train_samples else task.train
+    task.start(model, train_set)
+    train_features = task.features(train_set, tokenizer, cfg.max_seq_length, training=True)
+    eval_features = task.features(task.eval, tokenizer, cfg.max_seq_length, training=False)
+    train_loader, eval_loader = data_loaders(cfg, task, tokenizer, train_features, eval_features)
+    optimizer, scheduler, total = optimizer_and_schedule(
+        cfg, model, accelerator, len(train_features)
+    )
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader
+    )
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+    metrics.truncate_after(-1)
+    log_start(cfg, task, source, (len(train_set), len(task.eval)), train_features, total)
+    run = Run(
+        accelerator, model, optimizer, scheduler, train_loader, eval_loader, task,
+        eval_features, task.eval, metrics,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    cache = FrozenEncoderCache(accelerator.unwrap_model(model)) if cfg.freeze_encoder else None
+    try:
+        step, results, predictions = fit(run, total)
+    finally:
+        if cache is not None:
+            cache.close()
+    sizes = (len(train_set), len(task.eval))
+    summary = summarize(cfg, task, source, step, sizes, t0, results, run_dir)
+    if accelerator.is_main_process:
+        save_results(
+            run_dir, task, summary, predictions, accelerator.unwrap_model(model), tokenizer
+        )
+    accelerator.end_training()
+    return summary
+
+
+def log_start(cfg, task: Task, source, sizes: tuple[int, int], train_features, total) -> None:
+    """One line: what is fine-tuned on what, the sizes and the steps."""
+    windows = (
+        f" ({len(train_features)} training windows)" if len(train_features) != sizes[0] else ""
+    )
+    how = cfg.init + (f", {cfg.pooling} pooling" if isinstance(task, SequenceTask) else "")
+    log.info(
+        "Fine-tuning %s (%s) on %s: %d train / %d dev examples%s, %d steps",
+        source,
+        how,
+        cfg.task.name,
+        sizes[0],
+        sizes[1],
+        windows,
+        total,
+    )
+
+
+def save_results(
+    run_dir: Path, task: Task, summary: dict[str, Any], predictions: list[Any], model, tokenizer
+) -> None:
+    """results.json, eval_predictions.jsonl and, where ``summary`` names it, the model dir."""
+    (run_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with open(run_dir / "eval_predictions.jsonl", "w", encoding="utf-8") as f:
+        for record in task.records(task.eval, predictions):
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    if summary["model"]:
+        model.save_pretrained(summary["model"])
+        tokenizer.save_pretrained(summary["model"])
+        log.info(
+            'Saved the fine-tuned model to %s (mlmkit predict %s "some text")',
+            summary["model"],
+            summary["model"],
+        )
