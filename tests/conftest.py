@@ -31,6 +31,7 @@ LONGEST_FILES = [
     "tests/e2e/test_distributed.py",
     "tests/e2e/test_reliability.py",
     "tests/e2e/test_gpu_check.py",
+    "tests/data/test_installs.py",
     "tests/e2e/test_train.py",
     "tests/e2e/test_bench_phases.py",
     "tests/e2e/test_bench_quality.py",

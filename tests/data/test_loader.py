@@ -194,3 +194,29 @@ def test_the_stream_moves_tensors_and_keeps_host_values(tokenizer, tmp_path, var
     assert ("max_length_q" in moved) == varlen and all(
         isinstance(moved[k], int) for k in moved if k.startswith("max")
     )
+
+
+# -- workers started by spawn and forkserver -------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_training_with_two_workers_started_by_spawn_or_forkserver(tmp_path, cache_dir, method):
+    """Python 3.14 starts dataloader workers by forkserver on Linux, and a process started by
+    spawn starts its own workers by spawn: a run with 2 such workers trains, and its losses are
+    those of a run that reads in the training process (each row's masks come from its seed)."""
+    import multiprocessing
+
+    from runs import events, run_train
+
+    args = ["train.max_steps=4", "train.log_every=1", "train.eval_every=0", "train.precision=no"]
+    run_train(tmp_path / "inline", cache_dir, *args, "train.num_workers=0")
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(method, force=True)
+    try:
+        run_train(tmp_path / method, cache_dir, *args, "train.num_workers=2")
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    inline, spawned = (events(tmp_path / r, "train") for r in ("inline", method))
+    assert [e["step"] for e in spawned] == [1, 2, 3, 4] == [e["step"] for e in inline]
+    assert [e["loss"] for e in spawned] == pytest.approx([e["loss"] for e in inline], rel=1e-6)

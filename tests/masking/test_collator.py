@@ -143,7 +143,7 @@ def test_batches_are_the_same_with_or_without_workers(tokenizer):
     from mlmkit.data.loader import EpochBatchSampler, KeyedRows
 
     rows = [e["input_ids"] for e in _examples(tokenizer, n=64, length=32)]
-    ds = KeyedRows(datasets.Dataset.from_dict({"input_ids": rows}).with_format("torch"))
+    ds = KeyedRows(datasets.Dataset.from_dict({"input_ids": rows}))
 
     def batches(workers, skip=0):
         sampler = EpochBatchSampler(len(rows), 8, rank=0, world=1, seed=3)
@@ -161,3 +161,22 @@ def test_batches_are_the_same_with_or_without_workers(tokenizer):
     assert all(torch.equal(a, b) for a, b in zip(plain, with_workers))
     assert all(torch.equal(a, b) for a, b in zip(plain[3:], resumed))
     assert not torch.equal(plain[0], plain[1])
+
+
+def test_what_dataloader_workers_receive_pickles_by_value(tokenizer):
+    """Workers started by spawn or forkserver unpickle the collator: no tensor of it, nor its
+    generator's state, may travel through torch's shared memory (a generator's state is a
+    temporary tensor, freed before the worker maps it: "unable to resize file")."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory reducers)
+
+    examples = _examples(tokenizer, n=8)
+    collator = MLMCollator(tokenizer, seed=3, strategy="whole_word")
+    collator(examples)  # a generator that has drawn
+    data = bytes(ForkingPickler.dumps(collator))
+    assert b"rebuild_storage" not in data and b"rebuild_tensor" not in data
+    received = pickle.loads(data)
+    assert torch.equal(received(examples)["labels"], collator(examples)["labels"])
+    assert torch.equal(received.random_ids, collator.random_ids)

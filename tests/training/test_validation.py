@@ -18,7 +18,7 @@ def _dataset(tokenizer, n=300, length=32):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, len(tokenizer), (n, length), generator=g)
     ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
-    return datasets.Dataset.from_dict({"input_ids": ids.tolist()}).with_format("torch")
+    return datasets.Dataset.from_dict({"input_ids": ids.tolist()})
 
 
 def test_eval_masks_fixed_by_seed_not_by_batch_size(tokenizer):
@@ -92,7 +92,7 @@ def test_accuracy_comes_with_its_standard_error():
 
 def test_majority_baseline_counts_the_most_frequent_real_token(tokenizer):
     rows = [[tokenizer.cls_token_id] + [50] * 6 + [60] * 2 + [tokenizer.sep_token_id]] * 4
-    train = datasets.Dataset.from_dict({"input_ids": rows}).with_format("torch")
+    train = datasets.Dataset.from_dict({"input_ids": rows})
     labels = torch.full((2, 10), -100)
     labels[0, 1], labels[0, 2], labels[1, 7], labels[1, 8] = 50, 60, 60, 70
     counts = token_counts(train, tokenizer)

@@ -139,7 +139,8 @@ def id_rows(blocks, index: slice | list[int]) -> list[np.ndarray]:
     if len(column) == 0:
         return []
     offsets = column.offsets.to_numpy()
-    return np.split(column.flatten().to_numpy(), offsets[1:-1] - offsets[0])
+    ids = column.flatten().to_numpy().astype(np.int64)  # one writable copy for the rows
+    return np.split(ids, offsets[1:-1] - offsets[0])
 
 
 def _first_ids(blocks, max_blocks: int) -> torch.Tensor:
