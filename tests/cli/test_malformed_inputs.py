@@ -528,7 +528,7 @@ CASES = [
     Case(
         "predict-not-a-classifier",
         lambda fx: ["predict", str(fx.run / "final"), "a text"],
-        ("model_dir", "BertForMaskedLM", "not a fine-tuned classifier"),
+        ("model_dir", "BertForMaskedLM", "not a fine-tuned classifier, tagger"),
     ),
     Case(
         "predict-custom-code",

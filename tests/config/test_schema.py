@@ -68,7 +68,7 @@ def test_every_conf_file_is_covered():
     """A new YAML file anywhere under conf/ must be reachable by the test above."""
     covered = {CONF / "config.yaml"} | {CONF / g / f"{o}.yaml" for g, o in _group_options()}
     covered |= {CONF / f"{name}.yaml" for name in OTHER_PRIMARY}
-    covered |= {CONF / "task" / f"{t}.yaml" for t in (*TASKS, "files")}  # finetune tests below
+    covered |= {CONF / "task" / f"{t}.yaml" for t in (*TASKS, "files", *TOKEN_TASKS)}  # below
     present = {p for p in CONF.rglob("*.yaml") if "accelerate" not in p.parts}  # tested elsewhere
     assert present == covered
 
@@ -224,6 +224,7 @@ def test_presets_carry_a_learning_rate_that_falls_with_size():
 
 
 TASKS = ("sst2", "cola", "rte", "stsb", "mrpc", "qqp", "mnli", "mnli_mm", "qnli", "wnli")
+TOKEN_TASKS = ("ner", "pos", "tokens")
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -259,6 +260,46 @@ def test_finetune_config_composes_for_own_files():
     assert to_config(regression, FinetuneConfig).task.metrics == ["spearman", "pearson"]
     with pytest.raises(ConfigError, match="task.train_file=<file> and task.eval_file=<file>"):
         to_config(missing, FinetuneConfig)
+
+
+@pytest.mark.parametrize("task", TOKEN_TASKS)
+def test_finetune_config_composes_for_every_token_task(task):
+    from mlmkit.config import FinetuneConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    train = ["task.train_file=a.conll"] if task == "tokens" else []
+    files = [*train, "task.eval_file=b.conll"] if task == "tokens" else []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="finetune", overrides=["checkpoint=x", f"task={task}", *files])
+        share = compose(
+            config_name="finetune",
+            overrides=[
+                "checkpoint=x",
+                f"task={task}",
+                *train,
+                "task.eval_file=null",
+                "task.eval_share=0.2",
+            ],
+        )
+        no_eval = compose(
+            config_name="finetune",
+            overrides=["checkpoint=x", f"task={task}", "task.eval_file=null"],
+        )
+        bad = compose(
+            config_name="finetune",
+            overrides=["checkpoint=x", f"task={task}", *files, "task.metrics=[exact]"],
+        )
+    ft = to_config(cfg, FinetuneConfig)
+    assert ft.task.kind == "tokens" and ft.task.hub_path is None and ft.task.labels == []
+    assert ft.task.metrics == {"ner": ["f1", "accuracy"], "pos": ["accuracy"], "tokens": []}[task]
+    assert to_config(share, FinetuneConfig).task.eval_share == 0.2
+    with pytest.raises(
+        ConfigError, match=r"task.eval_file=<file> \(.conll or .conllu\), or task.eval_share"
+    ):
+        to_config(no_eval, FinetuneConfig)
+    with pytest.raises(ConfigError, match="task.metrics: 'exact' does not score task.kind=tokens"):
+        to_config(bad, FinetuneConfig)
 
 
 def test_eval_sts_config_composes_and_validates():

@@ -31,17 +31,21 @@ def main() -> None:
         def job() -> None:
             ft = to_config(cfg, FinetuneConfig)
             run_dir = HydraConfig.get().runtime.output_dir
-            results.append(
-                (ft.task.metrics[0], finetune(ft, run_dir, on_open=lambda d: write_record(d, cfg)))
-            )
+            results.append(finetune(ft, run_dir, on_open=lambda d: write_record(d, cfg)))
 
         exit_on_error(job)
-        headline, summary = results[0]
+        summary = results[0]
+        headline = summary["headline"]
         if PartialState().is_main_process:
             saved = f"; the model: {summary['model']}" if summary["model"] else ""
+            base = summary.get("baseline", {})
+            against = (
+                f"; baseline ({base['baseline']}): {base[headline]:.4f}" if headline in base else ""
+            )
             print(
                 f"{summary['task']} dev {headline}: {summary['eval_' + headline]:.4f} "
-                f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s){saved}"
+                f"({summary['init']} init, {summary['steps']} steps, {summary['seconds']} s)"
+                f"{against}{saved}"
             )
 
     run_hydra_main(run)

@@ -1,12 +1,15 @@
-"""Classify texts with a fine-tuned model: the label and its probability (for a regression
-model the score) of each input, one line each, in the order given.
+"""Classify or tag texts with a fine-tuned model: the label and its probability (for a
+regression model the score) of each input, or (a token classifier) each word's tag, one line
+each, in the order given.
 
     mlmkit predict outputs/finetune/files/<date>/<time>/model "a text" "another text"
     mlmkit predict <model dir> --file in.txt            one text per line (a pair: tab-separated)
     mlmkit predict <model dir> --file in.jsonl --json   .jsonl/.csv/.tsv: the model's text columns
+    mlmkit predict outputs/finetune/ner/<date>/<time> "Maria flew to Kyoto"   word/TAG ...
 
 The model dir is the ``model/`` that ``mlmkit finetune`` writes (or the finetune run dir). A
-pair model takes its texts two by two. The class that loads it comes from its config
+pair model takes its texts two by two; a token classifier's words are split at spaces (--json
+adds its entities with their character offsets). The class that loads it comes from its config
 (``mlmkit.evaluation.predict``), so a mean-pooled BERT pools as it was trained.
 """
 
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     # stdout and stderr carry the results and errors only
     transformers_logging.disable_progress_bar()
     model, tokenizer, task = load_classifier(args.model_dir)
-    columns = list(task.get("text_columns") or ["text"])
+    kind = task.get("kind", "classification")
+    columns = list(task.get("text_columns") or ["text"]) if kind != "tokens" else ["text"]
     inputs = group_texts(args.texts, columns) + (
         read_inputs(args.file, columns) if args.file else []
     )
@@ -58,18 +62,29 @@ def main(argv: list[str] | None = None) -> int:
         task.get("max_seq_length")
         or min(tokenizer.model_max_length, model.config.max_position_embeddings)
     )
-    for texts, result in zip(
-        inputs, predict(model, tokenizer, inputs, max_length, args.batch_size), strict=True
-    ):
-        if args.json:
-            print(
-                json.dumps(
-                    {"text": texts if len(texts) > 1 else texts[0], **result}, ensure_ascii=False
-                )
-            )
-        elif "score" in result:
-            print(f"{result['score']:.4f}\t" + "\t".join(texts))
-        else:
-            print(f"{result['label']}\t{result['probability']:.4f}\t" + "\t".join(texts))
+    if kind == "tokens":
+        from mlmkit.evaluation.predict import tag
+
+        results = tag(model, tokenizer, [t[0] for t in inputs], max_length, args.batch_size)
+    else:
+        results = predict(model, tokenizer, inputs, max_length, args.batch_size)
+    for texts, result in zip(inputs, results, strict=True):
+        print_result(texts, result, args.json)
     sys.stdout.flush()
     return 0
+
+
+def print_result(texts: list[str], result: dict, as_json: bool) -> None:
+    """One line: a JSON object, or the label, probability (or score, or word/TAG) and texts."""
+    if as_json:
+        print(
+            json.dumps(
+                {"text": texts if len(texts) > 1 else texts[0], **result}, ensure_ascii=False
+            )
+        )
+    elif "tags" in result:
+        print(" ".join(f"{w}/{t}" for w, t in zip(result["words"], result["tags"])))
+    elif "score" in result:
+        print(f"{result['score']:.4f}\t" + "\t".join(texts))
+    else:
+        print(f"{result['label']}\t{result['probability']:.4f}\t" + "\t".join(texts))

@@ -28,6 +28,9 @@ STRATEGIES = ("bernoulli", "whole_word", "span", "fixed")  # masking.strategy
 PRECISIONS = ("auto", "no", "fp16", "bf16")  # train.precision, and precision= of eval and finetune
 # task.metrics: the metric scripts shipped in mlmkit.finetune.metric_modules, one folder each
 METRICS = ("accuracy", "f1", "matthews_correlation", "pearson", "spearman")
+TASK_KINDS = ("classification", "regression", "tokens", "qa")  # task.kind
+TOKEN_METRICS = ("f1", "accuracy")  # task.kind=tokens: entity F1 (conlleval), word accuracy
+QA_METRICS = ("f1", "exact")  # task.kind=qa: the SQuAD v2.0 script's F1 and exact match
 DEFAULT_MAX_STEPS = 3000  # train.max_steps when no budget is set
 
 
@@ -655,8 +658,11 @@ class LoggerConfig:
 
 @dataclass
 class TaskConfig:
-    """A sentence(-pair) classification or regression task: GLUE's TSV files, the Hub, or a
-    user's own TSV, CSV or JSONL files (conf/task/files.yaml)."""
+    """A fine-tuning task (``mlmkit.finetune``): a sentence(-pair) classification or regression
+    task (GLUE's TSV files, the Hub, or your own TSV, CSV or JSONL files: conf/task/files.yaml),
+    a tag per word (``kind: tokens``, CoNLL or CoNLL-U files: conf/task/ner.yaml, pos.yaml,
+    tokens.yaml) or extractive question answering (``kind: qa``, SQuAD's JSON:
+    conf/task/qa.yaml)."""
 
     name: str = "sst2"
     data_dir: str | None = (
@@ -675,13 +681,31 @@ class TaskConfig:
     # label values, in class-id order; empty: the training file's values, sorted
     labels: list[str] = field(default_factory=lambda: ["0", "1"])
     # classification: labels are class names | regression: a real score (one output, MSE loss)
+    # | tokens: a tag per word (CoNLL token<TAB>tag lines, or CoNLL-U's label_column: upos | xpos)
+    # | qa: an answer span in a context, or none (SQuAD v1.1 / v2.0 JSON)
     kind: str = "classification"
     label_range: list[float] = field(default_factory=list)  # regression: [low, high] of the scores
-    # the first one is the headline; empty: accuracy, or for regression spearman and pearson
+    # the first one is the headline; empty: accuracy, or for regression spearman and pearson;
+    # tokens: f1 (entities, as conlleval) | accuracy (words); empty: f1 for BIO tags, else
+    # accuracy; qa: f1 and exact (the SQuAD v2.0 script's)
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
     hub_path: str | None = "nyu-mll/glue"  # used when data_dir is null; null: files only
     hub_name: str | None = "sst2"
     hub_eval_split: str = "validation"
+    # with eval_file null: this share of the training file's examples (sentences; for qa whole
+    # articles) is held out for evaluation, drawn with split_seed
+    eval_share: float = 0.0
+    split_seed: int = 0
+    # qa: a context longer than the window is cut into windows that overlap by doc_stride tokens
+    doc_stride: int = 64
+    max_question_length: int = 64  # qa: longer questions keep their first tokens
+    max_answer_length: int = 30  # qa: the longest answer span, in tokens
+    n_best: int = 20  # qa: the start and end logits tried in each window
+    # qa (v2.0): "no answer" when its score beats the best span's by more than this
+    null_threshold: float = 0.0
+    # qa (v2.0): also report the threshold that scores best on the evaluation set, and use it
+    # (the figures are then tuned on the evaluation set: say so where they are reported)
+    tune_null_threshold: bool = False
 
     def __post_init__(self) -> None:
         _check(
@@ -689,9 +713,16 @@ class TaskConfig:
             "task.text_columns must name one column (single sentences) or two (pairs).",
         )
         _check(
-            self.kind in ("classification", "regression"),
-            f"task.kind must be classification or regression, got {self.kind!r}.",
+            self.kind in TASK_KINDS,
+            f"task.kind must be one of {', '.join(TASK_KINDS)}, got {self.kind!r}.",
         )
+        _check(
+            0.0 <= self.eval_share < 1.0,
+            f"task.eval_share must be in [0, 1), got {self.eval_share}.",
+        )
+        if self.kind in ("tokens", "qa"):
+            self._check_tokens_and_spans()
+            return
         _check(
             self.kind == "regression" or len(self.labels) != 1,
             "task.labels must list at least two label values, or none to take them from "
@@ -707,9 +738,11 @@ class TaskConfig:
             "task.header=false needs task.column_names=[...] naming the TSV columns.",
         )
         _check(
-            bool(self.hub_path) or (bool(self.train_file) and bool(self.eval_file)),
+            bool(self.hub_path)
+            or (bool(self.train_file) and (bool(self.eval_file) or self.eval_share > 0)),
             f"task={self.name} reads files only: set task.train_file=<file> and "
-            "task.eval_file=<file> (.tsv, .csv or .jsonl).",
+            "task.eval_file=<file> (.tsv, .csv or .jsonl), or task.eval_share to hold out a "
+            "share of the training file.",
         )
         if not self.metrics:
             self.metrics = (
@@ -724,6 +757,35 @@ class TaskConfig:
                 self.kind == "classification" or m in ("pearson", "spearman"),
                 f"task.metrics: {m} scores classes, and task.kind=regression predicts a score; "
                 "use spearman or pearson.",
+            )
+
+    def _check_tokens_and_spans(self) -> None:
+        """Check a token task (kind tokens) and a span task (kind qa)."""
+        formats = ".conll or .conllu" if self.kind == "tokens" else "SQuAD .json"
+        _check(
+            bool(self.train_file) and (bool(self.eval_file) or self.eval_share > 0),
+            f"task={self.name} reads files: set task.train_file=<file> and "
+            f"task.eval_file=<file> ({formats}), or task.eval_share to hold out a share of "
+            "the training file.",
+        )
+        allowed = TOKEN_METRICS if self.kind == "tokens" else QA_METRICS
+        if self.kind == "qa" and not self.metrics:
+            self.metrics = list(QA_METRICS)
+        for m in self.metrics:
+            _check(
+                m in allowed,
+                f"task.metrics: {m!r} does not score task.kind={self.kind}; choose from "
+                f"{', '.join(allowed)}.",
+            )
+        if self.kind == "qa":
+            _check(
+                self.doc_stride >= 0 and self.max_question_length >= 1,
+                "task.doc_stride must not be negative and task.max_question_length must be "
+                "at least 1.",
+            )
+            _check(
+                self.max_answer_length >= 1 and self.n_best >= 1,
+                "task.max_answer_length and task.n_best must be at least 1.",
             )
 
 

@@ -33,25 +33,33 @@ from mlmkit.model.bert import load_pretrained_config
 from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 from mlmkit.model.safety import read_json_object
 
+HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+
 
 def classifier_class(config: dict, source: str = "the model", setting: str = "model_dir"):
-    """Return the class that serves a fine-tuned classifier's config (its config.json, as a dict),
-    or an error naming ``source`` for a model that is no classifier: a mean-pooled BERT
-    (``classifier_pooling: mean``) is ``MeanPoolBertForSequenceClassification``, any other BERT
-    ``BertForSequenceClassification``, a ModernBERT ``ModernBertForSequenceClassification``
-    (which pools as its config says)."""
+    """Return the class that serves a fine-tuned model's config (its config.json, as a dict), or
+    an error naming ``source`` for a model that is no fine-tuned one: a mean-pooled BERT
+    (``classifier_pooling: mean``) is ``MeanPoolBertForSequenceClassification``, any other
+    sequence classifier ``BertForSequenceClassification`` (or ModernBERT's, which pools as its
+    config says), a token classifier or a span extractor (question answering) its
+    architecture's ``...ForTokenClassification`` or ``...ForQuestionAnswering``."""
     names, model_type = list(config.get("architectures") or []), config.get("model_type")
-    if model_type not in ARCHITECTURES or not any(
-        str(n).endswith("ForSequenceClassification") for n in names
-    ):
+    head = next((h for h in HEADS for n in names if str(n).endswith(h)), None)
+    if model_type not in ARCHITECTURES or head is None:
         what = names[0] if names else f"{model_type!r} model"
         raise ConfigError(
-            f"{setting}: {source} holds a {what}, not a fine-tuned classifier; pass "
+            f"{setting}: {source} holds a {what}, not a fine-tuned classifier, tagger or "
+            "question answerer; pass "
             "the model/ dir of an mlmkit finetune run (or the run dir)."
         )
+    arch = architecture(model_type)
+    if head == "ForTokenClassification":
+        return transformers_class(arch.token_classification)
+    if head == "ForQuestionAnswering":
+        return transformers_class(arch.question_answering)
     if model_type == "bert" and config.get("classifier_pooling", "cls") == "mean":
         return MeanPoolBertForSequenceClassification
-    return transformers_class(architecture(model_type).sequence_classification)
+    return transformers_class(arch.sequence_classification)
 
 
 def load_classifier(model_dir: str | Path, setting: str = "model_dir"):
@@ -156,3 +164,31 @@ def predict(
             for i, c in enumerate(best)
         ]
     return out
+
+
+@torch.no_grad()
+def tag(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 32) -> list[dict]:
+    """``{"words", "tags"}`` of each text, its words split at spaces, each word tagged by its
+    first subword (a long text in windows, as it was evaluated); a model of entity tags adds
+    its ``entities`` (type, text, character offsets into the words joined by spaces)."""
+    from mlmkit.finetune.entities import is_bio
+    from mlmkit.finetune.task import pad_batch
+    from mlmkit.finetune.tokens import decode_words, entity_spans, sentence_windows
+
+    sentences = [text.split() for text in texts]
+    features = sentence_windows(sentences, tokenizer, max_length)
+    names = list(tokenizer.model_input_names)
+    device = next(model.parameters()).device
+    outputs = []
+    for start in range(0, len(features), batch_size):
+        batch = pad_batch(
+            features[start : start + batch_size], names, {"input_ids": tokenizer.pad_token_id}
+        )
+        outputs += list(model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu())
+    labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
+    tags = decode_words(outputs, features, [len(s) for s in sentences], labels)
+    entities = is_bio(labels)
+    return [
+        {"words": words, "tags": t, **({"entities": entity_spans(words, t)} if entities else {})}
+        for words, t in zip(sentences, tags)
+    ]

@@ -36,6 +36,7 @@ from mlmkit.errors import ConfigError
 from mlmkit.finetune.model import FrozenEncoderCache, build_model, freeze_encoder
 from mlmkit.finetune.sequence import SequenceTask
 from mlmkit.finetune.task import LengthBatches, Task
+from mlmkit.finetune.tokens import TokenTask
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.optim import build_optimizer, build_scheduler
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu
@@ -46,6 +47,8 @@ log = logging.getLogger("mlmkit")
 
 def task_of(cfg: TaskConfig) -> Task:
     """Return the task object of ``cfg``, by its kind."""
+    if cfg.kind == "tokens":
+        return TokenTask(cfg)
     return SequenceTask(cfg)
 
 
@@ -118,6 +121,11 @@ def train_epoch(run: Run, step: int, total: int) -> tuple[int, float, int]:
     return step, loss_sum / max(n, 1), int(accelerator.reduce(tokens, "sum"))
 
 
+def figures_line(figures: dict[str, Any]) -> str:
+    """``name value | ...`` of the figures that are numbers (per-type tables left out)."""
+    return " | ".join(f"{k} {v:.4f}" for k, v in figures.items() if isinstance(v, float))
+
+
 def fit(run: Run, total: int) -> tuple[int, dict[str, Any], list[Any]]:
     """``total`` optimizer steps, the evaluation set scored after every epoch (and the last
     step); returns the steps taken, the last ``eval`` event and the predictions it scored."""
@@ -146,7 +154,7 @@ def fit(run: Run, total: int) -> tuple[int, dict[str, Any], list[Any]]:
             step,
             train_loss,
             results["tokens_per_s"],
-            " | ".join(f"{k} {v:.4f}" for k, v in figures.items() if isinstance(v, float)),
+            figures_line(figures),
         )
     return step, results, predictions
 
@@ -234,14 +242,16 @@ def summarize(
     started: float,
     results: dict[str, Any],
     run_dir: Path,
+    baseline: dict[str, Any],
 ) -> dict[str, Any]:
     """Return what results.json holds: the run's settings, sizes and time, the figures."""
     return {
         "task": cfg.task.name,
         "kind": cfg.task.kind,
+        "headline": task.headline,
         "checkpoint": str(source),
         "init": cfg.init,
-        "pooling": cfg.pooling,
+        **({"pooling": cfg.pooling} if isinstance(task, SequenceTask) else {}),
         "steps": steps,
         "train_examples": sizes[0],
         "eval_examples": sizes[1],
@@ -250,6 +260,7 @@ def summarize(
         **task.summary(),
         "model": str(run_dir / "model") if cfg.save_model else None,
         **{k: v for k, v in results.items() if k.startswith("eval_")},
+        **({"baseline": baseline} if baseline else {}),
     }
 
 
@@ -292,6 +303,7 @@ def finetune(
     if cfg.freeze_encoder:
         freeze_encoder(model, task.head_modules)
     train_set = task.train[: cfg.max_train_samples] if cfg.max_train_samples else task.train
+    task.train = train_set  # what the model trains on, and the baseline learns from
     task.start(model, train_set)
     train_features = task.features(train_set, tokenizer, cfg.max_seq_length, training=True)
     eval_features = task.features(task.eval, tokenizer, cfg.max_seq_length, training=False)
@@ -305,6 +317,9 @@ def finetune(
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     metrics.truncate_after(-1)
     log_start(cfg, task, source, (len(train_set), len(task.eval)), train_features, total)
+    baseline = task.baseline()
+    if baseline:
+        log.info("Baseline (%s): %s", baseline["baseline"], figures_line(baseline))
     run = Run(
         accelerator, model, optimizer, scheduler, train_loader, eval_loader, task,
         eval_features, task.eval, metrics,
@@ -317,7 +332,7 @@ def finetune(
         if cache is not None:
             cache.close()
     sizes = (len(train_set), len(task.eval))
-    summary = summarize(cfg, task, source, step, sizes, t0, results, run_dir)
+    summary = summarize(cfg, task, source, step, sizes, t0, results, run_dir, baseline)
     if accelerator.is_main_process:
         save_results(
             run_dir, task, summary, predictions, accelerator.unwrap_model(model), tokenizer

@@ -324,6 +324,8 @@ def _hub_label(task: TaskConfig, value) -> float | int | None:
 
 def load_split(task: TaskConfig, split: str) -> list[dict[str, Any]]:
     """Load the examples of ``split`` (train | eval) from the task's files or the Hub."""
+    if reads_files(task) and not task.eval_file:  # a share of the training file held out
+        return load_task(task)[0 if split == "train" else 1]
     if reads_files(task):
         return read_examples(task_file(task, split), task, file_setting(task, split))
     return _from_hub(task, ["train" if split == "train" else task.hub_eval_split])[0]
@@ -331,7 +333,8 @@ def load_split(task: TaskConfig, split: str) -> list[dict[str, Any]]:
 
 def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, eval) examples from the task's files or the Hub; a classification task that
-    lists no labels takes the training file's (``task.labels`` is set)."""
+    lists no labels takes the training file's (``task.labels`` is set); without an eval file,
+    ``task.eval_share`` of the training file's examples are held out (``hold_out``)."""
     if not reads_files(task):
         if task.kind == "classification" and not task.labels:
             raise ConfigError("task.labels is empty; list the label values (task.labels=[...]).")
@@ -341,7 +344,39 @@ def load_task(task: TaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
     rows = read_rows(path, task, file_setting(task, "train"))
     if task.kind == "classification" and not task.labels:
         task.labels = discover_labels(rows, path, task)
+    if not task.eval_file:
+        return hold_out(examples_of(rows, path, task), task, path)
     return examples_of(rows, path, task), load_split(task, "eval")
+
+
+def hold_out(
+    items: list, task: TaskConfig, path: Path, what: str = "examples"
+) -> tuple[list, list]:
+    """``(kept, held out)``: ``task.eval_share`` of ``items`` drawn with ``task.split_seed``
+    for evaluation, each part in the file's order; an empty part is an error."""
+    import random
+
+    n = len(items)
+    k = round(task.eval_share * n)
+    if not 0 < k < n:
+        raise DataError(
+            f"task.eval_share={task.eval_share} of the {n} {what} of {str(path)!r} leaves an "
+            f"empty split ({k} for evaluation, {n - k} for training); set task.eval_share so "
+            "that both parts hold some, or set task.eval_file."
+        )
+    held = set(random.Random(task.split_seed).sample(range(n), k))
+    log.info(
+        "Held out %d of the %d %s of %s for evaluation (task.eval_share=%s, task.split_seed=%d)",
+        k,
+        n,
+        what,
+        path,
+        task.eval_share,
+        task.split_seed,
+    )
+    return [x for i, x in enumerate(items) if i not in held], [
+        x for i, x in enumerate(items) if i in held
+    ]
 
 
 def _hub_columns(task: TaskConfig, features) -> tuple[list[str], str]:

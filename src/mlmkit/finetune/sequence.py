@@ -15,6 +15,7 @@ accuracy; Matthews correlation for CoLA; Spearman and Pearson correlation for ST
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -120,6 +121,17 @@ class SequenceTask(Task):
                 "label": name(example["label"]),
                 "prediction": name(pred),
             }
+
+    def baseline(self) -> dict[str, Any]:
+        """Return a classifier's baseline: the most frequent class of the training set, always."""
+        if self.cfg.kind != "classification" or not self.train or not self.eval:
+            return {}
+        majority = Counter(e["label"] for e in self.train).most_common(1)[0][0]
+        guess = [majority] * len(self.eval)
+        return {
+            "baseline": f"always {self.cfg.labels[majority]!r}, the most frequent training label",
+            **self.score(guess, self.eval),
+        }
 
     def summary(self) -> dict[str, Any]:
         return {"labels": list(self.cfg.labels)} if self.cfg.kind == "classification" else {}

@@ -90,6 +90,11 @@ class Task:
         """One JSON object per example for ``eval_predictions.jsonl``."""
         raise NotImplementedError
 
+    def baseline(self) -> dict[str, Any]:
+        """Return the figures of the field's baseline on the evaluation set (``{"baseline": what it
+        is, figure: value, ...}``), the figures to beat; empty where there is none."""
+        return {}
+
     def summary(self) -> dict[str, Any]:
         """Fields of results.json beyond the loop's (the label set)."""
         return {}
@@ -134,11 +139,16 @@ class LengthBatches(torch.utils.data.Sampler):
         yield from (batches[i] for i in torch.randperm(len(batches), generator=g).tolist())
 
 
-def pad_batch(rows: list[dict[str, list[int]]], keys: Iterable[str], pad: dict[str, int]):
-    """Tensors of ``rows``' lists under ``keys``, each padded on the right to the longest row
-    (a multiple of 8) with ``pad[key]`` (0 where not named)."""
-    width = max(len(r["input_ids"]) for r in rows)
-    width = -(-width // 8) * 8
+def pad_batch(rows: list[dict[str, Any]], keys: Iterable[str], pad: dict[str, int]):
+    """Tensors of ``rows``' values under ``keys``: lists padded on the right to the longest row
+    (a multiple of 8) with ``pad[key]`` (0 where not named), numbers as they are."""
+    width = -(-max(len(r["input_ids"]) for r in rows) // 8) * 8
     return {
-        k: torch.tensor([r[k] + [pad.get(k, 0)] * (width - len(r[k])) for r in rows]) for k in keys
+        k: torch.tensor(
+            [
+                r[k] + [pad.get(k, 0)] * (width - len(r[k])) if isinstance(r[k], list) else r[k]
+                for r in rows
+            ]
+        )
+        for k in keys
     }
