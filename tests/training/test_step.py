@@ -12,11 +12,12 @@ from host_reads import NoHostReads
 from torch import nn
 
 from mlmkit.errors import TrainingDiverged
+from mlmkit.model.objective import Objective as StepObjective
 from mlmkit.training.optim import build_optimizer
 from mlmkit.training.step import SkipCount, optimizer_step, skips_on_device
 
 
-class Objective(nn.Module):
+class Objective(StepObjective):
     """A tiny masked-LM objective: ``loss_sum`` over the labelled positions; ``poison`` makes
     the loss NaN."""
 

@@ -16,6 +16,7 @@ from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
 from mlmkit.model.documents import document_inputs, padding_inputs, varlen_inputs
 from mlmkit.model.kernels import cross_entropy_sum, register_cpu_attention
+from mlmkit.model.objective import Objective
 
 log = logging.getLogger(__name__)
 
@@ -387,8 +388,9 @@ def model_from_checkpoint(
     return model
 
 
-class MaskedLM(nn.Module):
-    """The training objective around a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM``.
+class MaskedLM(Objective):
+    """The training objective around a plain ``BertForMaskedLM`` or ``ModernBertForMaskedLM``
+    (masked-LM's loss: ``model.objective.Objective``'s defaults).
 
     ``forward`` returns the *sum* of the cross-entropy over the chosen positions and
     their count (and, in eval mode, the logits and targets of the chosen positions), so the

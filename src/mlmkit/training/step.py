@@ -1,6 +1,7 @@
-"""One optimizer step: gather the micro-batches, forward and backward each with the loss
-normalised by the step's global count of chosen tokens, clip, and update unless the
-gradient is not finite."""
+"""One optimizer step, top to bottom (``train_step``, as torchtitan's): the masking rate, the
+micro-batches, forward and backward through the objective (``model.objective``: each loss term
+normalised by its global count of tokens in the step), clip, and update unless the gradient is
+not finite; then the scheduler, the gradients cleared, and the step counted."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import torch
 
 from mlmkit.data.loader import BatchLayout
 from mlmkit.errors import TrainingDiverged
-from mlmkit.masking.collator import IGNORE_INDEX
 from mlmkit.model.documents import flatten_rows
 
 log = logging.getLogger("mlmkit")
@@ -26,32 +26,37 @@ def forward_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward every micro-batch of one optimizer step.
 
-    The gradient left in the parameters is that of (sum of the token losses of the whole
-    step) / (chosen tokens in the whole step, over all micro-batches and ranks): the
-    count is summed first, then each micro-batch's summed loss is divided by it. Returns
-    this rank's summed loss and the global count (device tensors; no host sync).
+    The gradient left in the parameters is that of sum_k weight_k x (term k's loss summed over
+    the whole step) / (term k's tokens in the whole step, over all micro-batches and ranks):
+    the counts are summed first (``Objective.counts``), then each micro-batch's summed losses
+    are divided by them. For MLM, the one term is the cross-entropy at the chosen positions.
+    Returns this rank's sums for the log (``Objective.stats``) and the global counts (device
+    tensors; no host sync).
     """
     world = accelerator.num_processes
-    n_local = sum((b["labels"] != IGNORE_INDEX).sum() for b in micro)
+    spec = accelerator.unwrap_model(objective)  # what the objective asks (no parameters used)
+    n_local = sum(spec.counts(b) for b in micro)
     n_global = accelerator.reduce(n_local.float(), reduction="sum")
     # DDP averages gradients over ranks; multiplying by world undoes that average.
-    scale = world / n_global.clamp(min=1.0)
-    loss_sum = torch.zeros((), device=n_global.device)
+    weights = torch.tensor(spec.loss_weights, device=n_global.device)
+    scale = weights * world / n_global.clamp(min=1.0)
+    sums = None
     for i, batch in enumerate(micro):
         last = i == len(micro) - 1
         with nullcontext() if last else accelerator.no_sync(objective):
             out = objective(**batch)
-            accelerator.backward(out["loss_sum"] * scale)
-        loss_sum += out["loss_sum"].detach()
-    return loss_sum, n_global
+            accelerator.backward((spec.losses(out) * scale).sum())
+        stats = spec.stats(out)
+        sums = stats if sums is None else sums + stats
+    return sums, n_global
 
 
 @dataclass
 class StepResult:
     """What one optimizer step leaves for the log (device tensors until a log step)."""
 
-    loss_sum: torch.Tensor  # this rank's summed token loss
-    n_masked: torch.Tensor  # chosen tokens of the step, all ranks
+    sums: torch.Tensor  # this rank's sums for the log (``Objective.stats``; MLM: the token loss)
+    counts: torch.Tensor  # tokens each loss term averaged over, all ranks (MLM: the chosen)
     grad_norm: torch.Tensor
     lr: float  # the rate this step used
     tokens: int  # positions fed, all ranks (padding included: the budget's count)
@@ -61,6 +66,16 @@ class StepResult:
     # this rank's attended blocks of the step by length (rows, or documents where they are
     # isolated; real tokens only): what the throughput meter counts
     blocks: Counter = field(default_factory=Counter)
+
+    @property
+    def loss_sum(self) -> torch.Tensor:
+        """This rank's summed loss of the first term (MLM: the cross-entropy)."""
+        return self.sums[0]
+
+    @property
+    def n_masked(self) -> torch.Tensor:
+        """The chosen tokens of the step, all ranks."""
+        return self.counts[0]
 
 
 def next_micro_batches(
@@ -150,31 +165,41 @@ def step_blocks(micro, layouts=None) -> Counter:
 def optimizer_step(
     accelerator, objective, optimizer, lr: float, micro, max_grad_norm: float | None, layouts=None
 ) -> StepResult:
-    """Forward/backward ``micro``, clip, and update if the gradient is finite (the caller
-    steps the scheduler and zeroes the gradients once the step is counted); ``layouts``: the
-    loader's ``BatchLayout`` of each micro-batch (``next_micro_batches``), for the counts.
+    """Forward/backward ``micro``, clip, and update if the gradient is finite
+    (``forward_backward``, then ``clip_and_update``; the scheduler and the gradients are left to
+    the caller); ``layouts``: the loader's ``BatchLayout`` of each micro-batch, for the counts."""
+    engine = deepspeed_engine(accelerator)
+    skipped_before = engine.skipped_steps if engine is not None else 0
+    sums, counts = forward_backward(accelerator, objective, micro)
+    grad_norm, ok = clip_and_update(
+        accelerator, objective, optimizer, max_grad_norm, sums, engine, skipped_before
+    )
+    tokens, blocks = step_tokens(accelerator, micro, layouts), step_blocks(micro, layouts)
+    return StepResult(sums, counts, grad_norm, lr, tokens, ok, blocks=blocks)
+
+
+def clip_and_update(
+    accelerator, objective, optimizer, max_grad_norm: float | None, sums, engine, skipped_before
+) -> tuple[torch.Tensor, torch.Tensor | bool]:
+    """Clip the gradient and update if it is finite; return (gradient norm, update applied).
 
     A NaN/Inf gradient skips the update. With fused AdamW (mlmkit's optimizer on CUDA and
     CPU) the skip happens on the device, through the optimizer's ``found_inf``, and the host
-    never waits for the step: ``StepResult.ok`` stays a device tensor until a log step reads
-    it (``SkipCount``). With fp16 the gradient scaler finds overflows itself (skips the step
-    and lowers its scale), so there only a non-finite loss counts. Another optimizer costs
-    one host wait per step for the check. Under DeepSpeed the engine has already clipped and
-    stepped inside the backward: ``ok`` is what the engine did (``deepspeed_step``).
+    never waits for the step: ``ok`` stays a device tensor until a log step reads it
+    (``SkipCount``). With fp16 the gradient scaler finds overflows itself (skips the step and
+    lowers its scale), so there only a non-finite loss (``sums``) counts. Another optimizer
+    costs one host wait per step for the check. Under DeepSpeed (``engine``) the engine has
+    already clipped and stepped inside the backward: ``ok`` is what the engine did
+    (``deepspeed_step``; ``skipped_before``: its count of skipped steps before this one).
     """
-    engine = deepspeed_engine(accelerator)
-    skipped_before = engine.skipped_steps if engine is not None else 0
-    loss_sum, n_global = forward_backward(accelerator, objective, micro)
-    tokens, blocks = step_tokens(accelerator, micro, layouts), step_blocks(micro, layouts)
     if engine is not None:
-        grad_norm, ok = deepspeed_step(engine, skipped_before)
-        return StepResult(loss_sum, n_global, grad_norm, lr, tokens, ok, blocks=blocks)
+        return deepspeed_step(engine, skipped_before)
     max_norm = max_grad_norm if max_grad_norm is not None else math.inf
     grad_norm = local_norm(accelerator.clip_grad_norm_(objective.parameters(), max_norm))
     finite = torch.isfinite(grad_norm)
     if accelerator.scaler is not None:
         optimizer.step()  # the scaler skips an overflowing step itself
-        ok = torch.isfinite(accelerator.reduce(loss_sum, reduction="sum"))
+        ok = torch.isfinite(accelerator.reduce(sums, reduction="sum")).all()
     elif skips_on_device(optimizer):
         inner = getattr(optimizer, "optimizer", optimizer)
         device = next(p.device for g in inner.param_groups for p in g["params"])
@@ -188,7 +213,7 @@ def optimizer_step(
         ok = finite
         if bool(finite):  # the one host wait of this path
             optimizer.step()
-    return StepResult(loss_sum, n_global, grad_norm, lr, tokens, ok, blocks=blocks)
+    return grad_norm, ok
 
 
 def deepspeed_step(engine, skipped_before: int) -> tuple[torch.Tensor, bool]:
@@ -255,33 +280,67 @@ class SkipCount:
             )
 
 
-def train_step(trainer) -> StepResult:
-    """One optimizer step of a run (a ``Trainer``): the masking rate the schedule gives, the
-    step's micro-batches, forward, backward, clip and update, then the step counted and the
-    learning rate moved on (``Trainer.finish_step``)."""
-    cfg, state = trainer.cfg, trainer.state
+def masking_rate(cfg, state) -> float:
+    """Return the masking rate at the state's step: ``masking.mlm_probability``, or where it is
+    scheduled, its value at the share of the budget used (of the steps, for a step budget)."""
     m = cfg.masking
-    mlm_probability = (
-        m.probability_at(state.step, cfg.train.max_steps)
-        if state.budget.step_only
-        else m.rate_at(state.budget.progress(state.step))
-    )
-    trainer.collator.set_mlm_probability(mlm_probability)  # before the step's batches are collated
-    trainer.step_accum = (
-        trainer.ramp.accum(state.tokens_seen) if trainer.ramp is not None else trainer.accum
-    )
+    if state.budget.step_only:
+        return m.probability_at(state.step, cfg.train.max_steps)
+    return m.rate_at(state.budget.progress(state.step))
+
+
+def train_step(trainer) -> StepResult:
+    """One optimizer step of a run (a ``Trainer``), top to bottom: the step's masking rate and
+    micro-batches, forward and backward through the objective, clip and update, the learning
+    rate moved on and the gradients cleared, then the step counted (the log window, the skips,
+    the state and its budget's clock) and shown."""
+    cfg, state, acc = trainer.cfg, trainer.state, trainer.accelerator
+    # the masking rate the schedule gives, set before the step's batches are collated
+    mlm_probability = masking_rate(cfg, state)
+    trainer.collator.set_mlm_probability(mlm_probability)
+    # the step's micro-batches (more of them while a batch-size warmup grows the batch)
+    ramp = trainer.ramp
+    trainer.step_accum = ramp.accum(state.tokens_seen) if ramp is not None else trainer.accum
     micro, waited, layouts = next_micro_batches(
-        state.stream, trainer.collator, trainer.step_accum, m.on_device
+        state.stream, trainer.collator, trainer.step_accum, cfg.masking.on_device
     )
-    result = optimizer_step(
-        trainer.accelerator,
+    # forward and backward, each loss term over its tokens in the whole step, all ranks
+    lr = trainer.scheduler.get_last_lr()[0]
+    engine = deepspeed_engine(acc)
+    skipped_before = engine.skipped_steps if engine is not None else 0
+    sums, counts = forward_backward(acc, trainer.objective, micro)
+    # clip, and update unless the gradient is not finite (skipped on the device)
+    grad_norm, ok = clip_and_update(
+        acc,
         trainer.objective,
         trainer.optimizer,
-        trainer.scheduler.get_last_lr()[0],
-        micro,
         cfg.optim.max_grad_norm,
-        layouts,
+        sums,
+        engine,
+        skipped_before,
     )
-    result.mlm_probability, result.data_wait = mlm_probability, waited
-    trainer.finish_step(result)
+    result = StepResult(
+        sums,
+        counts,
+        grad_norm,
+        lr,
+        step_tokens(acc, micro, layouts),
+        ok,
+        mlm_probability,
+        waited,
+        step_blocks(micro, layouts),
+    )
+    # the step counted: the log window and the skips on the device, the state and its budget
+    trainer.window.add(result)
+    trainer.skips.add(result.ok)  # read at log and checkpoint steps
+    trainer.last_grad_norm = result.grad_norm
+    state.finish_step(result.tokens)
+    # the rate of the next step, from the budget used so far; the gradients cleared
+    trainer.scheduler.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    # the main process's clock: read at every step where one process trains (free), at log
+    # steps where several must agree (a collective); between readings the budget extrapolates
+    if state.budget.max_time and (acc.num_processes == 1 or state.step % cfg.train.log_every == 0):
+        state.budget.sync(state.step, trainer.shared_clock())
+    trainer.progress.update(state.step)
     return result

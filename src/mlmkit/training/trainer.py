@@ -49,22 +49,19 @@ class LogWindow:
     """The figures of the steps since the last log event (device tensors until then)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.loss = torch.zeros((), device=device)  # summed token loss, this rank
-        self.masked = torch.zeros((), device=device)  # chosen tokens, all ranks
+        self.device = device
         self.reset()
 
     def reset(self) -> None:
-        self.loss.zero_()
-        self.masked.zero_()
-        self.blocks: Counter = (
-            Counter()
-        )  # this rank's attended blocks by length (the meter's count)
+        self.sums: torch.Tensor | None = None  # this rank's sums (the objective's ``stats``)
+        self.counts: torch.Tensor | None = None  # tokens of each loss term, all ranks
+        self.blocks: Counter = Counter()  # this rank's attended blocks by length (the meter's)
         self.data_wait = 0.0  # seconds the host waited for batches
         self.started, self.paused = time.perf_counter(), 0.0  # paused: eval and checkpoints
 
     def add(self, result: StepResult) -> None:
-        self.loss += result.loss_sum
-        self.masked += result.n_masked
+        self.sums = result.sums if self.sums is None else self.sums + result.sums
+        self.counts = result.counts if self.counts is None else self.counts + result.counts
         self.blocks.update(result.blocks)
         self.data_wait += result.data_wait
 
@@ -427,35 +424,20 @@ class Trainer:
         self.window.paused += time.perf_counter() - t0
         return out
 
-    def finish_step(self, result: StepResult) -> None:
-        """Count an optimizer step (the log window, the skips, the state), move the learning rate
-        on, clear the gradients, read the budget's clock and show the progress."""
-        state, tc = self.state, self.cfg.train
-        self.window.add(result)
-        self.skips.add(result.ok)  # on the device: read at log and checkpoint steps
-        self.last_grad_norm = result.grad_norm
-        state.finish_step(result.tokens)
-        self.scheduler.step()  # the rate of the next step, from the budget used so far
-        self.optimizer.zero_grad(set_to_none=True)
-        # the main process's clock: read at every step where one process trains (free), at log
-        # steps where several must agree (a collective); between readings the budget extrapolates
-        if state.budget.max_time and (
-            self.accelerator.num_processes == 1 or state.step % tc.log_every == 0
-        ):
-            state.budget.sync(state.step, self._shared_clock())
-        self.progress.update(state.step)
-
     def log(self, result: StepResult) -> None:
         """Log a ``train`` event of the steps since the last one (their skipped steps read from the
         device first)."""
         acc, state, window = self.accelerator, self.state, self.window
         self.skips.settle(state, self.cfg.train.max_bad_steps, result.grad_norm)
         elapsed = max(time.perf_counter() - window.started - window.paused, 1e-9)
-        masked = float(window.masked)
+        sums = acc.reduce(window.sums, reduction="sum").tolist()
+        counts = window.counts.tolist()
+        masked = counts[0]
         event = {
             "event": "train",
             "step": state.step,
-            "loss": float(acc.reduce(window.loss, reduction="sum")) / max(masked, 1.0),
+            # the objective's figures: its loss (MLM's over the chosen tokens), its parts
+            **acc.unwrap_model(self.objective).figures(sums, counts),
             "lr": result.lr,
             "mlm_probability": result.mlm_probability,
             "grad_norm": float(result.grad_norm),
@@ -578,7 +560,7 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
 
-    def _shared_clock(self) -> float:
+    def shared_clock(self) -> float:
         """Return the main process's training seconds, on every rank."""
         seconds = self.time_base + time.perf_counter() - self.t_start
         acc = self.accelerator
