@@ -23,6 +23,7 @@ ARGS ?=
 PYTHON_312 ?= $(firstword $(foreach p,python3.12 $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12),$(shell $(p) -c 'import sys; print(sys.executable)' 2>/dev/null)))
 FLOOR  ?= .venv-floor
 WHEELS ?= .whl
+WHEELS_NEWEST ?= .whl-newest
 
 .PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
@@ -126,10 +127,17 @@ bench-phases: venv  ## phases at equal tokens: bert-mini at 128, 90/10 128->512,
 bench-gpu: venv  ## bert-base seq 128 bf16, mlmkit vs Trainer on a CUDA GPU (ARGS=--tiny on a CPU)
 	$(BIN)/python benchmarks/gpu.py $(ARGS)
 
-gpu-wheels: $(WHEELS)/.fetched  ## the wheels a bare GPU image lacks, into .whl/ (needs PyPI; docs/benchmarks.md, The GPU check)
+# Two sets of what a bare GPU image lacks: the floor set (mlmkit's lowest declared versions,
+# .ci/gpu-carry.txt) into .whl/ and the newest releases (.ci/gpu-carry-newest.txt) into
+# .whl-newest/; the GPU check's rehearsal runs with each.
+gpu-wheels: $(WHEELS)/.fetched $(WHEELS_NEWEST)/.fetched  ## the wheels a bare GPU image lacks, into .whl/ and .whl-newest/ (needs PyPI; docs/benchmarks.md, The GPU check)
 
 $(WHEELS)/.fetched: .ci/gpu-carry.txt | venv
-	$(BIN)/python benchmarks/gpu_check.py wheels --dest $(WHEELS)
+	rm -rf $(WHEELS) && $(BIN)/python benchmarks/gpu_check.py wheels --list .ci/gpu-carry.txt --dest $(WHEELS)
+	touch $@
+
+$(WHEELS_NEWEST)/.fetched: .ci/gpu-carry-newest.txt | venv
+	rm -rf $(WHEELS_NEWEST) && $(BIN)/python benchmarks/gpu_check.py wheels --list .ci/gpu-carry-newest.txt --dest $(WHEELS_NEWEST)
 	touch $@
 
 # On a GPU machine (no package index there: no venv, nothing installed first), from the root:
@@ -137,11 +145,13 @@ $(WHEELS)/.fetched: .ci/gpu-carry.txt | venv
 gpu-check:  ## the GPU check in this Python: GPU tests, mlmkit doctor, bert-base vs Trainer, modernbert-base
 	$(PYTHON) benchmarks/gpu_check.py run --out gpu-check $(ARGS)
 
-# The GPU image's Python and versions (.ci/gpu-image.txt), bare as the image is: the GPU check's
-# CPU rehearsal runs there with the carried wheels (make test), and so do mlmkit's lowest
-# declared versions. About 5 GB (torch's CUDA build, the only one of 2.11 on PyPI; it runs on a
-# CPU too), about 30 s through uv. Bytecode is written only for what its processes import (the
-# first import below, then the tests'), not for all of torch: 27 s of CPU instead of 66.
+# The GPU image's Python and versions (.ci/gpu-image.txt: what it holds that mlmkit and the
+# libraries it uses import or probe for, torchvision and torchaudio among them), bare as the image
+# is: the GPU check's CPU rehearsal runs there with each set of carried wheels (make test), and so
+# do mlmkit's lowest declared versions. About 5.6 GB (torch's CUDA build, the only one of 2.11 on
+# PyPI; it runs on a CPU too), about 30 s through uv from its cache. Bytecode is written only for
+# what its processes import (the first import below, then the tests'), not for all of torch: 27 s
+# of CPU instead of 66.
 FLOOR_WARM = import torch, transformers, accelerate; from transformers import BertForMaskedLM, ModernBertForMaskedLM
 floor-env: $(FLOOR)/.installed
 
@@ -153,8 +163,9 @@ $(FLOOR)/.installed: .ci/gpu-image.txt | venv
 	PYTHONDONTWRITEBYTECODE= $(FLOOR)/bin/python -c "$(FLOOR_WARM)"
 	touch $@
 
-gpu-rehearsal: floor-env gpu-wheels  ## the GPU check's CPU mode, as a bare GPU image runs it
+gpu-rehearsal: floor-env gpu-wheels  ## the GPU check's CPU mode, as a bare GPU image runs it, with each wheel set
 	$(FLOOR)/bin/python benchmarks/gpu_check.py run --cpu --wheels $(WHEELS) --out gpu-check-cpu
+	$(FLOOR)/bin/python benchmarks/gpu_check.py run --cpu --wheels $(WHEELS_NEWEST) --out gpu-check-cpu-newest
 
 # The library's own tests (not the end-to-end runs) at the lowest versions mlmkit declares: the
 # floor environment with the carried wheels and this checkout installed beside it, as on the GPU.

@@ -221,6 +221,7 @@ def main() -> None:
         "batch": batch,
         "seq": args.seq,
         "steps": steps,
+        "workers": workers,
         "peak": against,
         "runs": {},
     }
@@ -236,6 +237,8 @@ def main() -> None:
             "mfu": flops / peak,
             "seconds": r.seconds,
         }
+        if r.workers is not None:  # mlmkit's: the dataloader workers its run started, and how
+            figures["runs"][name]["workers"] = r.workers
         add_ratios(figures, results)
         if args.out:
             write_json(args.out, figures)

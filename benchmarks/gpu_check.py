@@ -1,34 +1,44 @@
 """The GPU check: one command that runs, on one GPU, what a CPU cannot show, and writes each
 step's figures to its output folder as that step ends.
 
-Here, with PyPI reachable, fetch the wheels a bare GPU image lacks (``make gpu-wheels``): the
-packages of ``.ci/gpu-carry.txt`` (mlmkit's lowest declared datasets, evaluate, hydra-core and
-omegaconf, and what they need at versions they accept) for Python 3.12 on x86-64 Linux:
+Here, with PyPI reachable, fetch the wheels a bare GPU image lacks (``make gpu-wheels`` fetches
+both sets): the packages of ``.ci/gpu-carry.txt`` (mlmkit's lowest declared datasets, evaluate,
+hydra-core and omegaconf, and what they need at versions they accept), or of
+``.ci/gpu-carry-newest.txt`` (the newest releases of the same), for Python 3.12 on x86-64 Linux:
 
-    python benchmarks/gpu_check.py wheels [--dest .whl] [--dry-run]
+    python benchmarks/gpu_check.py wheels [--list .ci/gpu-carry.txt] [--dest .whl] [--dry-run]
 
 There, from the checkout's root, with no network and nothing else installed first:
 
     python3 benchmarks/gpu_check.py run --wheels .whl --out results/
+    python3 benchmarks/gpu_check.py run --wheels .whl --out results/ --only gpu-tests   # a rerun
 
-``run --wheels`` installs the wheels and this checkout's mlmkit into a folder of its own (never
-into the image's Python), then runs each step with a time limit inside an overall budget
-(``--budget``, 6.5 minutes on a GPU, so that a fresh machine's start and the install fit in 8):
-  1. the GPU-marked tests (``pytest -m gpu``): SDPA against eager in bf16, fp16 with its scaler,
+``run --wheels`` installs the wheels and this checkout's mlmkit into a folder of its own with
+``pip --target`` (never into the image's Python), then runs each step with a time limit inside an
+overall budget (``--budget``; on a GPU the sum of the limits, 7.25 minutes, so that a fresh
+machine's start and the install fit in 8):
+  1. smoke (30 s): bert-tiny for 5 steps with 2 dataloader workers started by spawn, and the
+     attention kernels SDPA takes for the later steps' shapes (``benchmarks/gpu_smoke.py``); when
+     it fails the other steps are skipped (``--keep-going`` runs them), not when it runs out of
+     time;
+  2. the GPU-marked tests (``pytest -m gpu``): SDPA against eager in bf16, fp16 with its scaler,
      compiled layers, the documents mask, exact resume of on-device masks, flash-attn's where
      installed;
-  2. ``mlmkit doctor`` for bert-base (kernels, a rehearsal, parity, findings);
   3. bert-base at 128 tokens in bf16: mlmkit against ``Trainer(bf16=True)``, and mlmkit with
      ``train.compile=true`` (``benchmarks/gpu.py``);
-  4. modernbert-base at 1,024 tokens (mlmkit; ModernBERT's published rate is about 304k tokens/s
+  4. 20 steps of bert-base under ``torch.profiler``: the 15 CUDA kernels that take the most time
+     and the share of the steps' time the GPU sat idle (``benchmarks/gpu_profile.py``);
+  5. ``mlmkit doctor`` for bert-base (kernels, a rehearsal, parity, findings);
+  6. modernbert-base at 1,024 tokens (mlmkit; ModernBERT's published rate is about 304k tokens/s
      per H100: 1.7T tokens in 194 h on 8 GPUs, Warner et al., 2024);
-  5. ``mlmkit doctor`` for modernbert-base.
-``--cpu`` runs the same steps with tiny models on a CPU (``make test`` rehearses it so, in a bare
-environment with the GPU image's versions, ``.ci/gpu-image.txt``). Files in ``--out`` (at most
-eight, as a lent machine returns): ``summary.json`` (each step's status, seconds and figures,
-rewritten as each step ends), ``log.txt`` (every step's output), ``doctor-*.json``,
-``gpu-*.json``. Caches (tokenizers, packed data, the site) go to ``--work``, a temporary folder
-by default.
+  7. ``mlmkit doctor`` for modernbert-base.
+``--cpu`` runs the same steps with tiny models on a CPU, their training with 2 dataloader
+workers (``make test`` rehearses it so, in a bare environment with the GPU image's versions,
+``.ci/gpu-image.txt``, with each wheel set). Files in ``--out`` (at most eight, as a lent machine
+returns): ``summary.json`` (each step's status, seconds and figures, rewritten as each step
+ends), ``log.txt`` (every step's output), and one JSON file a step (``smoke.json``,
+``gpu-*.json``, ``profile-*.json``, ``doctor-*.json``). Caches (tokenizers, packed data, the
+site) go to ``--work``, a temporary folder by default.
 """
 
 from __future__ import annotations
@@ -44,11 +54,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CARRY = ROOT / ".ci" / "gpu-carry.txt"
+CARRY = ROOT / ".ci" / "gpu-carry.txt"  # the floor set: mlmkit's lowest declared versions
+NEWEST = ROOT / ".ci" / "gpu-carry-newest.txt"  # the newest releases of the same packages
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # published only as a source archive: built into a (pure Python) wheel here
 BUILT = ("antlr4-python3-runtime",)
-GPU_BUDGET, CPU_BUDGET = 390, 900  # seconds for all steps together
+# Seconds for all steps together: on a GPU the sum of the steps' limits, so that a fresh machine's
+# start (about 30 s) and the install (5 s) bring the command to under 8 minutes, and a rerun of
+# the steps that failed (--only) fits the 15 minutes a session may hold the machine
+GPU_BUDGET, CPU_BUDGET = 435, 900
+MACHINE_START, INSTALL = 30, 5
 
 
 def carried(path: Path = CARRY) -> list[str]:
@@ -58,7 +73,8 @@ def carried(path: Path = CARRY) -> list[str]:
 
 
 def wheel_commands(dest: Path, pins: list[str] | None = None) -> list[list[str]]:
-    """The pip commands that fill ``dest`` with ``pins`` (default: ``.ci/gpu-carry.txt``)."""
+    """The pip commands that fill ``dest`` with ``pins`` (default: ``.ci/gpu-carry.txt``), each
+    as pip resolves them for the GPU image's Python (3.12) on x86-64 Linux."""
     pins = carried() if pins is None else pins
     pip = [sys.executable, "-m", "pip"]
     binary = [p for p in pins if p.split("==")[0] not in BUILT]
@@ -90,7 +106,7 @@ def wheel_commands(dest: Path, pins: list[str] | None = None) -> list[list[str]]
 
 def wheels(args) -> int:
     dest = Path(args.dest)
-    for command in wheel_commands(dest):
+    for command in wheel_commands(dest, carried(Path(args.list))):
         print(" ".join(command))
         if not args.dry_run and subprocess.run(command).returncode != 0:
             print(f"Error: pip {command[3]} failed; see pip's message above.", file=sys.stderr)
@@ -112,14 +128,20 @@ TINY = [
     "data.max_eval_samples=32",
     "train.batch_size=8",
 ]
+SMOKE = "smoke"  # the first step: when it fails (not when it runs out of time), the rest is skipped
+# The rehearsal's training runs take 2 dataloader workers, as a run on CUDA does by default
+WORKERS = 2
 
 
 def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, Path | None]]:
-    """(name, command, time limit in seconds, the figures' file) of each step, the most telling
-    first (a budget that runs out drops the last)."""
+    """(name, command, time limit in seconds, the figures' file) of each step: the smoke step
+    first, then the most telling (a budget that runs out drops the last)."""
     py = sys.executable
     doctor = [py, "-m", "mlmkit", "doctor", "data=builtin", f"paths.cache_dir={cache}"]
-    gpu = [py, str(ROOT / "benchmarks" / "gpu.py")]
+    bench = ROOT / "benchmarks"
+    smoke = [py, str(bench / "gpu_smoke.py"), "--cache", str(cache)]
+    gpu = [py, str(bench / "gpu.py")]
+    profile = [py, str(bench / "gpu_profile.py"), "--cache", str(cache)]
     tests = [
         py,
         "-m",
@@ -138,14 +160,32 @@ def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, P
         return name, [*command, "--out", str(figures)], limit, figures
 
     if cpu:  # limits with room for a slow CPU (these steps check the script, not the speed)
+        workers = f"train.num_workers={WORKERS}"
         return [
+            step(SMOKE, [*smoke, "--tiny"], 180),
             ("gpu-tests", tests, 240, None),
-            step("doctor-bert", [*doctor, "model=bert-tiny", *TINY, "--steps", "4"], 240),
             step(
                 "gpu-bert",
-                [*gpu, "--tiny", "--corpus", "builtin", "--steps", "2", "--warmup", "1"],
+                [
+                    *gpu,
+                    "--tiny",
+                    "--corpus",
+                    "builtin",
+                    "--steps",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--workers",
+                    str(WORKERS),
+                ],
                 360,
             ),
+            step(
+                "profile-bert",
+                [*profile, "--tiny", "--steps", "4", "--warmup", "1", "--workers", str(WORKERS)],
+                180,
+            ),
+            step("doctor-bert", [*doctor, "model=bert-tiny", *TINY, workers, "--steps", "4"], 240),
             step(
                 "doctor-modernbert",
                 [
@@ -153,6 +193,7 @@ def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, P
                     "model=modernbert-tiny",
                     *TINY,
                     "model.local_attention=32",
+                    workers,
                     "--steps",
                     "4",
                 ],
@@ -160,16 +201,18 @@ def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, P
             ),
         ]
     return [
-        ("gpu-tests", tests, 90, None),
+        step(SMOKE, smoke, 30),
+        ("gpu-tests", tests, 75, None),
+        step(
+            "gpu-bert-base",
+            [*gpu, "--corpus", "builtin", "--steps", "150", "--warmup", "50", "--compile"],
+            120,
+        ),
+        step("profile-bert-base", [*profile, "--steps", "20", "--warmup", "5"], 45),
         step(
             "doctor-bert-base",
             [*doctor, "model=bert-base", "train.batch_size=128", "data.max_seq_length=128"],
-            75,
-        ),
-        step(
-            "gpu-bert-base",
-            [*gpu, "--corpus", "builtin", "--steps", "200", "--warmup", "50", "--compile"],
-            150,
+            60,
         ),
         step(
             "gpu-modernbert-base",
@@ -188,12 +231,12 @@ def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, P
                 "--warmup",
                 "50",
             ],
-            90,
+            60,
         ),
         step(
             "doctor-modernbert-base",
             [*doctor, "model=modernbert-base", "train.batch_size=32", "data.max_seq_length=1024"],
-            75,
+            45,
         ),
     ]
 
@@ -244,8 +287,9 @@ def software(env: dict) -> dict[str, str | None]:
         "def v(n):\n"
         "    try: return m.version(n)\n"
         "    except m.PackageNotFoundError: return None\n"
-        "names = ('torch', 'transformers', 'accelerate', 'datasets', 'pyarrow', 'hydra-core', "
-        "'flash-attn', 'mlmkit')\n"
+        "names = ('torch', 'torchvision', 'transformers', 'accelerate', 'datasets', 'pyarrow', "
+        "'dill', 'multiprocess', 'fsspec', 'evaluate', 'hydra-core', 'numpy', 'flash-attn', "
+        "'mlmkit')\n"
         "found = {n: v(n) for n in names}\n"
         "found['python'] = '.'.join(map(str, __import__('sys').version_info[:3]))\n"
         "found['gpu'] = torch.cuda.get_device_name() if torch.cuda.is_available() else None\n"
@@ -288,10 +332,24 @@ def run_step(command: list[str], limit: float, env: dict, log) -> str:
     return "ok" if code == 0 else f"failed ({code})"
 
 
+def chosen_steps(steps: list, args) -> list:
+    """The plan's steps that ``--only`` names (all by default), in the plan's order."""
+    if not getattr(args, "only", None):
+        return steps
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(names) - {s[0] for s in steps})
+    if unknown:
+        raise SystemExit(
+            f"--only: no step {', '.join(unknown)}; the steps: {', '.join(s[0] for s in steps)}"
+        )
+    return [s for s in steps if s[0] in names]
+
+
 def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="mlmkit-gpu-check-"))
+    steps = chosen_steps(plan(out, work / "cache", args.cpu), args)  # --only checked first
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -314,8 +372,12 @@ def run(args) -> int:
                 return 1
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
         summary.data["software"] = software(env)
-        for name, command, limit, figures in plan(out, work / "cache", args.cpu):
+        smoke_failed = False
+        for name, command, limit, figures in steps:
             left = deadline - time.monotonic()
+            if smoke_failed:
+                summary.record(name, f"skipped (the {SMOKE} step failed)", 0.0)
+                continue
             if left < 20:
                 summary.record(name, "skipped (the budget ran out)", 0.0)
                 continue
@@ -324,10 +386,17 @@ def run(args) -> int:
             started = time.monotonic()
             status = run_step(command, min(limit, left), env, log)
             summary.record(name, status, time.monotonic() - started, figures)
-    steps = summary.data["steps"].values()
-    ok = sum(step["status"] == "ok" for step in steps)
-    print(f"{ok} of {len(steps)} steps ok; figures in {out}")
-    return 0 if ok == len(steps) else 1
+            # a smoke step that failed: the environment cannot train, and every other step would
+            # fail on the same; one that ran out of time may only be slow, and the others run
+            smoke_failed = (
+                name == SMOKE
+                and status.startswith("failed")
+                and not getattr(args, "keep_going", False)
+            )
+    done = summary.data["steps"].values()
+    ok = sum(step["status"] == "ok" for step in done)
+    print(f"{ok} of {len(done)} steps ok; figures in {out}")
+    return 0 if ok == len(done) else 1
 
 
 def main() -> int:
@@ -337,6 +406,12 @@ def main() -> int:
         "wheels", help="download and build the wheels the GPU image lacks (needs PyPI)"
     )
     w.add_argument("--dest", default=str(ROOT / ".whl"))
+    w.add_argument(
+        "--list",
+        default=str(CARRY),
+        help=f"the name==version list (default {CARRY.relative_to(ROOT)}; the newest set: "
+        f"{NEWEST.relative_to(ROOT)})",
+    )
     w.add_argument("--dry-run", action="store_true", help="print the pip commands only")
     r = sub.add_parser("run", help="run the check and write its figures")
     r.add_argument("--out", required=True, help="the figures' folder (at most eight files)")
@@ -355,6 +430,16 @@ def main() -> int:
         help=f"seconds for all steps (default {GPU_BUDGET}; {CPU_BUDGET} with --cpu)",
     )
     r.add_argument("--cpu", action="store_true", help="tiny models on a CPU: checks the script")
+    r.add_argument(
+        "--only",
+        default=None,
+        help=f"run only these steps (comma-separated names, e.g. {SMOKE},gpu-tests: a rerun)",
+    )
+    r.add_argument(
+        "--keep-going",
+        action="store_true",
+        help=f"run the other steps even when the {SMOKE} step fails",
+    )
     i = sub.add_parser(
         "install", help="only install the wheels and this checkout into a site (make test-floor)"
     )

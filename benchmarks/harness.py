@@ -8,10 +8,13 @@ leave out the first ``warmup`` steps (kernel selection, allocator warm-up, compi
 
 from __future__ import annotations
 
+import json
 import logging
+import multiprocessing
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +77,37 @@ class Result:
     predicted_share: float  # chosen tokens / tokens
     steps: int
     seconds: float
+    # dataloader worker processes mlmkit's run started, and how (None: not counted)
+    workers: dict | None = None
+
+
+@contextmanager
+def counting_workers():
+    """Yield a dict that counts the dataloader worker processes started in this process while
+    the block runs (``started``) and how they were started (``start_method``: fork, spawn or
+    forkserver): a run asked for workers can then show it had them (a DataLoader given
+    ``num_workers=0``, or never iterated, starts none)."""
+    from torch.utils.data import dataloader
+
+    found: dict = {"started": 0, "start_method": None}
+    cls = dataloader._MultiProcessingDataLoaderIter
+    original = cls.__init__
+
+    def init(self, loader):
+        original(self, loader)
+        context = loader.multiprocessing_context
+        found["started"] += len(self._workers)
+        found["start_method"] = (
+            context.get_start_method()
+            if context is not None
+            else multiprocessing.get_start_method()
+        )
+
+    cls.__init__ = init
+    try:
+        yield found
+    finally:
+        cls.__init__ = original
 
 
 def mlmkit_config(
@@ -146,7 +180,10 @@ def _train_child(cfg: Config, run_dir: str) -> None:
     quiet_logging()
     import mlmkit
 
-    mlmkit.train(cfg, run_dir)
+    with counting_workers() as workers:
+        mlmkit.train(cfg, run_dir)
+    with open(os.path.join(run_dir, "workers.json"), "w", encoding="utf-8") as f:
+        json.dump(workers, f)
 
 
 def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
@@ -154,10 +191,9 @@ def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
 
     The run has a process of its own, so that mlmkit's process-wide settings (malloc keeping
     freed memory on a CPU, ``train.reuse_cpu_memory``) do not carry over to the Trainer runs
-    measured beside it, whichever order the rounds take.
+    measured beside it, whichever order the rounds take. Its dataloader workers (``train.
+    num_workers``) start as that process starts them: by spawn, pickling what they receive.
     """
-    import multiprocessing
-
     from mlmkit.training.metrics_log import read_metrics
 
     with tempfile.TemporaryDirectory() as run_dir:
@@ -169,11 +205,15 @@ def run_mlmkit(name: str, cfg: Config, warmup: int) -> Result:
         if child.exitcode != 0:
             raise SystemExit(f"{name}: mlmkit.train failed (exit code {child.exitcode}).")
         events = [e for e in read_metrics(run_dir) if e["event"] == "train" and e["step"] > warmup]
+        with open(os.path.join(run_dir, "workers.json"), encoding="utf-8") as f:
+            workers = json.load(f)
     per_log = cfg.train.batch_size * cfg.data.max_seq_length * cfg.train.log_every
     tokens = per_log * len(events)
     seconds = sum(per_log / e["tokens_per_s"] for e in events)
     masked = sum(e["masked_tokens_per_s"] * per_log / e["tokens_per_s"] for e in events)
-    return Result(name, tokens / seconds, masked / tokens, cfg.train.max_steps - warmup, seconds)
+    return Result(
+        name, tokens / seconds, masked / tokens, cfg.train.max_steps - warmup, seconds, workers
+    )
 
 
 def run_trainer(
