@@ -68,7 +68,7 @@ def test_every_conf_file_is_covered():
     """A new YAML file anywhere under conf/ must be reachable by the test above."""
     covered = {CONF / "config.yaml"} | {CONF / g / f"{o}.yaml" for g, o in _group_options()}
     covered |= {CONF / f"{name}.yaml" for name in OTHER_PRIMARY}
-    covered |= {CONF / "task" / f"{t}.yaml" for t in (*TASKS, "files", *TOKEN_TASKS)}  # below
+    covered |= {CONF / "task" / f"{t}.yaml" for t in (*TASKS, "files", *TOKEN_TASKS, "qa")}
     present = {p for p in CONF.rglob("*.yaml") if "accelerate" not in p.parts}  # tested elsewhere
     assert present == covered
 
@@ -300,6 +300,25 @@ def test_finetune_config_composes_for_every_token_task(task):
         to_config(no_eval, FinetuneConfig)
     with pytest.raises(ConfigError, match="task.metrics: 'exact' does not score task.kind=tokens"):
         to_config(bad, FinetuneConfig)
+
+
+def test_finetune_config_composes_for_question_answering():
+    from mlmkit.config import FinetuneConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="finetune", overrides=["checkpoint=x", "task=qa"])
+        bad = [
+            compose(config_name="finetune", overrides=["checkpoint=x", "task=qa", override])
+            for override in ("task.metrics=[accuracy]", "task.doc_stride=-1", "task.n_best=0")
+        ]
+    ft = to_config(cfg, FinetuneConfig)
+    assert ft.task.kind == "qa" and ft.task.metrics == ["f1", "exact"]
+    assert ft.task.doc_stride == 32 and not ft.task.tune_null_threshold
+    for composed, match in zip(bad, ("does not score task.kind=qa", "doc_stride", "n_best")):
+        with pytest.raises(ConfigError, match=match):
+            to_config(composed, FinetuneConfig)
 
 
 def test_eval_sts_config_composes_and_validates():

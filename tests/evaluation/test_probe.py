@@ -108,8 +108,11 @@ def test_a_probe_reads_its_task_and_refuses_what_it_cannot_use(tmp_path):
     assert probe_for_run(ProbeConfig(every=0)) is None  # no probe asked for: no data read
     with pytest.raises(DataError, match=r"probe\.task\.data_dir"):  # the setting's name in a run
         probe_for_run(ProbeConfig(every=5, task=TaskConfig(data_dir=str(tmp_path / "absent"))))
-    with pytest.raises(ConfigError, match="regression task; a probe classifies"):
+    with pytest.raises(ConfigError, match="regression task; a probe classifies sentences"):
         ProbeConfig(every=5, task=TaskConfig(kind="regression", labels=[], metrics=[]))
+    tokens = TaskConfig(name="ner", kind="tokens", train_file="a", eval_file="b", metrics=[])
+    with pytest.raises(ConfigError, match="probe.task=ner is a tokens task; a probe classifies"):
+        ProbeConfig(every=5, task=tokens)
     (folder / "one.tsv").write_text(
         "sentence\tlabel\nonly good\t1\nstill good\t1\n", encoding="utf-8"
     )

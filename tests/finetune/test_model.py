@@ -117,3 +117,64 @@ def test_a_frozen_encoder_runs_once_per_row_and_trains_the_same_head(kind):
     )
     cache.close()
     assert "forward" not in vars(cached.base_model) and not cache.states  # its own forward again
+
+
+def _mlm(kind: str):
+    """A tiny masked-LM model of ``kind`` (bert | modernbert), as a checkpoint holds it."""
+    if kind == "modernbert":
+        from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+        return ModernBertForMaskedLM(
+            ModernBertConfig(
+                vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=32, pad_token_id=0, local_attention=4, max_position_embeddings=64,
+            )
+        )  # fmt: skip
+    from transformers import BertConfig, BertForMaskedLM
+
+    return BertForMaskedLM(BertConfig(**SMALL_BERT, max_position_embeddings=64))
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+@pytest.mark.parametrize("kind", ["tokens", "qa"])
+def test_token_and_span_heads_sit_on_the_checkpoint_s_encoder(arch, kind):
+    """task.kind=tokens builds ...ForTokenClassification and qa ...ForQuestionAnswering of the
+    checkpoint's architecture, its encoder (and ModernBERT's head) copied, the rest seeded: the
+    same for init=random, which keeps its own encoder."""
+    from mlmkit.config import FinetuneConfig, TaskConfig
+    from mlmkit.finetune.loop import task_of
+    from mlmkit.finetune.model import build_model
+
+    torch.manual_seed(1)
+    mlm = _mlm(arch)
+    labels = ["O", "B-x", "I-x"] if kind == "tokens" else []
+    files = {"train_file": "a", "eval_file": "b", "hub_path": None}
+    metrics = ["f1"] if kind == "tokens" else ["f1", "exact"]
+    task_cfg = TaskConfig(name=kind, kind=kind, labels=labels, metrics=metrics, **files)
+    models = {}
+    for init in ("pretrained", "random"):
+        cfg = FinetuneConfig(checkpoint="x", init=init, task=task_cfg, max_seq_length=32)
+        models[init] = build_model(cfg, task_of(task_cfg), mlm)
+    model = models["pretrained"]
+    head = "TokenClassification" if kind == "tokens" else "QuestionAnswering"
+    prefix = "ModernBert" if arch == "modernbert" else "Bert"
+    assert type(model).__name__ == f"{prefix}For{head}"
+    encoder = "model" if arch == "modernbert" else "bert"
+    for name, tensor in getattr(mlm, encoder).state_dict().items():
+        assert torch.equal(getattr(model, encoder).state_dict()[name], tensor), name
+        assert not torch.equal(getattr(models["random"], encoder).state_dict()[name], tensor) or (
+            tensor.abs().sum() == 0 or "norm" in name or "LayerNorm" in name
+        ), name
+    head_name = "qa_outputs" if (kind, arch) == ("qa", "bert") else "classifier"
+    layer, other = getattr(model, head_name), getattr(models["random"], head_name)
+    assert torch.equal(layer.weight, other.weight)  # the head's seeded init: the same in both
+    assert layer.out_features == (3 if kind == "tokens" else 2)
+    ids = torch.randint(5, 100, (2, 10))
+    targets = (
+        {"labels": torch.randint(0, 3, (2, 10))}
+        if kind == "tokens"
+        else {"start_positions": torch.tensor([1, 0]), "end_positions": torch.tensor([3, 0])}
+    )
+    loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), **targets).loss
+    loss.backward()
+    assert torch.isfinite(loss) and getattr(model, encoder).embeddings is not None

@@ -1,15 +1,17 @@
-"""Classify or tag texts with a fine-tuned model: the label and its probability (for a
-regression model the score) of each input, or (a token classifier) each word's tag, one line
-each, in the order given.
+"""Classify, tag or answer with a fine-tuned model: the label and its probability (for a
+regression model the score) of each input, (a token classifier) each word's tag, or (a question
+answerer) the answer to each question on its context, one line each, in the order given.
 
     mlmkit predict outputs/finetune/files/<date>/<time>/model "a text" "another text"
     mlmkit predict <model dir> --file in.txt            one text per line (a pair: tab-separated)
     mlmkit predict <model dir> --file in.jsonl --json   .jsonl/.csv/.tsv: the model's text columns
     mlmkit predict outputs/finetune/ner/<date>/<time> "Maria flew to Kyoto"   word/TAG ...
+    mlmkit predict outputs/finetune/qa/<date>/<time> "Who flew?" "Maria flew to Kyoto."
 
 The model dir is the ``model/`` that ``mlmkit finetune`` writes (or the finetune run dir). A
-pair model takes its texts two by two; a token classifier's words are split at spaces (--json
-adds its entities with their character offsets). The class that loads it comes from its config
+pair model takes its texts two by two, a question answerer its question and context; a token
+classifier's words are split at spaces (--json adds its entities, or the answer's, character
+offsets). The class that loads it comes from its config
 (``mlmkit.evaluation.predict``), so a mean-pooled BERT pools as it was trained.
 """
 
@@ -50,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     transformers_logging.disable_progress_bar()
     model, tokenizer, task = load_classifier(args.model_dir)
     kind = task.get("kind", "classification")
-    columns = list(task.get("text_columns") or ["text"]) if kind != "tokens" else ["text"]
+    columns = {"tokens": ["text"], "qa": ["question", "context"]}.get(
+        kind, list(task.get("text_columns") or ["text"])
+    )
     inputs = group_texts(args.texts, columns) + (
         read_inputs(args.file, columns) if args.file else []
     )
@@ -66,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from mlmkit.evaluation.predict import tag
 
         results = tag(model, tokenizer, [t[0] for t in inputs], max_length, args.batch_size)
+    elif kind == "qa":
+        from mlmkit.evaluation.predict import answer
+
+        results = answer(model, tokenizer, inputs, {**task, "max_seq_length": max_length})
     else:
         results = predict(model, tokenizer, inputs, max_length, args.batch_size)
     for texts, result in zip(inputs, results, strict=True):
@@ -84,6 +92,8 @@ def print_result(texts: list[str], result: dict, as_json: bool) -> None:
         )
     elif "tags" in result:
         print(" ".join(f"{w}/{t}" for w, t in zip(result["words"], result["tags"])))
+    elif "answer" in result:
+        print((result["answer"] or "(no answer)") + "\t" + texts[0])
     elif "score" in result:
         print(f"{result['score']:.4f}\t" + "\t".join(texts))
     else:

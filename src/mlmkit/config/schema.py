@@ -697,8 +697,8 @@ class TaskConfig:
     eval_share: float = 0.0
     split_seed: int = 0
     # qa: a context longer than the window is cut into windows that overlap by doc_stride tokens
-    doc_stride: int = 64
-    max_question_length: int = 64  # qa: longer questions keep their first tokens
+    doc_stride: int = 32
+    max_question_length: int = 32  # qa: longer questions keep their first tokens
     max_answer_length: int = 30  # qa: the longest answer span, in tokens
     n_best: int = 20  # qa: the start and end logits tried in each window
     # qa (v2.0): "no answer" when its score beats the best span's by more than this
@@ -806,7 +806,8 @@ class ProbeConfig:
         _check(self.every >= 0, f"probe.every must not be negative, got {self.every}.")
         _check(
             self.task.kind == "classification",
-            f"probe.task={self.task.name} is a regression task; a probe classifies: choose a "
+            f"probe.task={self.task.name} is a {self.task.kind} task; a probe classifies "
+            "sentences: choose a "
             "classification task (task@probe.task=sst2, cola, mrpc, qqp, mnli, qnli, rte, wnli or "
             "files).",
         )

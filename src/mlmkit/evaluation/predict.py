@@ -192,3 +192,50 @@ def tag(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 3
         {"words": words, "tags": t, **({"entities": entity_spans(words, t)} if entities else {})}
         for words, t in zip(sentences, tags)
     ]
+
+
+@torch.no_grad()
+def answer(
+    model, tokenizer, pairs: list[list[str]], task: dict, batch_size: int = 32
+) -> list[dict]:
+    """``{"answer", "start", "end", "null_margin"}`` of each ``[question, context]``: the best
+    span of the context over its windows (character offsets into it), or "" where "no answer"
+    wins (a v2.0 model), decoded as the model was evaluated (``mlmkit.finetune.spans``)."""
+    from mlmkit.config import TaskConfig
+    from mlmkit.finetune.spans import best_spans, choose, question_windows
+    from mlmkit.finetune.task import pad_batch
+
+    cfg = TaskConfig(
+        name="predict",
+        kind="qa",
+        train_file="-",
+        eval_file="-",
+        metrics=["f1"],
+        **{
+            k: task[k] for k in ("doc_stride", "max_question_length", "max_answer_length", "n_best")
+        },
+    )
+    examples = [{"question": q.strip(), "context": c} for q, c in pairs]
+    features = question_windows(examples, tokenizer, task["max_seq_length"], cfg, training=False)
+    names = [k for k in tokenizer.model_input_names if k in features[0]]
+    device = next(model.parameters()).device
+    outputs = []
+    for start in range(0, len(features), batch_size):
+        batch = pad_batch(
+            features[start : start + batch_size], names, {"input_ids": tokenizer.pad_token_id}
+        )
+        out = model(**{k: v.to(device) for k, v in batch.items()})
+        outputs += list(torch.stack([out.start_logits, out.end_logits], -1).float().cpu())
+    spans = best_spans(outputs, features, examples, cfg.n_best, cfg.max_answer_length)
+    chosen = [
+        choose(s, bool(task.get("v2")), float(task.get("null_threshold", 0.0))) for s in spans
+    ]
+    return [
+        {
+            "answer": c["text"],
+            "start": c["start"] if c["text"] else None,
+            "end": c["end"] if c["text"] else None,
+            "null_margin": c["margin"],
+        }
+        for c in chosen
+    ]

@@ -166,7 +166,7 @@ class LinearProbe:
 
         if task.kind != "classification":
             raise ConfigError(
-                f"A linear probe classifies, and task={task.name} is a regression task; "
+                f"A linear probe classifies sentences, and task={task.name} is a {task.kind} task; "
                 "choose a classification task for the probe."
             )
         train, dev = load_task(task)

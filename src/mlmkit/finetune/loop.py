@@ -35,6 +35,7 @@ from mlmkit.config import FinetuneConfig, OptimConfig, TaskConfig
 from mlmkit.errors import ConfigError
 from mlmkit.finetune.model import FrozenEncoderCache, build_model, freeze_encoder
 from mlmkit.finetune.sequence import SequenceTask
+from mlmkit.finetune.spans import SpanTask
 from mlmkit.finetune.task import LengthBatches, Task
 from mlmkit.finetune.tokens import TokenTask
 from mlmkit.training.metrics_log import MetricsLog
@@ -49,6 +50,8 @@ def task_of(cfg: TaskConfig) -> Task:
     """Return the task object of ``cfg``, by its kind."""
     if cfg.kind == "tokens":
         return TokenTask(cfg)
+    if cfg.kind == "qa":
+        return SpanTask(cfg)
     return SequenceTask(cfg)
 
 
@@ -333,6 +336,7 @@ def finetune(
             cache.close()
     sizes = (len(train_set), len(task.eval))
     summary = summarize(cfg, task, source, step, sizes, t0, results, run_dir, baseline)
+    task.finish(accelerator.unwrap_model(model))
     if accelerator.is_main_process:
         save_results(
             run_dir, task, summary, predictions, accelerator.unwrap_model(model), tokenizer

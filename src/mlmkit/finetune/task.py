@@ -99,6 +99,9 @@ class Task:
         """Fields of results.json beyond the loop's (the label set)."""
         return {}
 
+    def finish(self, model) -> None:
+        """Record in the model's config what the evaluation settled (nothing by default)."""
+
 
 def length_order(lengths: list[int]) -> list[int]:
     """Feature indices, longest first (the evaluation's batches by length)."""
