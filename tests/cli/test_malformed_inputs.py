@@ -205,6 +205,7 @@ def fx(tmp_path_factory):
         missing=tmp / "missing.txt",
     )
     _make_files(fx)
+    fx.tasks = _make_task_files(tmp / "tasks")
     fx.train = run_cli(*train_args(fx, fx.run), env=ENV)
     assert fx.train.returncode == 0, fx.train.stderr[-3000:]
     _make_damaged_artifacts(fx)
@@ -254,6 +255,30 @@ def _own(fx, *args: str) -> list[str]:
         f"task.eval_file={fx.own / 'train.csv'}",
         *args,
     )
+
+
+def _make_task_files(folder: Path) -> Path:
+    """Token and SQuAD files, good and bad, for finetune task=tokens and task=qa."""
+    folder.mkdir()
+    good = "Anna\tB-person\nlives\tO\n\t\nOslo\tB-place\nis\tO\ncold\tO\n"
+    (folder / "good.conll").write_text(good)
+    (folder / "notag.conll").write_text("Anna\tB-person\nlives\n")
+    (folder / "unknown.conll").write_text(good + "\nAspirin\tB-drug\n")
+    context = "Rollo led the Normans."
+    qa = {"id": "q1", "question": "Who led?", "answers": [{"text": "Rollo", "answer_start": 2}]}
+    squad = {"version": "v2.0", "data": [{"paragraphs": [{"context": context, "qas": [qa]}]}]}
+    (folder / "offset.json").write_text(json.dumps(squad))
+    (folder / "notsquad.json").write_text(json.dumps([{"context": context}]))
+    return folder
+
+
+def _tokens(fx, train: str, dev: str | None = "good.conll", *args: str) -> list[str]:
+    """finetune task=tokens on the fixture's CoNLL files."""
+    dev_setting = f"task.eval_file={fx.tasks / dev}" if dev else "task.eval_file=null"
+    return _finetune(
+        fx, f"checkpoint={fx.run}", "task=tokens", f"task.train_file={fx.tasks / train}",
+        dev_setting, *args,
+    )  # fmt: skip
 
 
 def _tokenizer(fx, *args: str) -> list[str]:
@@ -518,6 +543,45 @@ CASES = [
         "finetune-files-no-files",
         lambda fx: _finetune(fx, f"checkpoint={fx.run}", "task=files"),
         ("task.train_file", "task.eval_file"),
+    ),
+    # finetune task=tokens and task=qa
+    Case(
+        "finetune-conll-no-tag-column",
+        lambda fx: _tokens(fx, "notag.conll"),
+        ("notag.conll' line 2", "no tag column", "token<TAB>tag"),
+    ),
+    Case(
+        "finetune-conll-unknown-eval-tag",
+        lambda fx: _tokens(fx, "good.conll", "unknown.conll"),
+        ("unknown.conll' line 8", "'B-drug'", "task.labels"),
+    ),
+    Case(
+        "finetune-conll-empty-split",
+        lambda fx: _tokens(fx, "good.conll", None, "task.eval_share=0.1"),
+        ("task.eval_share=0.1", "empty split", "task.eval_file"),
+    ),
+    Case(
+        "finetune-squad-answer-offset",
+        lambda fx: _finetune(
+            fx,
+            f"checkpoint={fx.run}",
+            "task=qa",
+            f"task.train_file={fx.tasks / 'offset.json'}",
+            f"task.eval_file={fx.tasks / 'offset.json'}",
+        ),  # fmt: skip
+        ("offset.json', question 'q1'", "'Rollo'", "answer_start"),
+    ),
+    Case(
+        "finetune-squad-not-squad",
+        lambda fx: _finetune(
+            fx,
+            f"checkpoint={fx.run}",
+            "task=qa",
+            f"task.train_file={fx.tasks / 'notsquad.json'}",
+            "task.eval_file=null",
+            "task.eval_share=0.5",
+        ),  # fmt: skip
+        ("task.train_file", "notsquad.json' is not SQuAD JSON", "SQuAD v1.1 or v2.0"),
     ),
     # predict
     Case(
@@ -809,6 +873,7 @@ FIELDS = (
     "own",
     "classifier",
     "custom_classifier",
+    "tasks",
 )
 
 

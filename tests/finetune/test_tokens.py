@@ -163,8 +163,12 @@ def ner_run(trained_run, tmp_path_factory):
     write_conll(folder / "train.conll", ner_sentences(48, 0))
     write_conll(folder / "dev.conll", ner_sentences(16, 1))
     out = folder / "run"
-    proc = run_finetune(
-        f"checkpoint={trained_run}",
+    proc = run_finetune(f"checkpoint={trained_run}", *NER_SETTINGS(folder), f"hydra.run.dir={out}")
+    return out, proc
+
+
+def NER_SETTINGS(folder) -> list[str]:  # noqa: N802 (a constant of the data folder)
+    return [
         "task=ner",
         f"task.data_dir={folder}",
         "epochs=6",
@@ -172,9 +176,7 @@ def ner_run(trained_run, tmp_path_factory):
         "batch_size=8",
         "max_seq_length=32",
         "precision=no",
-        f"hydra.run.dir={out}",
-    )
-    return out, proc
+    ]
 
 
 def test_ner_fine_tunes_scores_entities_and_saves_a_plain_model(ner_run):
@@ -232,3 +234,30 @@ def test_predict_tags_texts_as_the_evaluation_tagged_them(ner_run, tmp_path):
     assert plain.stdout.split() == [
         f"{w}/{t}" for w, t in zip(evaluated[0]["words"], evaluated[0]["predicted"])
     ]
+
+
+def test_a_continued_fine_tuning_keeps_its_head_and_refuses_other_labels(ner_run, tmp_path):
+    out, _ = ner_run
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    again = tmp_path / "again"
+    model = out / "model"
+    proc = run_finetune(f"checkpoint={model}", *NER_SETTINGS(out.parent), f"hydra.run.dir={again}")
+    assert "Continuing the fine-tuning of" in proc.stdout + proc.stderr
+    resumed = json.loads((again / "metrics.jsonl").read_text().splitlines()[0])
+    assert resumed["train_loss"] < first["train_loss"] / 3  # the head trained already
+    result = json.loads((again / "results.json").read_text())
+    assert result["labels"] == ["O", "B-person", "I-person", "B-place", "I-place"]
+    changed = tmp_path / "changed"
+    proc = run_finetune(
+        f"checkpoint={model}",
+        *NER_SETTINGS(out.parent),
+        "task.labels=[O,B-place,I-place,B-person,I-person]",
+        f"hydra.run.dir={changed}",
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "was fine-tuned on task=ner with the labels [O,B-person,I-person,B-place,I-place]" in (
+        proc.stderr
+    )
+    assert "set task.labels=[O,B-person,I-person,B-place,I-place]" in proc.stderr
+    assert not any(changed.iterdir())  # nothing written there

@@ -33,7 +33,13 @@ import torch
 
 from mlmkit.config import FinetuneConfig, OptimConfig, TaskConfig
 from mlmkit.errors import ConfigError
-from mlmkit.finetune.model import FrozenEncoderCache, build_model, freeze_encoder
+from mlmkit.finetune.model import (
+    FrozenEncoderCache,
+    build_model,
+    continues,
+    freeze_encoder,
+    load_head,
+)
 from mlmkit.finetune.sequence import SequenceTask
 from mlmkit.finetune.spans import SpanTask
 from mlmkit.finetune.task import LengthBatches, Task
@@ -285,9 +291,12 @@ def open_run(cfg: FinetuneConfig, run_dir: Path, on_open) -> tuple[Any, Task, An
     set_seed(cfg.seed)
     mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
     task = task_of(cfg.task)
+    continued = cfg.init == "pretrained" and continues(cfg.task, mlm, source)
     task.train, task.eval = task.load()  # before the head: its labels may come from the data
     model = build_model(cfg, task, mlm)
     del mlm
+    if continued:
+        load_head(model, source, task.head_modules)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if on_open is not None:

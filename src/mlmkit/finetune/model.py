@@ -11,11 +11,12 @@ pooler), ModernBERT's encoder ``.model`` and its MLM head's dense + norm ``.head
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
-from mlmkit.config import FinetuneConfig
-from mlmkit.errors import ConfigError
+from mlmkit.config import FinetuneConfig, TaskConfig
+from mlmkit.errors import ConfigError, DataError
 from mlmkit.model.architectures import parts_of
 
 log = logging.getLogger("mlmkit")
@@ -47,6 +48,43 @@ def build_model(cfg: FinetuneConfig, task, mlm):
             f"{config.max_position_embeddings} positions; lower max_seq_length."
         )
     return model
+
+
+def continues(task: TaskConfig, mlm, source) -> bool:
+    """Whether the checkpoint is a model fine-tuned on this task (its config's ``mlmkit_task``
+    names the same task and kind), which the run continues, head and all. Its labels are the
+    run's: taken where task.labels is empty, and a different list is an error, since the head's
+    outputs are those labels in that order."""
+    prior = getattr(mlm.config, "mlmkit_task", None) or {}
+    if prior.get("name") != task.name or prior.get("kind") != task.kind:
+        return False
+    if task.kind in ("tokens", "classification"):
+        id2label = {int(k): v for k, v in mlm.config.id2label.items()}
+        labels = [id2label[i] for i in range(len(id2label))]
+        if not task.labels:
+            task.labels = labels
+        elif list(task.labels) != labels:
+            raise DataError(
+                f"checkpoint={str(source)!r} was fine-tuned on task={task.name} with the labels "
+                f"[{','.join(labels)}], and task.labels are [{','.join(task.labels)}]: its head "
+                f"predicts its own labels, in its order; set task.labels=[{','.join(labels)}] "
+                "(or leave it empty), or fine-tune from the pretrained model (its run's final/) "
+                "for a new head."
+            )
+    log.info(
+        "Continuing the fine-tuning of %s on %s: its head and labels are kept", source, task.name
+    )
+    return True
+
+
+def load_head(model, source: Path, head_modules: tuple[str, ...]) -> None:
+    """Load the head's weights (``head_modules``) of the fine-tuned model dir ``source``."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(source) / "model.safetensors"))
+    head = {k: v for k, v in state.items() if k.split(".")[0] in head_modules}
+    missing, unexpected = model.load_state_dict(head, strict=False)
+    assert head and not unexpected, unexpected
 
 
 def freeze_encoder(model, head_modules: tuple[str, ...] = ("classifier", "head")) -> None:
