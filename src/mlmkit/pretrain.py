@@ -28,10 +28,10 @@ from omegaconf import DictConfig
 from mlmkit.cli.errors import exit_on_error, run_hydra_main
 from mlmkit.cli.record import write_record
 from mlmkit.config import CONFIG_PATH, Config, register_configs
-from mlmkit.config.compose import finish
+from mlmkit.config.compose import finish, objective_shorthand
 from mlmkit.errors import ConfigError
 from mlmkit.evaluation.probe import probe_for_run
-from mlmkit.export.final import export_final, without_tied_copies
+from mlmkit.export.final import GENERATOR_DIR, export_final, without_tied_copies
 from mlmkit.training import lock as run_lock
 from mlmkit.training import setup
 from mlmkit.training.progress import duration
@@ -49,6 +49,7 @@ log = logging.getLogger("mlmkit")
 def main() -> None:
     """Run ``mlmkit train`` with the overrides of ``sys.argv``."""
     exit_on_error(partial(check_run_dir_override, sys.argv[1:]))
+    sys.argv[1:] = objective_shorthand(sys.argv[1:])  # objective=rtd: objective.name=rtd
     register_configs()
     run_hydra_main(command)
 
@@ -158,7 +159,7 @@ def export_run(trainer: Trainer, last_eval: dict[str, Any]) -> None:
     then end the run on every rank."""
     final_state = trainer.final_state(last_eval)
     if final_state is not None:
-        plain, weights, summary = final_state
+        plain, weights, summary, generator = final_state
         weights = without_tied_copies(plain, weights)
         final = export_final(
             plain,
@@ -167,6 +168,7 @@ def export_run(trainer: Trainer, last_eval: dict[str, Any]) -> None:
             config=asdict(trainer.run_cfg),
             summary=summary,
             state_dict=weights,
+            generator=generator,
         )
         log.info("Exported %s", final)
         if trainer.plan is not None:
@@ -179,7 +181,7 @@ def export_phase(trainer: Trainer, name: str, last_eval: dict[str, Any]) -> None
     card names the phase and whose config holds the phase's settings (every rank takes part)."""
     final_state = trainer.final_state(last_eval)
     if final_state is not None:
-        plain, weights, summary = final_state
+        plain, weights, summary, _ = final_state
         write_phase(trainer, name, plain, without_tied_copies(plain, weights), summary)
 
 
@@ -217,7 +219,17 @@ def summarize(trainer: Trainer, last_eval: dict[str, Any], steps: int, seconds: 
         figures,
     )
     final = run / "final"
-    if (final / "config.json").is_file():
+    if (final / GENERATOR_DIR / "config.json").is_file():  # objective=rtd
+        log.info(
+            "The discriminator: %s (transformers' AutoModel, SentenceTransformer, mlmkit "
+            "finetune or glue); the generator, a fill-mask model: %s; the evaluations' "
+            "masked-token figures are the generator's; the log: %s; the curves: mlmkit plot %s",
+            final,
+            final / GENERATOR_DIR,
+            run / "train.log",
+            run,
+        )
+    elif (final / "config.json").is_file():
         log.info(
             "The model: %s (transformers' AutoModelForMaskedLM or pipeline('fill-mask'), or "
             "SentenceTransformer); the log: %s; the curves: mlmkit plot %s",

@@ -59,3 +59,34 @@ def test_plot_marks_where_each_phase_of_a_phased_run_begins(tmp_path, monkeypatc
     )
     plot_runs([run], tmp_path / "curves.png")
     assert drawn == [10] * 4 and named == ["long"]  # one line per panel; the later phase named once
+
+
+def test_a_replaced_token_detection_run_shows_both_its_losses(tmp_path, monkeypatch):
+    """objective=rtd: the generator's loss where a masked-LM run's loss is drawn beside it, the
+    discriminator's in a panel of its own."""
+    import json
+
+    import matplotlib.axes
+
+    from mlmkit.cli.plot import plot_runs
+
+    runs = {"mlm": {"loss": 5.0}, "rtd": {"loss": 40.0, "mlm_loss": 6.0, "rtd_loss": 0.6}}
+    for name, losses in runs.items():
+        (tmp_path / name).mkdir()
+        lines = [
+            {"event": "train", "step": s, "lr": 1e-3, "tokens_per_s": 100.0, **losses}
+            for s in (1, 2)
+        ]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    curves, titles = {}, {}
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "plot",
+        lambda ax, x, y, **kw: curves.setdefault(id(ax), []).append(y[0]),
+    )
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "set_title", lambda ax, title: titles.__setitem__(title, id(ax))
+    )
+    plot_runs([tmp_path / "mlm", tmp_path / "rtd"], tmp_path / "curves.png")
+    assert curves[titles["generator loss (masked tokens)"]] == [5.0, 6.0]
+    assert curves[titles["discriminator loss (replaced or not, every token)"]] == [0.6]

@@ -176,6 +176,56 @@ def test_bad_values_name_the_setting(override, key):
     assert key in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "overrides,sentence",
+    [
+        (["objective.generator_size=1.0"], "makes a generator as wide as the model or wider"),
+        (
+            ["model.hidden_size=32", "objective.generator_size=0.99"],
+            "makes a generator 32 wide, as wide as model.hidden_size (32)",
+        ),
+        (["model=modernbert-tiny"], "objective=rtd trains a BERT discriminator"),
+        (["model.sparse_prediction=false"], "set model.sparse_prediction=true"),
+        (["objective.discriminator_weight=0"], "objective.discriminator_weight must be positive"),
+    ],
+)
+def test_replaced_token_detection_refuses_what_it_cannot_follow_in_one_sentence(
+    overrides, sentence
+):
+    from mlmkit.config import compose as compose_run
+
+    with pytest.raises(ConfigError) as info:
+        compose_run(["objective=rtd", *overrides])
+    message = str(info.value)
+    assert sentence in message and message.count(". ") == 0 and message.endswith(".")
+
+
+def test_replaced_token_detection_composes_with_the_generator_of_the_paper():
+    from mlmkit.config import compose as compose_run
+
+    cfg = compose_run(["objective=rtd", "model=bert-mini"])  # short for objective.name=rtd
+    assert (cfg.objective.name, cfg.objective.discriminator_weight) == ("rtd", 50.0)
+    # ELECTRA-small's generator: a quarter of the width, heads and FFN (hidden 256 -> 64)
+    assert cfg.objective.generator_shape(256, 4, 1024) == (64, 1, 256)
+    assert to_config(_compose([])).objective.name == "mlm"  # the default
+    electra = compose_run(["recipe=electra"])  # ELECTRA-Small's published recipe
+    assert (electra.model.name, electra.model.num_hidden_layers, electra.model.hidden_size) == (
+        "electra-small",
+        12,
+        256,
+    )
+    assert (electra.objective.name, electra.objective.generator_size) == ("rtd", 0.25)
+    assert (electra.optim.lr, electra.optim.warmup_steps, electra.optim.beta2) == (
+        5e-4,
+        10000,
+        0.999,
+    )
+    assert (electra.train.global_batch_size, electra.train.max_steps) == (128, 1_000_000)
+    m = electra.masking
+    assert (m.mlm_probability, m.mask_replace_prob, m.random_replace_prob) == (0.15, 0.85, 0.0)
+    assert electra.model.hidden_dropout_prob == 0.1 and electra.data.max_seq_length == 128
+
+
 def test_init_settings_of_a_new_model_do_not_bind_continued_pretraining():
     """The starts of a new model are not checked against each other when model.init_from
     brings its own weights."""

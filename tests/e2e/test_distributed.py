@@ -133,6 +133,24 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(
     assert events(resumed, "eval")[-1]["eval_loss"] == pytest.approx(eb["eval_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
+def test_rtd_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, cache_dir):
+    """objective=rtd: 2 processes x batch 8 = 1 process x batch 16, the generator's samples
+    included (each row's draws come from its own mask seed)."""
+    args = [*COMMON, "objective=rtd", "train.max_steps=6", "data.max_eval_samples=40"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(one, cache_dir, *args, "train.batch_size=16")
+    launch_two(two, cache_dir, *args, "train.batch_size=8")
+    a, b = events(one, "train"), events(two, "train")
+    assert [e["step"] for e in a] == [e["step"] for e in b] == list(range(1, 7))
+    for x, y in zip(a, b):
+        for key in ("loss", "mlm_loss", "rtd_loss", "rtd_accuracy", "replaced_share"):
+            assert x[key] == pytest.approx(y[key], rel=1e-4), (x["step"], key)
+    ea, eb = events(one, "eval")[-1], events(two, "eval")[-1]
+    for key in ("eval_loss", "eval_rtd_loss"):
+        assert ea[key] == pytest.approx(eb[key], rel=1e-4), key
+
+
 def launch_engine(
     config: str, run_dir: Path, cache_dir: Path, *overrides: str
 ) -> subprocess.CompletedProcess:

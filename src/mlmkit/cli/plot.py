@@ -4,9 +4,12 @@
     mlmkit plot multirun/<date>/<time>/* --out lr-sweep.png
 
 Four panels against the optimizer step: training loss, validation accuracy (masked
-tokens; the dashed line is the majority-token baseline), learning rate and tokens/s; a fifth,
-the probe's dev accuracy on its labelled task, when a run probed (``probe.every``). A phased
-run's phases begin at its dotted vertical lines, named in the learning-rate panel.
+tokens; the dashed line is the majority-token baseline), learning rate and tokens/s; the
+probe's dev accuracy on its labelled task, when a run probed (``probe.every``). A replaced-token
+detection run (``objective=rtd``) shows both its losses: the generator's masked-LM loss in the
+first panel (where a masked-LM run's loss is drawn beside it) and the discriminator's in
+the second. A phased run's phases begin at its dotted vertical lines, named in the learning-rate
+panel.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ PANELS = [  # (event, key, title)
     ("train", "tokens_per_s", "tokens/s"),
 ]
 PROBE_PANEL = ("probe", "probe_accuracy", "linear probe, dev accuracy (frozen encoder)")
+# replaced-token detection (objective=rtd): the generator's and the discriminator's losses
+RTD_PANEL = ("train", "rtd_loss", "discriminator loss (replaced or not, every token)")
+RTD_LOSS_TITLE = "generator loss (masked tokens)"
 
 
 def run_label(run: Path, runs: list[Path]) -> str:
@@ -52,18 +58,25 @@ def plot_runs(runs: list[str | Path], out: str | Path) -> Path:
             )
         loaded.append((run_label(run, runs), read_metrics(run)))
     probed = any(e["event"] == "probe" for _, events in loaded for e in events)
-    panels = PANELS + [PROBE_PANEL] if probed else PANELS
+    rtd = any("rtd_loss" in e for _, events in loaded for e in events)
+    panels = list(PANELS)
+    if rtd:  # both losses: a masked-LM run's loss is drawn in the generator's panel
+        panels[0] = ("train", "mlm_loss", RTD_LOSS_TITLE)
+        panels.insert(1, RTD_PANEL)
+    panels += [PROBE_PANEL] if probed else []
+    columns = 2 if len(panels) <= 4 else 3
     fig, axes = plt.subplots(
-        2, 3 if probed else 2, figsize=(18 if probed else 12, 8), constrained_layout=True
+        2, columns, figsize=(6 * columns, 8), constrained_layout=True, squeeze=False
     )
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, (kind, key, title) in zip(axes.flat, panels):
         for i, (label, events) in enumerate(loaded):
+            read = "loss" if key == "mlm_loss" and not any("mlm_loss" in e for e in events) else key
             points = [
-                (e["step"], e[key])
+                (e["step"], e[read])
                 for e in events
-                if e["event"] == kind and _number(e.get("step")) and _number(e.get(key))
+                if e["event"] == kind and _number(e.get("step")) and _number(e.get(read))
             ]
             if points:
                 steps, values = zip(*points)

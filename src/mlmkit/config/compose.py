@@ -73,6 +73,17 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True)
 
 
+def objective_shorthand(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """Return a pretraining run's ``overrides`` with ``objective=<name>`` read as
+    ``objective.name=<name>`` (``-m objective=mlm,rtd`` sweeps both). The objective is a node of
+    settings (``ObjectiveConfig``), not a config group: a group named objective would claim the
+    word for every command, and ``mlmkit embed objective=simcse`` sets a setting of its own."""
+    return [
+        "objective.name=" + o.split("=", 1)[1] if o.split("=", 1)[0] == "objective" else o
+        for o in overrides
+    ]
+
+
 def compose_command(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose conf/<config_name>.yaml with ``overrides`` as that command's Hydra does, outside a
     run (no run dir; Hydra's global state is left clear)."""
@@ -80,6 +91,8 @@ def compose_command(config_name: str, overrides: list[str] | tuple[str, ...] = (
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    if config_name == "config":  # pretraining's
+        overrides = objective_shorthand(overrides)
     register_configs()
     GlobalHydra.instance().clear()
     try:

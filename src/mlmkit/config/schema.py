@@ -933,6 +933,47 @@ def with_settings(cfg: Any, settings: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+OBJECTIVES = ("mlm", "rtd")  # objective.name
+
+
+@dataclass
+class ObjectiveConfig:
+    """What pretraining learns from (``objective=rtd`` is short for ``objective.name=rtd``):
+    masked-LM (``mlm``) or replaced-token detection (``rtd``, ELECTRA: Clark et al., 2020), where
+    a smaller generator fills the chosen positions with its own samples and the model, a
+    discriminator, learns from every position which tokens were replaced (``mlmkit.model.rtd``)."""
+
+    name: str = "mlm"  # mlm | rtd
+    # rtd: the generator's width, heads and FFN as a share of the model's (the paper's
+    # generator size: 1/4 for ELECTRA-small, 1/3 for base); its layers are the model's
+    generator_size: float = 0.25
+    # rtd: the weight of the discriminator's loss in the total, MLM loss + weight x discriminator
+    # loss (the paper's lambda: 50)
+    discriminator_weight: float = 50.0
+
+    def __post_init__(self) -> None:
+        _check(
+            self.name in OBJECTIVES,
+            f"objective must be one of {', '.join(OBJECTIVES)}, got {self.name!r}.",
+        )
+        _check(
+            0.0 < self.generator_size < 1.0,
+            f"objective.generator_size={self.generator_size} makes a generator as wide as the "
+            "model or wider; set it below 1 (the paper: 0.25 to 0.33).",
+        )
+        _check(
+            self.discriminator_weight > 0,
+            f"objective.discriminator_weight must be positive, got {self.discriminator_weight}.",
+        )
+
+    def generator_shape(self, hidden: int, heads: int, intermediate: int) -> tuple[int, int, int]:
+        """Return the generator's (width, heads, FFN width) for a model of these sizes: each
+        scaled by ``generator_size``, the width a multiple of the heads."""
+        g_heads = max(1, round(heads * self.generator_size))
+        width = max(g_heads, round(hidden * self.generator_size / g_heads) * g_heads)
+        return width, g_heads, max(1, round(intermediate * self.generator_size))
+
+
 @dataclass
 class Config:
     """A whole run."""
@@ -949,6 +990,7 @@ class Config:
     # Pretraining in phases (mlmkit.training.phases): e.g. BERT's 90% of the steps at 128 tokens
     # then 10% at 512; empty: one phase with the settings above
     phases: list[PhaseConfig] = field(default_factory=list)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)  # mlm | rtd
 
     def workers(self, device_type: str) -> int:
         """``train.num_workers``, resolved for a run on ``device_type``: null is 2 on CUDA and 0
@@ -981,8 +1023,34 @@ class Config:
                 f"model.max_position_embeddings ({self.model.max_position_embeddings}); "
                 "lower data.max_seq_length or raise model.max_position_embeddings.",
             )
+        if self.objective.name == "rtd":
+            self._check_rtd()
         if self.phases:
             self.phase_configs()  # every phase checked before the run starts
+
+    def _check_rtd(self) -> None:
+        """Check the settings replaced-token detection cannot follow."""
+        _check(
+            self.model.architecture == "bert",
+            f"objective=rtd trains a BERT discriminator and model={self.model.name} is a "
+            f"{self.model.architecture}; choose a bert-* model or objective=mlm.",
+        )
+        _check(
+            self.model.sparse_prediction,
+            "objective=rtd samples the generator's tokens at the chosen positions only; set "
+            "model.sparse_prediction=true.",
+        )
+        if self.model.init_from is None:
+            m = self.model
+            width = self.objective.generator_shape(
+                m.hidden_size, m.num_attention_heads, m.intermediate_size
+            )[0]
+            _check(
+                width < m.hidden_size,
+                f"objective.generator_size={self.objective.generator_size} makes a generator "
+                f"{width} wide, as wide as model.hidden_size ({m.hidden_size}); lower "
+                "objective.generator_size.",
+            )
 
     def phase_configs(self) -> list[Config]:
         """Return the settings of each phase: the run's, then every phase's ``set`` in turn (an

@@ -63,7 +63,34 @@ model.similarity(vectors[:1], vectors[1:])  # cosine similarity
 zero-shot on STS-B."""
 
 
-def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]) -> str:
+def _objective_lines(config: dict[str, Any], generator: bool) -> tuple[str, str]:
+    """Return the card's objective (a phrase) and, for replaced-token detection, its paragraph
+    on the discriminator and the generator (``generator``: written beside it)."""
+    objective = config.get("objective") or {}
+    if objective.get("name") != "rtd":
+        return "masked language modeling", ""
+    where = (
+        "`generator/` in this dir is"
+        if generator
+        else "the run's `final/generator/` is (a checkpoint's export holds the discriminator only)"
+    )
+    return (
+        "replaced-token detection (ELECTRA: Clark et al., 2020)",
+        f"""
+This dir is the discriminator: the encoder trained to tell, at every position, whether a small
+generator replaced the token there (`objective=rtd`, generator size
+{objective.get("generator_size")}, loss MLM + {objective.get("discriminator_weight")} x the
+discriminator's). Fine-tune it, probe it or embed with it as any encoder. Its masked-LM head was
+not trained, so fill-mask is the generator's: {where} a plain `ElectraForMaskedLM`
+(`pipeline("fill-mask", model="<that dir>")`). The run's evaluations' masked-token figures are
+the generator's, the `eval_rtd_*` ones the discriminator's.
+""",
+    )
+
+
+def model_card(
+    model, tokenizer, config: dict[str, Any], summary: dict[str, Any], generator: bool = False
+) -> str:
     c = model.config
     mask = tokenizer.mask_token
     vocab = len(tokenizer)
@@ -86,6 +113,12 @@ def model_card(model, tokenizer, config: dict[str, Any], summary: dict[str, Any]
     if source == "files":
         source = ", ".join(data.get("train_files", []))
     started = _origin_lines(config, summary)
+    objective, discriminator = _objective_lines(config, generator)
+    title = (
+        "the discriminator of replaced-token detection"
+        if discriminator
+        else "masked language model"
+    )
     unk = summary.get("validation_unk_share")
     unk_line = (
         f"- Tokenizer: {vocab} tokens; [UNK] is {unk:.2%} of the validation text's tokens.\n"
@@ -98,10 +131,11 @@ pipeline_tag: fill-mask
 tags: [bert, fill-mask, mlmkit, sentence-transformers, feature-extraction]
 ---
 
-# {config.get("model", {}).get("name", "bert")} (masked language model)
+# {config.get("model", {}).get("name", "bert")} ({title})
 
-A {family} encoder pretrained with masked language modeling by mlmkit.
-
+A {family} encoder pretrained with {objective} by mlmkit.
+{discriminator}
+- Objective: {objective}.
 - Architecture: {type(model).__name__} (layers {c.num_hidden_layers}, hidden {c.hidden_size}, \
 heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{attention}), \
 {count_parameters(model) / 1e6:.2f}M parameters.
@@ -156,11 +190,14 @@ def export_final(
     config: dict[str, Any],
     summary: dict[str, Any],
     state_dict: dict[str, Any] | None = None,
+    generator: tuple[Any, dict[str, Any]] | None = None,
 ) -> Path:
     """Write ``path`` (config.json, model.safetensors, tokenizer files, README.md, and the
     sentence-transformers files of ``export.embedder``) atomically.
 
-    ``state_dict``: the full weights when the model itself is sharded (FSDP, DeepSpeed ZeRO-3).
+    ``state_dict``: the full weights when the model itself is sharded (FSDP, DeepSpeed ZeRO-3);
+    ``generator``: replaced-token detection's generator and its full weights, written to
+    ``generator/`` inside ``path`` (``export_generator``).
     """
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}")
@@ -176,8 +213,49 @@ def export_final(
     )
     tokenizer.save_pretrained(str(tmp))
     write_embedder_files(tmp, model.config.hidden_size, embedding_length(model, config))
-    (tmp / "README.md").write_text(model_card(model, tokenizer, config, summary))
+    card = model_card(model, tokenizer, config, summary, generator=generator is not None)
+    (tmp / "README.md").write_text(card)
+    if generator is not None:
+        export_generator(*generator, tokenizer, tmp / GENERATOR_DIR, config)
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
     return path
+
+
+GENERATOR_DIR = "generator"  # replaced-token detection's generator, inside final/
+
+
+def export_generator(generator, weights: dict[str, Any], tokenizer, path: Path, config) -> None:
+    """Write replaced-token detection's generator to ``path`` as a plain fill-mask model dir
+    (``ElectraForMaskedLM``: its embeddings, shared with the discriminator in training, stored in
+    it as in any such model; its output layer tied to them), with the tokenizer and a card."""
+    generator.save_pretrained(
+        str(path), safe_serialization=True, state_dict=without_tied_copies(generator, weights)
+    )
+    tokenizer.save_pretrained(str(path))
+    c, name = generator.config, config.get("model", {}).get("name", "bert")
+    millions = count_parameters(generator) / 1e6
+    (path / "README.md").write_text(
+        f"""---
+library_name: transformers
+pipeline_tag: fill-mask
+tags: [electra, fill-mask, mlmkit]
+---
+
+# The generator of {name} (replaced-token detection)
+
+The generator that mlmkit trained with the masked-LM loss beside the discriminator in the dir
+above (`objective=rtd`; ELECTRA: Clark et al., 2020): its samples replaced the chosen tokens the
+discriminator learned to detect. An `ElectraForMaskedLM` of {c.num_hidden_layers} layers, hidden
+{c.hidden_size}, {c.num_attention_heads} head(s), FFN {c.intermediate_size}, embeddings
+{c.embedding_size} wide (the discriminator's, shared in training), {millions:.2f}M parameters.
+
+```python
+from transformers import pipeline
+
+fill = pipeline("fill-mask", model="path/to/this/dir")
+fill("The {tokenizer.mask_token} of the function is returned.")
+```
+"""
+    )

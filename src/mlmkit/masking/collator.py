@@ -110,6 +110,10 @@ class MLMCollator:
             (whole_word and span).
         apply_mask: False to only pad (the masking then runs in the training step, on the
             device, through ``mask``).
+        draws: also give each position a uniform draw in [0, 1) (``draws``, the shape of
+            ``input_ids``), from the same stream as its row's masks, after them: replaced-token
+            detection samples the generator's token at a chosen position with it, so the samples,
+            like the masks, are the same in any worker, process split or resume.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class MLMCollator:
         span_max_words: int = 10,
         apply_mask: bool = True,
         max_word_tokens: int = 8,
+        draws: bool = False,
     ) -> None:
         check_masking(
             mlm_probability,
@@ -154,6 +159,7 @@ class MLMCollator:
             raise ConfigError(f"masking.max_word_tokens must be at least 1, got {max_word_tokens}.")
         self.max_word_tokens = int(max_word_tokens)
         self.apply_mask = apply_mask
+        self.draws = draws
         self.mask_id = int(tokenizer.mask_token_id)
         self.pad_id = int(tokenizer.pad_token_id)
 
@@ -293,6 +299,11 @@ class MLMCollator:
         """``mask`` inside the training step (``masking.on_device``): on ``input_ids``'s device,
         from the step's own generator there, whose state a checkpoint keeps. No host wait."""
         return self.mask(input_ids, attention_mask, self._step_generator_on(input_ids.device))
+
+    def draw_in_step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Return the ``draws`` of a batch ``mask_in_step`` masked, from the same generator."""
+        g = self._step_generator_on(input_ids.device)
+        return torch.rand(input_ids.shape, generator=g, device=input_ids.device)
 
     def mask(
         self,
@@ -451,8 +462,18 @@ class MLMCollator:
             rows = []
             for i, example in enumerate(examples):
                 self.generator.manual_seed(int(example["mask_seed"]))
-                rows.append(self.mask(input_ids[i : i + 1], attention_mask[i : i + 1]))
-            masked, labels = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+                rows.append(self._mask_and_draw(input_ids[i : i + 1], attention_mask[i : i + 1]))
+            parts = [torch.cat(column) for column in zip(*rows)]
         else:
-            masked, labels = self.mask(input_ids, attention_mask)
-        return {"input_ids": masked, "attention_mask": attention_mask, "labels": labels}
+            parts = self._mask_and_draw(input_ids, attention_mask)
+        batch = {"input_ids": parts[0], "attention_mask": attention_mask, "labels": parts[1]}
+        if self.draws:
+            batch["draws"] = parts[2]
+        return batch
+
+    def _mask_and_draw(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
+        """``mask``'s (masked ids, labels), then with ``draws`` a uniform draw per position."""
+        masked, labels = self.mask(input_ids, attention_mask)
+        if not self.draws:
+            return masked, labels
+        return masked, labels, torch.rand(input_ids.shape, generator=self.generator)

@@ -21,6 +21,8 @@ from mlmkit.model.objective import Objective
 log = logging.getLogger(__name__)
 
 POSITION_BUCKET = 64  # the sparse head's row count is padded to a multiple of this
+# the weights of an objective's other parts, beside its .model (replaced-token detection's)
+OBJECTIVE_PARTS = ("generator.", "discriminator_head.")
 
 
 def padded_vocab_size(tokenizer, multiple: int = 1) -> int:
@@ -368,8 +370,11 @@ def model_from_checkpoint(
     arch = architecture(config.model_type)  # bert or modernbert, else one sentence
     config._attn_implementation = attn_implementation
     model = transformers_class(arch.masked_lm)(config)
-    # the training objective wraps the model as .model; tied weights are stored once
-    state = {k.removeprefix("model."): v for k, v in tensors.items()}
+    # the training objective wraps the model as .model (replaced-token detection's generator and
+    # discriminator head beside it are not the model's); tied weights are stored once
+    state = {
+        k.removeprefix("model."): v for k, v in tensors.items() if not k.startswith(OBJECTIVE_PARTS)
+    }
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # tensors of other shapes than the run's config says
@@ -429,14 +434,7 @@ class MaskedLM(Objective):
         vectors), through this forward so that every engine's hooks (FSDP, ZeRO-3) run.
         ``varlen``: a batch the loader flattened into one row of its sequences
         (``position_ids``, ``cu_seq_lens_q/k``, ``max_length_q/k``: ``model.documents``)."""
-        if varlen:
-            inputs = varlen_inputs(self.model, input_ids, **varlen)
-        elif self.document_sep_id is None and (attention_mask is None or attention_mask.dim() != 2):
-            inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        elif self.document_sep_id is None:  # padding: the masks built here, with no host wait
-            inputs = padding_inputs(self.model, input_ids, attention_mask)
-        else:
-            inputs = document_inputs(self.model, input_ids, self.document_sep_id, attention_mask)
+        inputs = encoder_inputs(self.model, input_ids, attention_mask, self.document_sep_id, varlen)
         if labels is None:
             if token_type_ids is not None and self.parts.takes_token_type_ids:
                 inputs["token_type_ids"] = token_type_ids
@@ -459,6 +457,25 @@ class MaskedLM(Objective):
             # would stay alive through the backward (and mixed precision's fp32 output copy)
             out.update(logits=logits, targets=targets)
         return out
+
+
+def encoder_inputs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    document_sep_id: int | None,
+    varlen: dict,
+) -> dict:
+    """Return the encoder's keyword arguments for a batch: a flattened one's (``varlen``), a packed
+    one's, a padded one's (its masks built here, with no host wait), or with documents isolated
+    (``document_sep_id``) the masks and positions of ``model.documents``."""
+    if varlen:
+        return varlen_inputs(model, input_ids, **varlen)
+    if document_sep_id is None and (attention_mask is None or attention_mask.dim() != 2):
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    if document_sep_id is None:
+        return padding_inputs(model, input_ids, attention_mask)
+    return document_inputs(model, input_ids, document_sep_id, attention_mask)
 
 
 def prediction_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

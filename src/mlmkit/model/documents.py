@@ -154,13 +154,13 @@ def varlen_layout(attention_mask: torch.Tensor | None, lengths: torch.Tensor) ->
 
 
 def flatten_rows(batch: dict) -> dict:
-    """Flatten ``batch`` (laid out by ``varlen_layout``) in place: ``input_ids`` and ``labels``
-    become (1, tokens) rows of the real tokens (``flat_index`` taken out, no ``attention_mask``
-    left). On the host in the loader, or on the device after masking there (an index already on
-    the device: no wait)."""
+    """Flatten ``batch`` (laid out by ``varlen_layout``) in place: ``input_ids``, ``labels`` (and
+    replaced-token detection's ``draws``) become (1, tokens) rows of the real tokens
+    (``flat_index`` taken out, no ``attention_mask`` left). On the host in the loader, or on the
+    device after masking there (an index already on the device: no wait)."""
     index = batch.pop("flat_index")
     batch.pop("attention_mask", None)
-    for key in ("input_ids", "labels"):
+    for key in ("input_ids", "labels", "draws"):
         if key in batch:
             batch[key] = batch[key].reshape(-1).index_select(0, index)[None]
     return batch

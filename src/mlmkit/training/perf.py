@@ -177,6 +177,28 @@ def model_train_flops(config, blocks: Mapping[int, int], predicted: float) -> fl
     )
 
 
+def rtd_train_flops(config, generator_config, blocks: Mapping[int, int], predicted: float) -> float:
+    """Training FLOPs of replaced-token detection (``objective=rtd``) over ``blocks``: the
+    discriminator's encoder at every token with its head (dense h x h, then one logit: 2h^2 + 2h a
+    token) in place of the MLM head, plus the generator (an ``ElectraConfig``: width g, its own
+    layers) with its projections from and to the shared embeddings' width e (2eg a token in, 2ge at
+    each predicted token) and its output layer at the predicted tokens (2eV)."""
+    tokens = sum(n * count for n, count in blocks.items())
+    h, g, e = config.hidden_size, generator_config.hidden_size, generator_config.embedding_size
+    discriminator = model_train_flops(config, blocks, 0.0) + 3.0 * tokens * (2 * h * h + 2 * h)
+    generator = train_flops(
+        generator_config.num_hidden_layers,
+        g,
+        generator_config.intermediate_size,
+        0,
+        tokens,
+        0.0,
+        sum(n * n * count for n, count in blocks.items()),
+    )
+    projections = 3.0 * (tokens * 2 * e * g + predicted * (2 * g * e + 2 * e * config.vocab_size))
+    return discriminator + generator + projections
+
+
 def chip_peak(name: str) -> float | None:
     """Return the dense bf16 peak FLOP/s (``CHIP_BF16_PEAK``) of the GPU that CUDA names ``name``
     (``"NVIDIA H100 80GB HBM3"``), else None."""
@@ -476,9 +498,12 @@ class ThroughputMeter:
     length, not its length times ``data.max_seq_length``.
     """
 
-    def __init__(self, model_config, reference_flops: float) -> None:
+    def __init__(self, model_config, reference_flops: float, generator_config=None) -> None:
+        """``generator_config``: replaced-token detection's generator, whose FLOPs count too
+        (``rtd_train_flops``)."""
         self.model_config = model_config
         self.reference_flops = reference_flops
+        self.generator_config = generator_config
 
     def figures(
         self, blocks: Mapping[int, int], masked: float, seconds: float, world: int = 1
@@ -488,7 +513,13 @@ class ThroughputMeter:
         processes; ``seconds``, the window's training time."""
         seconds = max(seconds, 1e-9)
         tokens = world * sum(n * count for n, count in blocks.items())
-        flops = world * model_train_flops(self.model_config, blocks, masked / max(world, 1))
+        predicted = masked / max(world, 1)
+        if self.generator_config is None:
+            flops = world * model_train_flops(self.model_config, blocks, predicted)
+        else:
+            flops = world * rtd_train_flops(
+                self.model_config, self.generator_config, blocks, predicted
+            )
         rate = flops / seconds
         if self.reference_flops and rate > self.reference_flops:
             # A measured reference is a lower bound of the true peak, and so is a rate the

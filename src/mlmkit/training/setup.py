@@ -30,6 +30,8 @@ from mlmkit.model.bert import (
     resolve_attn_implementation,
 )
 from mlmkit.model.documents import isolation_sep_id
+from mlmkit.model.objective import Objective
+from mlmkit.model.rtd import ReplacedTokenDetection, build_generator
 from mlmkit.training import lock as run_lock
 from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint_files import resolve_resume
@@ -357,7 +359,7 @@ class RunModel:
     """The model a run trains and the objective around it (the loss at the chosen positions)."""
 
     model: Any  # the plain BertForMaskedLM or ModernBertForMaskedLM
-    objective: MaskedLM
+    objective: Objective  # MaskedLM, or ReplacedTokenDetection (objective=rtd)
 
 
 @dataclass
@@ -425,16 +427,47 @@ def build_run_model(
         check_model_shape(source, model.config, resume_from)
     if cfg.train.compile:
         compile_encoder(model)
+    sep_id = isolation_sep_id(cfg.data.packing, tokenizer)
+    if cfg.objective.name == "rtd":
+        return RunModel(model, build_rtd(cfg, model, attn, sep_id))
     objective = MaskedLM(
-        model,
-        sparse_prediction=cfg.model.sparse_prediction,
-        document_sep_id=isolation_sep_id(cfg.data.packing, tokenizer),
+        model, sparse_prediction=cfg.model.sparse_prediction, document_sep_id=sep_id
     )
     return RunModel(model, objective)
 
 
-def build_meter(cfg: Config, accelerator: Accelerator, precision: str, model) -> ThroughputMeter:
-    """Build the throughput meter, its MFU against the rate this machine can reach (``perf``)."""
+def build_rtd(cfg: Config, model, attn: str, sep_id: int | None) -> ReplacedTokenDetection:
+    """Replaced-token detection's objective around ``model``, the discriminator: a new generator
+    sharing its embeddings, and a discriminator head (a resume loads both from the checkpoint)."""
+    o = cfg.objective
+    generator = build_generator(model, o, attn)
+    c = generator.config
+    log.info(
+        "Objective: replaced-token detection (objective=rtd); the generator: %d layers, hidden "
+        "%d, %d head(s), FFN %d (objective.generator_size=%g), %.2fM parameters of its own, the "
+        "embeddings shared; loss = MLM + %g x the discriminator's",
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.intermediate_size,
+        o.generator_size,
+        (count_parameters(generator) - count_parameters(generator.electra.embeddings)) / 1e6,
+        o.discriminator_weight,
+    )
+    if cfg.model.init_from:
+        log.info(
+            "Continued pretraining with objective=rtd: the discriminator starts from "
+            "model.init_from=%s, the generator and the discriminator head are new",
+            cfg.model.init_from,
+        )
+    return ReplacedTokenDetection(model, generator, o.discriminator_weight, sep_id)
+
+
+def build_meter(
+    cfg: Config, accelerator: Accelerator, precision: str, model, objective=None
+) -> ThroughputMeter:
+    """Build the throughput meter, its MFU against the rate this machine can reach (``perf``);
+    ``objective``: where it holds a generator (``objective=rtd``), its FLOPs count too."""
     block_tokens = cfg.train.batch_size * cfg.data.max_seq_length  # one micro-batch's products
     shapes = model_matmul_shapes(
         model.config, block_tokens, round(cfg.masking.mlm_probability * block_tokens)
@@ -453,7 +486,12 @@ def build_meter(cfg: Config, accelerator: Accelerator, precision: str, model) ->
             peak_rate / 1e12,
             peak_source,
         )
-    return ThroughputMeter(model.config, peak_rate * accelerator.num_processes)
+    generator = getattr(objective, "generator", None)
+    return ThroughputMeter(
+        model.config,
+        peak_rate * accelerator.num_processes,
+        generator.config if generator is not None else None,
+    )
 
 
 def build_schedule(
@@ -504,6 +542,7 @@ def build_collator(cfg: Config, tokenizer, rank: int, generator=None) -> MLMColl
         span_max_words=m.span_max_words,
         max_word_tokens=m.max_word_tokens,
         apply_mask=not m.on_device,
+        draws=cfg.objective.name == "rtd",  # the generator's samples (model.rtd)
         pad_to_multiple_of=cfg.data.pad_to_multiple_of
         if cfg.data.packing == "line_by_line"
         else None,

@@ -38,14 +38,14 @@ def forward_backward(
     n_local = sum(spec.counts(b) for b in micro)
     n_global = accelerator.reduce(n_local.float(), reduction="sum")
     # DDP averages gradients over ranks; multiplying by world undoes that average.
-    weights = torch.tensor(spec.loss_weights, device=n_global.device)
-    scale = weights * world / n_global.clamp(min=1.0)
+    scale = world / n_global.clamp(min=1.0)
     sums = None
     for i, batch in enumerate(micro):
         last = i == len(micro) - 1
         with nullcontext() if last else accelerator.no_sync(objective):
             out = objective(**batch)
-            accelerator.backward((spec.losses(out) * scale).sum())
+            terms = (spec.losses(out) * scale).unbind()  # each over its tokens in the step
+            accelerator.backward(sum(w * t for w, t in zip(spec.loss_weights, terms)))
         stats = spec.stats(out)
         sums = stats if sums is None else sums + stats
     return sums, n_global
@@ -96,6 +96,8 @@ def next_micro_batches(
             batch["input_ids"], batch["labels"] = collator.mask_in_step(
                 batch["input_ids"], batch.get("attention_mask")
             )
+            if collator.draws:
+                batch["draws"] = collator.draw_in_step(batch["input_ids"])
             if "flat_index" in batch:
                 flatten_rows(batch)
     return micro, waited, layouts

@@ -29,6 +29,7 @@ from mlmkit.data.tokenizer import unk_report
 from mlmkit.errors import Preempted
 from mlmkit.model.architectures import set_rope_theta
 from mlmkit.model.documents import isolation_sep_id
+from mlmkit.model.rtd import generator_weights
 from mlmkit.training import resume_checks, setup
 from mlmkit.training.checkpoint_files import load_checkpoint, load_latest, save_checkpoint
 from mlmkit.training.metrics_log import MetricsLog
@@ -166,7 +167,7 @@ class Trainer:
         )
         self.model, self.meter = (
             model.model,
-            setup.build_meter(self.cfg, acc, precision, model.model),
+            setup.build_meter(self.cfg, acc, precision, model.model, model.objective),
         )
         schedule = setup.build_schedule(
             self.cfg, acc, model.objective, run_cfg=self.run_cfg, accum=self.accum
@@ -203,7 +204,7 @@ class Trainer:
             cfg, self.collator, data.train_set, acc, objective.document_sep_id, varlen
         )
         self.eval_batches = fixed_eval_batches(
-            data.val_set, data.tokenizer, cfg.masking, cfg.train.batch_size
+            data.val_set, data.tokenizer, cfg.masking, cfg.train.batch_size, self.collator.draws
         )
         set_rope_theta(objective.model, cfg.model.global_rope_theta, cfg.model.local_rope_theta)
 
@@ -516,13 +517,12 @@ class Trainer:
         )
         log.info("Saved checkpoint %s", path)
 
-    def final_state(
-        self, last_eval: dict[str, Any]
-    ) -> tuple[Any, dict[str, Any], dict[str, Any]] | None:
-        """``(plain model, its full weights, summary)`` for ``final/`` on the main process
-        (every rank takes part: FSDP and ZeRO-3 gather the weights), None on the others and
-        with ``train.export=false``. An empty ``last_eval`` (resumed at the end of the
-        budget) is filled with an evaluation of the restored weights."""
+    def final_state(self, last_eval: dict[str, Any]) -> tuple | None:
+        """``(plain model, its full weights, summary, generator)`` for ``final/`` on the main
+        process (every rank takes part: FSDP and ZeRO-3 gather the weights), None on the others
+        and with ``train.export=false``; ``generator``: replaced-token detection's generator and
+        its full weights (None for a masked-LM run). An empty ``last_eval`` (resumed at the end
+        of the budget) is filled with an evaluation of the restored weights."""
         acc, state = self.accelerator, self.state
         acc.wait_for_everyone()
         if not last_eval:
@@ -548,11 +548,15 @@ class Trainer:
                     "phase_tokens": state.tokens_seen - begun["tokens"],
                 }
             )
-        # the training objective wraps the model as .model
+        # the training objective wraps the model as .model (replaced-token detection also holds
+        # a generator, exported beside it, and a discriminator head, kept in checkpoints only)
+        objective = acc.unwrap_model(self.objective)
+        generator = getattr(objective, "generator", None)
         return (
-            acc.unwrap_model(self.objective).model,
-            {k.removeprefix("model."): v for k, v in weights.items()},
+            objective.model,
+            {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")},
             summary,
+            (generator, generator_weights(weights)) if generator is not None else None,
         )
 
     def end(self) -> None:

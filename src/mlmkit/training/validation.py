@@ -17,7 +17,7 @@ EVAL_MAX_DRAWS = 8  # mask draws over a small validation set, at most
 
 
 def fixed_eval_batches(
-    dataset, tokenizer, masking, batch_size: int
+    dataset, tokenizer, masking, batch_size: int, draws: bool = False
 ) -> list[dict[str, torch.Tensor]]:
     """Mask the validation set with ``masking.eval_seed``; again with the next seeds (up to
     ``EVAL_MAX_DRAWS`` draws in all) while fewer than ``masking.eval_min_masked_tokens``
@@ -25,14 +25,18 @@ def fixed_eval_batches(
 
     The same masks (BERT's 80-10-10 at ``masking.eval_mlm_probability``) are used at every
     evaluation and by every run with the same data and tokenizer, whatever the training
-    seed, strategy or rate, so eval figures are comparable.
+    seed, strategy or rate, so eval figures are comparable. ``draws``: each position also gets a
+    fixed uniform draw (replaced-token detection samples its generator's tokens with them).
     """
     chunks, chosen = [], 0
     for draw in range(EVAL_MAX_DRAWS):
         if draw and chosen >= masking.eval_min_masked_tokens:
             break
         collator = MLMCollator(
-            tokenizer, mlm_probability=masking.eval_mlm_probability, seed=masking.eval_seed + draw
+            tokenizer,
+            mlm_probability=masking.eval_mlm_probability,
+            seed=masking.eval_seed + draw,
+            draws=draws,
         )  # BERT's 80-10-10, whatever the training strategy
         # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
         for start in range(0, len(dataset), EVAL_MASK_CHUNK):
@@ -95,7 +99,8 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
     was_training = model.training
     model.eval()
     device = accelerator.device
-    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss, n, top1, top5
+    # loss, n, top1, top5; replaced-token detection's discriminator: loss, hits, replaced, real
+    totals = torch.zeros(8, dtype=torch.float64, device=device)
     for batch, counted in rank_share(batches, accelerator.process_index, accelerator.num_processes):
         batch = {k: v.to(device) for k, v in batch.items()}
         if bool(batch["attention_mask"].all()):
@@ -108,7 +113,7 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         hit1 = (top5[:, 0] == out["targets"]) & valid
         hit5 = (top5 == out["targets"][:, None]).any(-1) & valid
         if counted:
-            totals += torch.stack(
+            totals[:4] += torch.stack(
                 [
                     out["loss_sum"].double(),
                     out["n_tokens"].double(),
@@ -116,12 +121,15 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
                     hit5.sum().double(),
                 ]
             )
-    totals = accelerator.reduce(totals, reduction="sum")
-    loss_sum, n, top1, top5 = totals.tolist()
+            if "rtd_sums" in out:
+                totals[4:] += torch.cat([out["rtd_loss_sum"].reshape(1), out["rtd_sums"]])
+    totals = accelerator.reduce(totals, reduction="sum").tolist()
+    loss_sum, n, top1, top5 = totals[:4]
     if was_training:
         model.train()
     n = max(n, 1.0)
     loss = loss_sum / n
+    figures = discriminator_figures(totals[4:])
     return {
         "eval_loss": loss,
         "eval_perplexity": math.exp(min(loss, 50.0)),
@@ -131,4 +139,18 @@ def evaluate(accelerator, model, batches: list[dict[str, torch.Tensor]]) -> dict
         "eval_accuracy_stderr": math.sqrt(top1 / n * (1.0 - top1 / n) / n),
         "eval_top5_accuracy": top5 / n,
         "eval_tokens": int(n),
+        **figures,
+    }
+
+
+def discriminator_figures(sums: list[float]) -> dict[str, float]:
+    """Return the evaluation's figures of replaced-token detection's discriminator from its summed
+    loss, hits, replaced and real tokens (none for a masked-LM objective)."""
+    loss, hits, replaced, real = sums
+    if not real:
+        return {}
+    return {
+        "eval_rtd_loss": loss / real,
+        "eval_rtd_accuracy": hits / real,
+        "eval_replaced_share": replaced / real,
     }
