@@ -207,6 +207,40 @@ def test_glue_fine_tunes_on_three_tasks(gutenberg_run, env, tmp_path):
     ]
 
 
+def test_electra_vs_mlm_tables_both_objectives_at_equal_wall_clock(env, tmp_path, cache_dir):
+    """examples/electra_vs_mlm.sh, shrunk: the tiny model pretrained a few steps with each
+    objective, two of GLUE's local tasks fine-tuned on 32 examples, the probes; one table."""
+    shared_file("corpora/gutenberg")
+    shared_file("glue/STS-B/dev.tsv")
+    settings = {
+        "OUT": str(tmp_path / "out"),
+        "TASKS": "sst2,rte",
+        "SEEDS": "0",
+        "SAMPLES": "32",
+        "EPOCHS": "1",
+        "GLUE_ARGS": "batch_size=16 precision=no",
+        "DATA": str(SHARED_DATA / "corpora"),
+        "GLUE": str(SHARED_DATA / "glue"),
+    }
+    proc = bash(
+        "electra_vs_mlm.sh",
+        *TINY,
+        *STEPS,
+        "probe.max_train_samples=64",
+        f"paths.cache_dir={cache_dir}",
+        env={**env, **settings},
+        cwd=tmp_path,
+        timeout=400,
+    )
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| mlm", "| rtd"))]
+    assert len(rows) == 2, proc.stdout[-2000:]
+    for row in rows:  # 2 tasks, the average, the seeds, 2 probes, seconds, tokens, steps
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 10 and cells[-1] == "10" and cells[-2] == "5,120", row
+    assert "RTD - MLM, GLUE average:" in proc.stdout
+    assert train_steps(tmp_path / "out" / "rtd")[-1] == 10
+
+
 def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(
     env, tmp_path, cache_dir
 ):
