@@ -23,7 +23,7 @@ STAGE=(batch_size="${BATCH:-64}" lr="${LR:-5e-4}" logger=none resume=auto "${EXT
 mkdir -p "$WORK/scores"
 
 # 1. held-out data and training pairs from STS-B; the raw corpus: AG News's texts, one a line
-"$PYTHON" -m mlmkit.evaluation.embed_sets stsb "$DATA/glue/STS-B" "$WORK/stsb"
+"$PYTHON" -m mlmkit.embed.sets stsb "$DATA/glue/STS-B" "$WORK/stsb"
 cut -f1 "$DATA/agnews/dev.tsv" "$DATA/agnews/test.tsv" > "$WORK/news.txt"
 NEWS=(data=files "data.train_files=[$WORK/news.txt]" data.txt_sample_by=line)
 
@@ -73,7 +73,7 @@ done
 HINDI_ROWS=""
 if [ -n "${HINDI_RUN:-}" ]; then
   NOVEL="$DATA/corpora/hindi/sevasadan.txt"
-  "$PYTHON" -m mlmkit.evaluation.embed_sets documents "$WORK/hindi-retrieval" "$NOVEL"
+  "$PYTHON" -m mlmkit.embed.sets documents "$WORK/hindi-retrieval" "$NOVEL"
   for objective in simcse same_document; do
     start=$SECONDS
     "$PYTHON" -m mlmkit embed checkpoint="$HINDI_RUN" objective=$objective data=files \

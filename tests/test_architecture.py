@@ -22,6 +22,7 @@ LAYERS = [
     "mlmkit.training",
     "mlmkit.finetune",
     "mlmkit.evaluation",
+    "mlmkit.embed",
     "mlmkit.export",
     "mlmkit.cli",
     "mlmkit.pretrain",

@@ -1,6 +1,6 @@
 """``mlmkit embed checkpoint=<run | final/ | checkpoint | model dir> [settings]``: the encoder
-fine-tuned as a sentence embedder on sentence-transformers (``mlmkit.export.embed_run``,
-``mlmkit.evaluation.embed``; settings: conf/embed.yaml)."""
+fine-tuned as a sentence embedder on sentence-transformers (``mlmkit.embed.run``,
+``mlmkit.embed.stage``; settings: conf/embed.yaml)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def main() -> None:
         from accelerate import PartialState
         from hydra.core.hydra_config import HydraConfig
 
-        from mlmkit.export.embed_run import embed
+        from mlmkit.embed.run import embed
 
         results = []
         exit_on_error(

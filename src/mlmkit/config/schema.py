@@ -1419,7 +1419,7 @@ class EmbedPairsConfig:
 @dataclass
 class EmbedConfig:
     """``mlmkit embed``: a model fine-tuned as a sentence embedder with in-batch negatives on
-    sentence-transformers' trainer (conf/embed.yaml; mlmkit.evaluation.embed)."""
+    sentence-transformers' trainer (conf/embed.yaml; mlmkit.embed.stage)."""
 
     checkpoint: str | None = None  # a model dir, a run dir or a checkpoints/step_* folder
     # pairs: the pairs of ``pairs``; simcse: each sentence of ``data``'s corpus paired with

@@ -1,3 +1,3 @@
-"""Export: ``final/`` as a plain Hugging Face model dir with its model card (``final``), the
-pretraining run that ends in it (``run``), and ``mlmkit embed``'s run, whose ``final/`` is a
-sentence-transformers folder (``embed_run``)."""
+"""Export: ``final/`` as a plain Hugging Face model dir with its model card (``final``) and the
+sentence-transformers files that make it a sentence embedder (``embedder``); ``mlmkit embed``'s
+run, whose ``final/`` is a sentence-transformers folder, is ``mlmkit.embed.run``."""

@@ -18,9 +18,9 @@ runs the steps, the schedule (linear warmup and decay), mixed precision, checkpo
 and several processes; its ``EmbeddingSimilarityEvaluator`` and
 ``InformationRetrievalEvaluator`` score the held-out data before training, every
 ``eval_every`` steps and at the end. mlmkit adds what a run of its own has: the rows
-(``embed_data``), the run folder (``metrics.jsonl`` events, ``train.log``, the trackers, a
+(``mlmkit.embed.data``), the run folder (``metrics.jsonl`` events, ``train.log``, the trackers, a
 lock), a time budget and clean stops on signals through the trainer's callbacks, and (in
-``mlmkit.export.embed_run``) ``final/`` with its model card.
+``mlmkit.embed.run``) ``final/`` with its model card.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from transformers import TrainerCallback
 
 from mlmkit.config import EmbedConfig, LoggerConfig, parse_duration
 from mlmkit.data.fingerprint import content, in_memory
+from mlmkit.embed.data import EvalData, load_eval_data, training_rows
 from mlmkit.errors import CheckpointError, ConfigError, Preempted
-from mlmkit.evaluation.embed_data import EvalData, load_eval_data, training_rows
 from mlmkit.evaluation.retrieval import FIGURES
 from mlmkit.training.checkpoint_files import is_checkpoint
 from mlmkit.training.metrics_log import MetricsLog

@@ -1,8 +1,8 @@
 """Held-out retrieval sets and training pairs built from data at hand, for ``mlmkit embed`` and
 ``mlmkit eval-retrieval`` where no BEIR set is available.
 
-    python -m mlmkit.evaluation.embed_sets stsb <STS-B dir> <out dir>     # two sets, below
-    python -m mlmkit.evaluation.embed_sets documents <out dir> <file.txt> ...
+    python -m mlmkit.embed.sets stsb <STS-B dir> <out dir>     # two sets, below
+    python -m mlmkit.embed.sets documents <out dir> <file.txt> ...
 
 - ``stsb`` writes ``retrieval/`` (``sts_retrieval``), from STS-B's dev split: each pair scored
   ``min_score`` (4) or more gives a query, its first sentence, whose relevant document is its
@@ -31,8 +31,8 @@ import sys
 from pathlib import Path
 
 from mlmkit.config import DataConfig, TaskConfig
+from mlmkit.embed.data import normalise, sentences
 from mlmkit.errors import DataError, MLMKitError
-from mlmkit.evaluation.embed_data import normalise, sentences
 from mlmkit.finetune.reader import load_split
 
 PASSAGE_SENTENCES = 4  # document-retrieval: a query's passage, its first sentence included
@@ -158,7 +158,7 @@ def document_retrieval(files: list[str], out: str | Path) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line of the module's docstring."""
     parser = argparse.ArgumentParser(
-        prog="python -m mlmkit.evaluation.embed_sets", description=__doc__.split("\n\n")[0]
+        prog="python -m mlmkit.embed.sets", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="kind", required=True)
     p = sub.add_parser("stsb", help="a retrieval set of STS-B dev, training pairs of STS-B train")

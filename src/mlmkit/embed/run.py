@@ -1,4 +1,4 @@
-"""``mlmkit embed``'s run: the contrastive stage (``mlmkit.evaluation.embed``), then
+"""``mlmkit embed``'s run: the contrastive stage (``mlmkit.embed.stage``), then
 ``<run dir>/final/``, a sentence-transformers folder with its model card, and ``results.json``.
 
 ``final/`` is what sentence-transformers saves (the encoder's config.json, model.safetensors and
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.config import EmbedConfig
-from mlmkit.evaluation.embed import quiet_libraries, train_embedder
+from mlmkit.embed.stage import quiet_libraries, train_embedder
 
 OBJECTIVES = {
     "pairs": "in-batch negatives on pairs (MultipleNegativesRankingLoss: each anchor's positive "

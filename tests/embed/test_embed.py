@@ -1,8 +1,8 @@
-"""mlmkit embed: the contrastive stage on sentence-transformers' trainer (mlmkit.evaluation.embed),
-its rows and held-out data (embed_data), the sets built from data at hand (embed_sets), and the
-export (mlmkit.export.embed_run): a tiny BERT made here trains on synthetic pairs and raw text,
-is scored before and after on held-out STS and retrieval data, and loads as a
-SentenceTransformer in a process that never imports mlmkit."""
+"""mlmkit embed: the contrastive stage on sentence-transformers' trainer (mlmkit.embed.stage),
+its rows and held-out data (mlmkit.embed.data), the sets built from data at hand
+(mlmkit.embed.sets), and the run (mlmkit.embed.run): a tiny BERT made here trains on synthetic
+pairs and raw text, is scored before and after on held-out STS and retrieval data, and loads as
+a SentenceTransformer in a process that never imports mlmkit."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def tiny(tmp_path_factory):
 
     from mlmkit.config import TokenizerConfig
     from mlmkit.data.tokenizer import train_tokenizer
-    from mlmkit.evaluation.embed_sets import sts_retrieval
+    from mlmkit.embed.sets import sts_retrieval
 
     root = tmp_path_factory.mktemp("embed")
     train = triples(0, 200)
@@ -150,7 +150,7 @@ def pair_margin(model, rows) -> float:
 def pairs_run(tiny):
     """An embed run with pairs, scored on the held-out STS and retrieval sets before, at step
     10 and after (20 steps), with Matryoshka dimensions."""
-    from mlmkit.export.embed_run import embed
+    from mlmkit.embed.run import embed
 
     run = tiny.root / "pairs-run"
     cfg = compose(
@@ -252,9 +252,9 @@ def test_simcse_turns_dropout_on_and_reads_only_the_training_split(tiny):
     """The raw corpus as pretraining reads it (data=files): each sentence its own positive,
     dropout 0.1 although the model's config has none, the held-out documents left out."""
     from mlmkit.data.sources import load_corpus
-    from mlmkit.evaluation.embed import build_model, dropout_of
-    from mlmkit.evaluation.embed_data import corpus_rows, sentences
-    from mlmkit.export.embed_run import embed
+    from mlmkit.embed.data import corpus_rows, sentences
+    from mlmkit.embed.run import embed
+    from mlmkit.embed.stage import build_model, dropout_of
 
     corpus = tiny.root / "corpus.txt"
     corpus.write_text(
@@ -296,7 +296,7 @@ def test_simcse_turns_dropout_on_and_reads_only_the_training_split(tiny):
 
 
 def test_a_run_resumes_from_its_checkpoint_and_a_time_budget_ends_it(tiny):
-    from mlmkit.export.embed_run import embed
+    from mlmkit.embed.run import embed
 
     run = tiny.root / "resumed"
     embed(compose(*base_args(tiny, "max_steps=4", "save_every=4")), run)
@@ -317,7 +317,7 @@ def test_a_run_resumes_from_its_checkpoint_and_a_time_budget_ends_it(tiny):
 def test_training_pairs_sharing_a_text_with_the_evaluation_data_are_left_out_or_refused(
     tiny, caplog
 ):
-    from mlmkit.evaluation.embed_data import drop_held_out, normalise
+    from mlmkit.embed.data import drop_held_out, normalise
 
     rows = [
         {"anchor": "A cat sits.", "positive": "A  CAT is sitting."},
@@ -334,7 +334,7 @@ def test_training_pairs_sharing_a_text_with_the_evaluation_data_are_left_out_or_
         tiny.pairs.read_text()
         + "".join(json.dumps({"anchor": f[7], "positive": f[8]}) + "\n" for f in dev[:5])
     )
-    from mlmkit.evaluation.embed_data import load_eval_data, training_rows
+    from mlmkit.embed.data import load_eval_data, training_rows
 
     cfg = compose(
         *base_args(
@@ -353,7 +353,7 @@ def test_pairs_come_from_jsonl_csv_tsv_and_a_local_dataset_dir_with_hard_negativ
     import datasets
 
     from mlmkit.config import EmbedPairsConfig
-    from mlmkit.evaluation.embed_data import read_hub_pairs, read_pair_file
+    from mlmkit.embed.data import read_hub_pairs, read_pair_file
 
     pairs = EmbedPairsConfig(anchor_column="q", positive_column="d", negative_column="n")
     (tmp_path / "p.csv").write_text('q,d,n\n"a, quoted",b,c\nd,,f\n')
@@ -376,7 +376,7 @@ def test_pairs_come_from_jsonl_csv_tsv_and_a_local_dataset_dir_with_hard_negativ
 
 
 def test_sets_built_from_sts_and_from_held_out_documents(tiny, tmp_path):
-    from mlmkit.evaluation.embed_sets import document_retrieval, main, sts_training_pairs
+    from mlmkit.embed.sets import document_retrieval, main, sts_training_pairs
     from mlmkit.evaluation.retrieval import read_beir
 
     beir = read_beir(tiny.beir, "test")
