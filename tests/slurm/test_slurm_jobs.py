@@ -154,11 +154,16 @@ def test_train_sbatch_warned_by_slurm_is_requeued_and_ends_as_an_uninterrupted_r
     signal at its first look at time limits 25 s or more into the job (it looks every 30 s);
     the job, submitted just after a look, trains on a 30-s time budget until the next one,
     saves a checkpoint, exits 75 and requeues itself; the requeued job resumes and spends the
-    rest of the budget. Its weights equal an uninterrupted run's of as many steps: after its
-    warmup the learning rate is constant, so no step's rate depends on the clock."""
+    rest of the budget (a job warned again is requeued again). A warning that comes while the
+    job is still setting up (a slow machine, a late start) stops it after its first step.
+    Its weights equal an uninterrupted run's of as many steps: after its warmup the learning
+    rate is constant, so no step's rate depends on the clock."""
     base = [*TINY, f"paths.cache_dir={cache_dir}", "optim.schedule=constant"]
     # a budget the job is still spending at the warning, however fast this machine trains
     overrides = [*base, "train.max_steps=null", "train.max_time=30s"]
+    # the tokenizer and the data in the cache first, as a requeued job finds them: the job's
+    # setup is then its imports and the model, and the warning comes while it trains
+    train_here(tmp_path / "warm", [*base, "train.max_steps=1"])
 
     slurm.wait_for_time_check()  # the job starts just after one: warned at the next, 30 s on
     job = submit(tmp_path, *ONE_NODE, "--time=1", "--signal=USR1@5", *overrides)

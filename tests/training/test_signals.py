@@ -37,3 +37,54 @@ def test_other_ranks_stay_quiet(capfd, monkeypatch):
     with StopSignals() as signals:
         signal.raise_signal(signal.SIGUSR1)
     assert signals.received == signal.SIGUSR1 and capfd.readouterr().err == ""
+
+
+def test_a_warning_held_since_setup_counts_on_entry_and_the_handler_before_it_comes_back(capfd):
+    from mlmkit.training import signals as held
+
+    before = signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # as a rank under mlmkit launch has it
+    try:
+        held.hold_warnings()
+        signal.raise_signal(signal.SIGUSR2)
+        signal.raise_signal(signal.SIGUSR2)  # said once
+        assert capfd.readouterr().err == (
+            "Got SIGUSR2: stopping after the first step, with a checkpoint.\n"
+        )
+        with StopSignals() as signals:
+            assert signals.received == signal.SIGUSR2
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN  # the hold's, not the hold
+        with StopSignals() as signals:  # taken once
+            assert signals.received is None
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+        signal.signal(signal.SIGUSR1, before if before is not None else signal.SIG_DFL)
+        held._held = None
+
+
+def test_slurms_warning_during_setup_stops_the_run_after_its_first_step(
+    tmp_path, cache_dir, monkeypatch, capfd
+):
+    """SLURM's warning (SIGUSR1) while ``mlmkit train`` is still setting up (here: as it reads
+    its probe, before the tokenizer and the data) is not lost: the run trains one step, saves a
+    checkpoint and exits 75 for the job to requeue."""
+    from runs import run_train
+
+    from mlmkit import pretrain
+
+    probe_for_run = pretrain.probe_for_run
+
+    def warned_during_setup(cfg):
+        signal.raise_signal(signal.SIGUSR1)
+        return probe_for_run(cfg)
+
+    monkeypatch.setattr(pretrain, "probe_for_run", warned_during_setup)
+    usr1 = signal.getsignal(signal.SIGUSR1)
+    run = tmp_path / "run"
+    try:
+        proc = run_train(run, cache_dir, "train.max_steps=50", "logger=none", check=False)
+    finally:
+        signal.signal(signal.SIGUSR1, usr1)
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert "Got SIGUSR1: stopping after the first step, with a checkpoint." in capfd.readouterr().err
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000001"]
+    assert "Stopped by SIGUSR1 at step 1 after saving a checkpoint" in proc.stderr

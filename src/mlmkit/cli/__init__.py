@@ -34,6 +34,8 @@ import sys
 
 from mlmkit.cli.errors import report_errors
 
+# the commands whose training stops on a signal with a checkpoint (``training.signals``)
+STOPPABLE = ("train", "embed")
 # command -> (module, whether main() takes the arguments (else Hydra reads sys.argv), what it does);
 # a Hydra command's config is in HYDRA_CONFIGS
 COMMANDS: dict[str, tuple[str, bool, str]] = {
@@ -144,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     record_pid()  # a rank under mlmkit launch: where the launcher's signals go
+    if command in STOPPABLE:  # a scheduler's warning during the imports and setup is kept
+        from mlmkit.training.signals import hold_warnings
+
+        hold_warnings()
     run = importlib.import_module(module).main
     sys.argv = [f"mlmkit {command}", *rest]  # Hydra and argparse read the command line here
     # Hydra's mains report their own errors (exit_on_error) and a Ctrl-C outside them here
