@@ -42,6 +42,7 @@ def test_other_ranks_stay_quiet(capfd, monkeypatch):
 def test_a_warning_held_since_setup_counts_on_entry_and_the_handler_before_it_comes_back(capfd):
     from mlmkit.training import signals as held
 
+    usr1 = signal.getsignal(signal.SIGUSR1)
     before = signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # as a rank under mlmkit launch has it
     try:
         held.hold_warnings()
@@ -57,7 +58,7 @@ def test_a_warning_held_since_setup_counts_on_entry_and_the_handler_before_it_co
             assert signals.received is None
     finally:
         signal.signal(signal.SIGUSR2, before)
-        signal.signal(signal.SIGUSR1, before if before is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, usr1)
         held._held = None
 
 
@@ -85,6 +86,7 @@ def test_slurms_warning_during_setup_stops_the_run_after_its_first_step(
     finally:
         signal.signal(signal.SIGUSR1, usr1)
     assert proc.returncode == 75, proc.stderr[-3000:]
-    assert "Got SIGUSR1: stopping after the first step, with a checkpoint." in capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert "Got SIGUSR1: stopping after the first step, with a checkpoint." in said
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000001"]
     assert "Stopped by SIGUSR1 at step 1 after saving a checkpoint" in proc.stderr

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-
 WARNINGS = ("SIGUSR1", "SIGUSR2")
 _held: int | None = None  # a warning that came before training began (``hold_warnings``)
 _before_hold: dict[int, Any] = {}  # the handlers ``hold_warnings`` replaced
