@@ -133,3 +133,28 @@ def test_the_ending_of_each_launcher_of_a_job(capsys):
         machine_rank(o)
         for o in (["--machine_rank", "1"], ["--machine_rank=2"], ["--num_processes", "2"])
     ] == [1, 2, 0]
+
+
+def test_a_rank_says_how_it_ended_before_it_leaves_the_process_group(monkeypatch, capsys):
+    """Leaving the group ends the other ranks' collectives; torchrun, seeing them exit, may
+    terminate this rank at once, so its sentence must be out by then."""
+    from mlmkit.cli import errors
+    from mlmkit.errors import ConfigError
+
+    said_when_leaving = []
+    monkeypatch.setattr(
+        errors, "leave_process_group", lambda: said_when_leaving.append(capsys.readouterr().err)
+    )
+
+    def refused():
+        raise ConfigError("set train.batch_size to a positive number")
+
+    def interrupted():
+        raise KeyboardInterrupt("Stopped at once by a second Ctrl-C.")
+
+    assert errors.report_errors(refused) == 2
+    assert errors.report_errors(interrupted) == errors.INTERRUPTED
+    assert said_when_leaving == [
+        "Error: set train.batch_size to a positive number\n",
+        "Stopped at once by a second Ctrl-C.\n",
+    ]

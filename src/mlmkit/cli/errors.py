@@ -33,23 +33,25 @@ def report_errors(fn: Callable[[], int | None]) -> int:
     """Run ``fn``; a user's error becomes one sentence on stderr and exit status 2, a
     preemption the message and ``Preempted.exit_code`` (after the checkpoint). A rank of
     several whose collective fails because another rank ended (its error is that rank's to
-    tell) exits with ``PEER_GONE`` and no traceback of its own."""
+    tell) exits with ``PEER_GONE`` and no traceback of its own. The sentence is said before
+    the process group closes: the other ranks then stop, and a launcher that sees them end
+    may terminate this one at once."""
     try:
         status = fn() or 0
         leave_process_group()
         return status
     except Preempted as exc:
-        leave_process_group()
         tell(Preempted.exit_code, str(exc), every_rank=False)
+        leave_process_group()
         _hand_back_signal(exc.signum)
         return Preempted.exit_code
     except MLMKitError as exc:
-        leave_process_group()
         tell(2, f"Error: {exc}")
+        leave_process_group()
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C where nothing stops cleanly, or a second one
-        leave_process_group()
         tell(INTERRUPTED, str(exc) or "Interrupted.", every_rank=False)
+        leave_process_group()
         return INTERRUPTED
     except Exception as exc:
         if not peer_gone(exc):
@@ -105,7 +107,7 @@ def tell(status: int, line: str | None, every_rank: bool = True) -> None:
         except OSError:
             pass  # the launcher's folder is gone: say it here
     if line is not None and (every_rank or rank in (None, "0")):
-        print(line, file=sys.stderr)
+        print(line, file=sys.stderr, flush=True)
 
 
 def exit_on_error(fn: Callable[[], int | None]) -> None:
