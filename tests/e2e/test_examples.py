@@ -241,6 +241,52 @@ def test_electra_vs_mlm_tables_both_objectives_at_equal_wall_clock(env, tmp_path
     assert train_steps(tmp_path / "out" / "rtd")[-1] == 10
 
 
+def test_token_tasks_tables_ner_pos_and_qa_pretrained_against_random_init(env, tmp_path, cache_dir):
+    """examples/token_tasks.sh, shrunk: the tiny model pretrained for a few steps, each task
+    fine-tuned for one epoch on 32 examples from it and from a random init; one table."""
+    for name in ("tokens/wnut17/train.conll", "tokens/ud-ewt/en_ewt-ud-dev.conllu"):
+        shared_file(name)
+    shared_file("qa/squad2-dev-subset.json")
+    work = tmp_path / "token_tasks"
+    settings = {
+        "WORK": str(work),
+        "EPOCHS": "1",
+        "QA_EPOCHS": "1",
+        "FT_ARGS": "max_train_samples=32 batch_size=16 precision=no save_model=false",
+    }
+    proc = bash(
+        "token_tasks.sh",
+        *TINY,
+        *STEPS,
+        f"paths.cache_dir={cache_dir}",
+        env={**env, **settings},
+        cwd=tmp_path,
+    )
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert [r[1] for r in rows] == [
+        "figure",
+        "entity F1",
+        "UPOS accuracy",
+        "exact match",
+        "F1",
+        "F1, answerable",
+        "F1, unanswerable",
+    ], proc.stdout[-3000:]
+    figures = [[float(c.split()[0]) for c in r[2:5]] for r in rows[1:]]
+    assert all(0 <= x <= 100 for row in figures for x in row)
+    assert figures[0][2] == 0.0 and "every word O" in rows[1][4]  # NER's baseline
+    assert figures[5][2] == 100.0 and figures[4][2] == 0.0  # "no answer": NoAns 100, HasAns 0
+    for task in ("ner", "pos", "qa"):
+        for init in ("pretrained", "random"):
+            result = json.loads((work / f"{task}-{init}" / "results.json").read_text())
+            assert result["init"] == init and result["train_examples"] == 32
+    assert all(r[5] for r in rows[1:4]) and "pretraining:" in proc.stdout
+
+
 def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(
     env, tmp_path, cache_dir
 ):
