@@ -11,18 +11,23 @@ from mlmkit.training.signals import StopSignals
 
 
 def test_a_signal_is_said_at_once_and_a_second_ctrl_c_stops_in_one_sentence(capfd):
-    with StopSignals() as signals:
-        signal.raise_signal(signal.SIGINT)
-        assert signals.received == signal.SIGINT and signals.name == "SIGINT"
-        assert capfd.readouterr().err == (
-            "Got SIGINT: stopping after this step, with a checkpoint; press "
-            "Ctrl-C again to stop at once.\n"
-        )
-        with pytest.raises(
-            KeyboardInterrupt, match="second Ctrl-C, without a checkpoint of this step"
-        ):
+    # Ctrl-C's handler as a terminal's process has it (a background job's ignores SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with StopSignals() as signals:
             signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was
+            assert signals.received == signal.SIGINT and signals.name == "SIGINT"
+            assert capfd.readouterr().err == (
+                "Got SIGINT: stopping after this step, with a checkpoint; press "
+                "Ctrl-C again to stop at once.\n"
+            )
+            with pytest.raises(
+                KeyboardInterrupt, match="second Ctrl-C, without a checkpoint of this step"
+            ):
+                signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_sigterm_is_said_without_the_ctrl_c_hint(capfd):
