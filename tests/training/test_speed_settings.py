@@ -368,3 +368,24 @@ def test_reused_cpu_memory_takes_no_new_page_faults_for_a_block_made_every_step(
     assert out["reuse"][0]
     assert out["default"][1] >= 20  # faulted in anew at every allocation (fewer with huge pages)
     assert out["reuse"][1] <= out["default"][1] // 20
+
+
+def test_unwrap_takes_the_module_out_of_its_wrappers_as_accelerate_does():
+    """mlmkit's unwrap (no DeepSpeed import where the run has no DeepSpeed) gives what
+    accelerate's unwrap_model gives: the module itself, out of DataParallel, and a module
+    accelerate compiled handed to accelerate."""
+    from accelerate import Accelerator
+
+    from mlmkit.training.runtime import full_state_dict, unwrap
+
+    acc = Accelerator(cpu=True)
+    inner = torch.nn.Linear(3, 2)
+    for wrapped in (inner, torch.nn.DataParallel(torch.nn.DataParallel(inner))):
+        assert unwrap(acc, wrapped) is inner is acc.unwrap_model(wrapped)
+    compiled = torch.compile(torch.nn.DataParallel(inner))
+    assert unwrap(acc, compiled) is acc.unwrap_model(compiled)
+    weights = full_state_dict(acc, torch.nn.DataParallel(inner))
+    assert weights.keys() == acc.get_state_dict(torch.nn.DataParallel(inner)).keys() == {
+        "weight",
+        "bias",
+    }

@@ -46,7 +46,7 @@ from mlmkit.finetune.task import LengthBatches, Task
 from mlmkit.finetune.tokens import TokenTask
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.optim import build_optimizer, build_scheduler
-from mlmkit.training.runtime import resolve_precision, runs_on_cpu
+from mlmkit.training.runtime import resolve_precision, runs_on_cpu, unwrap
 from mlmkit.training.trained_model import load_model_and_tokenizer
 
 log = logging.getLogger("mlmkit")
@@ -337,7 +337,7 @@ def finetune(
         eval_features, task.eval, metrics,
     )  # fmt: skip
     t0 = time.perf_counter()
-    cache = FrozenEncoderCache(accelerator.unwrap_model(model)) if cfg.freeze_encoder else None
+    cache = FrozenEncoderCache(unwrap(accelerator, model)) if cfg.freeze_encoder else None
     try:
         step, results, predictions = fit(run, total)
     finally:
@@ -345,11 +345,9 @@ def finetune(
             cache.close()
     sizes = (len(train_set), len(task.eval))
     summary = summarize(cfg, task, source, step, sizes, t0, results, run_dir, baseline)
-    task.finish(accelerator.unwrap_model(model))
+    task.finish(unwrap(accelerator, model))
     if accelerator.is_main_process:
-        save_results(
-            run_dir, task, summary, predictions, accelerator.unwrap_model(model), tokenizer
-        )
+        save_results(run_dir, task, summary, predictions, unwrap(accelerator, model), tokenizer)
     accelerator.end_training()
     return summary
 

@@ -41,7 +41,7 @@ from mlmkit.model.bert import MaskedLM, flash_attn_available, resolve_attn_imple
 from mlmkit.model.documents import document_inputs
 from mlmkit.training import setup
 from mlmkit.training.perf import chip_bf16_peak, compute_dtype, measure_matmul_rate
-from mlmkit.training.runtime import autocast_dtype, cpu_has_bf16, describe_cpu
+from mlmkit.training.runtime import autocast_dtype, cpu_has_bf16, describe_cpu, unwrap
 from mlmkit.training.step import train_step
 
 log = logging.getLogger("mlmkit")
@@ -621,7 +621,7 @@ def run_doctor(
                 "expected_mfu": expected_mfu(cfg.model.hidden_size, device.type),
             },
         }
-        model = trainer.accelerator.unwrap_model(trainer.objective).model
+        model = unwrap(trainer.accelerator, trainer.objective).model
         weights = (
             "the run's (model.init_from)"
             if cfg.model.init_from

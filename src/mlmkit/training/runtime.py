@@ -155,6 +155,32 @@ def compile_encoder(model, backend: str = "inductor") -> None:
         layer.compile(backend=backend)
 
 
+def unwrap(accelerator, module):
+    """``accelerator.unwrap_model(module)``, without importing DeepSpeed where the run does not
+    use it: accelerate's unwrapping imports DeepSpeed wherever it is installed (about a second
+    of every command's start). Under DeepSpeed or FSDP, or for a module accelerate compiled,
+    accelerate unwraps; else the module is at most inside DDP or DataParallel."""
+    from accelerate.utils import DistributedType, is_compiled_module
+
+    if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP) or (
+        is_compiled_module(module)
+    ):
+        return accelerator.unwrap_model(module)
+    while isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        module = module.module
+    return module
+
+
+def full_state_dict(accelerator, module) -> dict:
+    """``accelerator.get_state_dict(module)``: the full weights (gathered under FSDP and
+    ZeRO-3, on every rank), without importing DeepSpeed where the run does not use it."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        return accelerator.get_state_dict(module)
+    return unwrap(accelerator, module).state_dict()
+
+
 def cpu_name() -> str:
     """Return the CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows elsewhere."""
     import platform

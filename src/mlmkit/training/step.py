@@ -17,6 +17,7 @@ import torch
 from mlmkit.data.loader import BatchLayout
 from mlmkit.errors import TrainingDiverged
 from mlmkit.model.documents import flatten_rows
+from mlmkit.training.runtime import unwrap
 
 log = logging.getLogger("mlmkit")
 
@@ -34,7 +35,7 @@ def forward_backward(
     tensors; no host sync).
     """
     world = accelerator.num_processes
-    spec = accelerator.unwrap_model(objective)  # what the objective asks (no parameters used)
+    spec = unwrap(accelerator, objective)  # what the objective asks (no parameters used)
     n_local = sum(spec.counts(b) for b in micro)
     n_global = accelerator.reduce(n_local.float(), reduction="sum")
     # DDP averages gradients over ranks; multiplying by world undoes that average.

@@ -36,6 +36,7 @@ from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.perf import peak_memory_gb
 from mlmkit.training.phases import begun_phases, phase_changes
 from mlmkit.training.progress import Progress
+from mlmkit.training.runtime import full_state_dict, unwrap
 from mlmkit.training.signals import StopSignals
 from mlmkit.training.state import TrainState
 from mlmkit.training.step import SkipCount, StepResult
@@ -196,7 +197,7 @@ class Trainer:
         self.data_identity = {"corpus": data.corpus, "train_blocks": data.train_blocks}
         if collator is not None:
             self.collator = self.state.collator = collator
-        objective = acc.unwrap_model(self.objective)
+        objective = unwrap(acc, self.objective)
         objective.document_sep_id = isolation_sep_id(cfg.data.packing, data.tokenizer)
         # flash-attn's variable-length kernel takes batches the loader flattened (model.documents)
         varlen = objective.model.config._attn_implementation == "flash_attention_2"
@@ -438,7 +439,7 @@ class Trainer:
             "event": "train",
             "step": state.step,
             # the objective's figures: its loss (MLM's over the chosen tokens), its parts
-            **acc.unwrap_model(self.objective).figures(sums, counts),
+            **unwrap(acc, self.objective).figures(sums, counts),
             "lr": result.lr,
             "mlm_probability": result.mlm_probability,
             "grad_norm": float(result.grad_norm),
@@ -529,7 +530,7 @@ class Trainer:
             last_eval.update(evaluate(acc, self.objective, self.eval_batches))
         if not self.cfg.train.export:
             return None
-        weights = acc.get_state_dict(self.objective)
+        weights = full_state_dict(acc, self.objective)
         if not acc.is_main_process:
             return None
         summary = {
@@ -550,7 +551,7 @@ class Trainer:
             )
         # the training objective wraps the model as .model (replaced-token detection also holds
         # a generator, exported beside it, and a discriminator head, kept in checkpoints only)
-        objective = acc.unwrap_model(self.objective)
+        objective = unwrap(acc, self.objective)
         generator = getattr(objective, "generator", None)
         return (
             objective.model,
