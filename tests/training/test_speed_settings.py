@@ -385,7 +385,11 @@ def test_unwrap_takes_the_module_out_of_its_wrappers_as_accelerate_does():
     compiled = torch.compile(torch.nn.DataParallel(inner))
     assert unwrap(acc, compiled) is acc.unwrap_model(compiled)
     weights = full_state_dict(acc, torch.nn.DataParallel(inner))
-    assert weights.keys() == acc.get_state_dict(torch.nn.DataParallel(inner)).keys() == {
-        "weight",
-        "bias",
-    }
+    assert (
+        weights.keys()
+        == acc.get_state_dict(torch.nn.DataParallel(inner)).keys()
+        == {
+            "weight",
+            "bias",
+        }
+    )
