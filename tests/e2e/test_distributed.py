@@ -3,6 +3,7 @@ FSDP and DeepSpeed engines (sharded checkpoints, export of the full model)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -133,22 +134,65 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(
     assert events(resumed, "eval")[-1]["eval_loss"] == pytest.approx(eb["eval_loss"], rel=1e-6)
 
 
+RTD_ARGS = [*COMMON, "objective=rtd", "train.max_steps=6", "data.max_eval_samples=40"]
+RTD_FIGURES = ("loss", "mlm_loss", "rtd_loss", "rtd_accuracy", "replaced_share")
+RTD_PARTS = ("final", "final/generator")  # the exported discriminator and generator
+
+
+@pytest.fixture(scope="module")
+def rtd_ddp(tmp_path_factory, cache_dir) -> Path:
+    """objective=rtd on two DDP processes of batch 8: the run the one-process and the FSDP and
+    DeepSpeed runs are compared with."""
+    run = tmp_path_factory.mktemp("rtd") / "ddp"
+    launch_two(run, cache_dir, *RTD_ARGS, "train.batch_size=8")
+    return run
+
+
+def assert_same_rtd_figures(a: Path, b: Path) -> None:
+    x, y = events(a, "train"), events(b, "train")
+    assert [e["step"] for e in x] == [e["step"] for e in y] == list(range(1, 7))
+    for p, q in zip(x, y):
+        for key in RTD_FIGURES:
+            assert p[key] == pytest.approx(q[key], rel=1e-4), (p["step"], key)
+    for key in ("eval_loss", "eval_rtd_loss"):
+        assert events(a, "eval")[-1][key] == pytest.approx(events(b, "eval")[-1][key], rel=1e-4)
+
+
 @pytest.mark.slow
-def test_rtd_two_processes_follow_one_process_with_the_same_global_batch(tmp_path, cache_dir):
+def test_rtd_two_processes_follow_one_process_with_the_same_global_batch(
+    tmp_path, cache_dir, rtd_ddp
+):
     """objective=rtd: 2 processes x batch 8 = 1 process x batch 16, the generator's samples
     included (each row's draws come from its own mask seed)."""
-    args = [*COMMON, "objective=rtd", "train.max_steps=6", "data.max_eval_samples=40"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    run_train(one, cache_dir, *args, "train.batch_size=16")
-    launch_two(two, cache_dir, *args, "train.batch_size=8")
-    a, b = events(one, "train"), events(two, "train")
-    assert [e["step"] for e in a] == [e["step"] for e in b] == list(range(1, 7))
-    for x, y in zip(a, b):
-        for key in ("loss", "mlm_loss", "rtd_loss", "rtd_accuracy", "replaced_share"):
-            assert x[key] == pytest.approx(y[key], rel=1e-4), (x["step"], key)
-    ea, eb = events(one, "eval")[-1], events(two, "eval")[-1]
-    for key in ("eval_loss", "eval_rtd_loss"):
-        assert ea[key] == pytest.approx(eb[key], rel=1e-4), key
+    one = tmp_path / "one"
+    run_train(one, cache_dir, *RTD_ARGS, "train.batch_size=16")
+    assert_same_rtd_figures(one, rtd_ddp)
+
+
+@pytest.mark.slow
+def test_rtd_under_fsdp_and_zero3_follows_ddp_and_exports_both_models(tmp_path, cache_dir, rtd_ddp):
+    """objective=rtd under FSDP2 and DeepSpeed ZeRO-3, which shard or partition the generator
+    with the discriminator: the same figures as DDP, and final/ (the discriminator) and
+    final/generator/ the same plain models as DDP's, their embeddings one tensor."""
+    from safetensors.torch import load_file
+
+    engines = ["fsdp"]
+    if importlib.util.find_spec("deepspeed") is not None:  # the dev extra installs it
+        engines.append("deepspeed_zero3")
+    ddp = {part: load_file(rtd_ddp / part / "model.safetensors") for part in RTD_PARTS}
+    for engine in engines:
+        run = tmp_path / engine
+        launch_engine(engine, run, cache_dir, *RTD_ARGS, "train.batch_size=8")
+        assert_same_rtd_figures(run, rtd_ddp)
+        final = {part: load_file(run / part / "model.safetensors") for part in RTD_PARTS}
+        for part, weights in final.items():
+            assert set(weights) == set(ddp[part]), (engine, part)
+            for name, tensor in weights.items():
+                assert tensor.allclose(ddp[part][name], rtol=1e-4, atol=1e-5), (engine, name)
+        discriminator, generator = final["final"], final["final/generator"]
+        for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+            key = f"embeddings.{name}.weight"
+            assert generator[f"electra.{key}"].equal(discriminator[f"bert.{key}"]), (engine, key)
 
 
 def launch_engine(
