@@ -95,3 +95,35 @@ def test_slurms_warning_during_setup_stops_the_run_after_its_first_step(
     assert "Got SIGUSR1: stopping after the first step, with a checkpoint." in said
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000001"]
     assert "Stopped by SIGUSR1 at step 1 after saving a checkpoint" in proc.stderr
+
+
+def test_a_command_that_ends_before_its_run_begins_gives_back_the_hold(
+    tmp_path, cache_dir, monkeypatch
+):
+    """A warning held during setup, then a refusal before training: the command puts back the
+    handler it found and keeps no warning, so the next command in the same process (a
+    notebook, a sweep) does not stop at its first step."""
+    from runs import TINY, _command_state
+
+    from mlmkit import pretrain
+    from mlmkit.cli import main
+    from mlmkit.errors import ConfigError
+    from mlmkit.training import signals as held
+
+    def warned_then_refused(cfg):
+        signal.raise_signal(signal.SIGUSR1)
+        raise ConfigError("refused during setup")
+
+    monkeypatch.setattr(pretrain, "probe_for_run", warned_then_refused)
+    mine = signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # what the process had before
+    try:
+        with _command_state(tmp_path, None), pytest.raises(SystemExit) as refused:
+            try:
+                main(["train", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path}"])
+            finally:  # before _command_state puts this process's handlers back
+                after = signal.getsignal(signal.SIGUSR1), held._held
+    finally:
+        signal.signal(signal.SIGUSR1, mine)
+        held._held = None
+    assert refused.value.code == 2
+    assert after == (signal.SIG_IGN, None)

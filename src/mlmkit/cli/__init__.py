@@ -146,10 +146,19 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     record_pid()  # a rank under mlmkit launch: where the launcher's signals go
-    if command in STOPPABLE:  # a scheduler's warning during the imports and setup is kept
-        from mlmkit.training.signals import hold_warnings
+    if command not in STOPPABLE:
+        return _run(command, module, takes_args, rest)
+    # a scheduler's warning during the imports and setup is kept, and let go when it ends
+    from mlmkit.training.signals import hold_warnings, release_warnings
 
-        hold_warnings()
+    hold_warnings()
+    try:
+        return _run(command, module, takes_args, rest)
+    finally:
+        release_warnings()
+
+
+def _run(command: str, module: str, takes_args: bool, rest: list[str]) -> int:
     run = importlib.import_module(module).main
     sys.argv = [f"mlmkit {command}", *rest]  # Hydra and argparse read the command line here
     # Hydra's mains report their own errors (exit_on_error) and a Ctrl-C outside them here

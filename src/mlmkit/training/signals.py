@@ -39,12 +39,26 @@ def hold_warnings() -> None:
     """Keep a scheduler's warning (SIGUSR1, SIGUSR2) that comes before training begins, for the
     first ``StopSignals`` to act on; called by the commands that train, before their imports.
     Only in the main thread, where Python runs signal handlers. The first ``StopSignals`` puts
-    the replaced handlers back when it ends."""
+    the replaced handlers back when it ends, ``release_warnings`` where none began."""
     if threading.current_thread() is threading.main_thread():
         for name in WARNINGS:
             sig = getattr(signal, name, None)
             if sig is not None and signal.getsignal(sig) is not _hold:
                 _before_hold[sig] = signal.signal(sig, _hold)
+
+
+def release_warnings() -> None:
+    """End ``hold_warnings``: put back the handlers it replaced where the hold is still there (a
+    command that ended before its run began), and drop a warning no run took. Called as each
+    command ends, so that a process which runs commands one after another (a notebook, a test
+    suite, a sweep) starts each with the handlers it had and no warning left from the last."""
+    global _held
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in list(_before_hold.items()):
+            if signal.getsignal(sig) is _hold:
+                signal.signal(sig, handler)
+            del _before_hold[sig]
+        _held = None
 
 
 class StopSignals:
