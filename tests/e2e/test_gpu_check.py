@@ -32,7 +32,9 @@ sys.path.remove(str(ROOT / "benchmarks"))
 # (transformers' Trainer with workers, and mlmkit's run from a spawned process with its own).
 REHEARSALS = {
     "floor": (ROOT / ".whl", gpu_check.CARRY, None),
-    "newest": (ROOT / ".whl-newest", gpu_check.NEWEST, ["smoke", "gpu-bert"]),
+    # the newest set: the smoke step (mlmkit's training from a spawned process, its 2 workers by
+    # spawn, the built-in corpus made a dataset), where datasets 5's hashing and the workers broke
+    "newest": (ROOT / ".whl-newest", gpu_check.NEWEST, ["smoke"]),
 }
 CARRIED = ("datasets", "dill", "multiprocess", "fsspec", "pyarrow", "evaluate", "hydra-core")
 
@@ -144,12 +146,12 @@ def test_the_gpu_check_rehearses_on_a_bare_image_with_each_wheel_set(tmp_path, w
     assert smoke["train"]["steps"] == 5 and smoke["train"]["finite"]
     assert smoke["train"]["workers"] == {"started": 2, "start_method": "spawn"}
     assert all(a["kernels"] for a in smoke["kernels"]["attention"].values())
-    # the benchmark: the Trainer with 2 workers, mlmkit from a spawned process with 2 of its own
-    gpu = steps["gpu-bert"]
-    assert gpu["workers"] == 2 and gpu["runs"]["Trainer, bf16=True"]["tokens_per_s"] > 0
-    assert gpu["runs"]["mlmkit"]["workers"] == {"started": 2, "start_method": "spawn"}
-    assert gpu["runs"]["mlmkit"]["ratio_to_trainer"] > 0
     if not only:
+        # the benchmark: the Trainer with 2 workers, mlmkit from a spawned process with 2 of its own
+        gpu = steps["gpu-bert"]
+        assert gpu["workers"] == 2 and gpu["runs"]["Trainer, bf16=True"]["tokens_per_s"] > 0
+        assert gpu["runs"]["mlmkit"]["workers"] == {"started": 2, "start_method": "spawn"}
+        assert gpu["runs"]["mlmkit"]["ratio_to_trainer"] > 0
         # the GPU tests were collected, and skipped with the reason
         assert "needs a CUDA GPU (none here)" in log
         profile = steps["profile-bert"]
