@@ -12,8 +12,9 @@
 # Environment: TIME (pretraining wall-clock of each run, 4m), MODEL (bert-mini), SEED (the
 # pretraining seed, 0), TASKS (cola,sst2,stsb,rte), SEEDS (the fine-tuning seeds, 0,1), SAMPLES
 # (training examples per GLUE task, 2000), EPOCHS (2), LR (the fine-tuning rate, 2e-4), GLUE_ARGS
-# (more settings of mlmkit glue), SIDE_BY_SIDE (0), OUT (outputs/electra-vs-mlm), DATA (the
-# corpora folder), GLUE (the GLUE folder), PYTHON.
+# (more settings of mlmkit glue), MLM_ARGS and RTD_ARGS (more settings of one pretraining only,
+# e.g. RTD_ARGS=optim.lr=5e-4: each objective at its own rate), SIDE_BY_SIDE (0), OUT
+# (outputs/electra-vs-mlm), DATA (the corpora folder), GLUE (the GLUE folder), PYTHON.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
@@ -29,6 +30,8 @@ LR=${LR:-2e-4}
 TASKS=${TASKS:-cola,sst2,stsb,rte}
 SEEDS=${SEEDS:-0,1}
 read -r -a GLUE_ARGS <<< "${GLUE_ARGS:-}"
+read -r -a MLM_ARGS <<< "${MLM_ARGS:-}"
+read -r -a RTD_ARGS <<< "${RTD_ARGS:-}"
 mkdir -p "$OUT"
 
 # Each objective with its own masking: MLM with mlmkit's default (40% chosen, 80-10-10), RTD
@@ -58,15 +61,15 @@ run() {  # pretrain with one objective, then fine-tune and probe what it made
     output="$OUT/$objective-sts.json"
 }
 if [ "${SIDE_BY_SIDE:-0}" = 1 ]; then
-  run mlm "$@" > "$OUT/mlm.log" 2>&1 &
+  run mlm "$@" "${MLM_ARGS[@]}" > "$OUT/mlm.log" 2>&1 &
   mlm=$!
-  run rtd "$@" > "$OUT/rtd.log" 2>&1 &
+  run rtd "$@" "${RTD_ARGS[@]}" > "$OUT/rtd.log" 2>&1 &
   rtd=$!
   wait "$mlm" || { tail -20 "$OUT/mlm.log"; exit 1; }
   wait "$rtd" || { tail -20 "$OUT/rtd.log"; exit 1; }
 else
-  run mlm "$@"
-  run rtd "$@"
+  run mlm "$@" "${MLM_ARGS[@]}"
+  run rtd "$@" "${RTD_ARGS[@]}"
 fi
 
 "$PYTHON" - "$OUT" "$TASKS" <<'EOF'

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import SHARED_DATA, shared_file
 from runs import ROOT, TEST_ENV, TINY, free_port, train_steps
 
@@ -219,6 +220,8 @@ def test_electra_vs_mlm_tables_both_objectives_at_equal_wall_clock(env, tmp_path
         "SAMPLES": "32",
         "EPOCHS": "1",
         "GLUE_ARGS": "batch_size=16 precision=no",
+        "MLM_ARGS": "optim.lr=9e-4",  # each objective at a rate of its own
+        "RTD_ARGS": "optim.lr=7e-4",
         "DATA": str(SHARED_DATA / "corpora"),
         "GLUE": str(SHARED_DATA / "glue"),
     }
@@ -239,6 +242,9 @@ def test_electra_vs_mlm_tables_both_objectives_at_equal_wall_clock(env, tmp_path
         assert len(cells) == 10 and cells[-1] == "10" and cells[-2] == "5,120", row
     assert "RTD - MLM, GLUE average:" in proc.stdout
     assert train_steps(tmp_path / "out" / "rtd")[-1] == 10
+    for run, lr in (("mlm", 9e-4), ("rtd", 7e-4)):
+        config = yaml.safe_load((tmp_path / "out" / run / ".hydra" / "config.yaml").read_text())
+        assert config["optim"]["lr"] == lr and config["objective"]["name"] == run
 
 
 def test_token_tasks_tables_ner_pos_and_qa_pretrained_against_random_init(env, tmp_path, cache_dir):

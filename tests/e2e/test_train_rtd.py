@@ -4,6 +4,7 @@ generator exported, and continued pretraining from an exported model."""
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import pytest
@@ -39,17 +40,28 @@ def _resumed_objective(run, cache_dir):
 
 
 @pytest.mark.slow
-def test_rtd_logs_both_losses_resumes_exactly_and_exports_both_models(tmp_path, cache_dir):
+def test_rtd_logs_both_losses_resumes_exactly_and_exports_both_models(
+    tmp_path, cache_dir, monkeypatch
+):
     from safetensors.torch import load_file
     from transformers import AutoModelForMaskedLM, BertForMaskedLM
 
+    from mlmkit.model import rtd
+
+    monkeypatch.setattr(rtd, "PLATEAU_STEP", 5)  # the plateau's warning from the first event
     run = tmp_path / "run"
-    run_train(run, cache_dir, *ARGS)
+    proc = run_train(run, cache_dir, *ARGS)
     full = events(run, "train")
     for e in full:
         assert e["loss"] == pytest.approx(e["mlm_loss"] + 50 * e["rtd_loss"])
         assert 0 < e["replaced_share"] < 0.4 and 0 < e["rtd_accuracy"] < 1  # mask40's 40% at most
         assert 0 <= e["generator_accuracy"] < 1 and 0 < e["mfu"] <= 1
+    # the log warns once where an event's discriminator scores no better than its replaced share
+    share = [e["replaced_share"] for e in full]
+    entropy = [-(p * math.log(p) + (1 - p) * math.log(1 - p)) for p in share]
+    stalled = [e["rtd_loss"] >= h - rtd.PLATEAU_NATS for e, h in zip(full, entropy, strict=True)]
+    warned = proc.stderr.count("the discriminator has learned next to nothing")
+    assert warned == (1 if any(stalled) else 0), (stalled, proc.stderr[-2000:])
     assert {"eval_rtd_loss", "eval_rtd_accuracy", "eval_replaced_share"} <= set(
         events(run, "eval")[-1]
     )

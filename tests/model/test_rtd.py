@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from mlmkit.config import ModelConfig, ObjectiveConfig
@@ -118,3 +119,39 @@ def test_the_generator_gets_no_gradient_through_the_sampling(tokenizer):
     generator = grads(0)
     assert any(v for k, v in generator.items() if k.startswith("generator.electra.encoder"))
     assert not any(v for k, v in generator.items() if not k.startswith("generator."))
+
+
+def test_a_new_discriminator_starts_at_the_share_it_expects_replaced(tokenizer):
+    """Its logit starts at the log-odds of the masking rate, not at even odds: the mean
+    probability "replaced" it gives a batch is that share."""
+    torch.manual_seed(0)
+    model = build_model(TINY, tokenizer)
+    generator = build_generator(model, ObjectiveConfig(name="rtd"), "sdpa")
+    batch = _batch(tokenizer)
+    for share in (0.15, 0.4):
+        objective = ReplacedTokenDetection(model, generator, 50.0, replaced_share=share).eval()
+        with torch.no_grad():
+            hidden = objective(input_ids=batch["input_ids"])["last_hidden_state"]
+            p = torch.sigmoid(objective.discriminator_head(hidden))
+        assert p.mean().item() == pytest.approx(share, abs=0.01)
+
+
+def test_a_discriminator_on_its_plateau_is_warned_of_once(tokenizer):
+    """From PLATEAU_STEP on, a train event whose discriminator loss is no better than the
+    replaced share alone (its entropy) gets one warning naming what to change; a learning one,
+    or an earlier step, gets none."""
+    from mlmkit.model import rtd
+
+    objective = _objective(tokenizer)
+    share = 0.13
+    entropy = -(share * math.log(share) + (1 - share) * math.log(1 - share))  # 0.3864 nats
+
+    def event(step, loss):
+        return {"step": step, "rtd_loss": loss, "replaced_share": share}
+
+    assert objective.warning(event(rtd.PLATEAU_STEP - 1, entropy)) is None  # too early to say
+    assert objective.warning(event(rtd.PLATEAU_STEP, entropy - 0.05)) is None  # it learns
+    warning = objective.warning(event(rtd.PLATEAU_STEP + 100, entropy - 0.001))
+    assert f"Step {rtd.PLATEAU_STEP + 100}:" in warning and f"{entropy:.4f}" in warning
+    assert "model.init_from" in warning and "optim.lr" in warning
+    assert objective.warning(event(rtd.PLATEAU_STEP + 200, entropy)) is None  # once

@@ -11,7 +11,8 @@ calls it on each micro-batch and asks it four things:
 - ``loss_weights``: each term's weight in the loss the step differentiates,
   sum_k weight_k x losses_k / counts_k;
 - ``stats(out)`` and ``figures(sums, counts)``: what the log window adds up (no host wait) and
-  how a log event reads it.
+  how a log event reads it; ``warning(event)``: a sentence for the log where a train event shows
+  the objective learning nothing (None: MLM's loss says so itself).
 
 This base class is the masked-LM objective's: one term, the cross-entropy summed over the chosen
 positions (``loss_sum``), averaged over the chosen tokens of the step, logged as ``loss``.
@@ -46,3 +47,7 @@ class Objective(nn.Module):
     def figures(self, sums: list[float], counts: list[float]) -> dict[str, float]:
         """Return a train event's figures from a log window's ``sums`` and ``counts``."""
         return {"loss": sums[0] / max(counts[0], 1.0)}
+
+    def warning(self, event: dict) -> str | None:
+        """Return a warning for the log that a train ``event`` calls for, or None."""
+        return None

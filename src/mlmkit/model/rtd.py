@@ -34,6 +34,8 @@ The parts, and why:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -45,6 +47,10 @@ from mlmkit.model.kernels import cross_entropy_sum
 from mlmkit.model.objective import Objective
 
 GENERATOR_LAYER = "ElectraLayer"  # one FSDP unit each, beside the discriminator's layers
+# A train event from this step on whose discriminator loss is within PLATEAU_NATS of the entropy
+# of its replaced share (what the share alone scores) gets a warning in the log, once.
+PLATEAU_STEP = 1000
+PLATEAU_NATS = 0.005
 
 
 def generator_config(config, objective):
@@ -120,15 +126,24 @@ def generator_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 class DiscriminatorHead(nn.Module):
-    """ELECTRA's discriminator head: a dense layer, GELU, and one logit per token (replaced)."""
+    """ELECTRA's discriminator head: a dense layer, GELU, and one logit per token (replaced).
 
-    def __init__(self, config) -> None:
+    Its logit starts at the log-odds of ``replaced_share``, the share of tokens the generator is
+    expected to replace, instead of 0 (even odds), as a rare class's classifier starts at its
+    prior (Lin et al., 2017, 'Focal Loss for Dense Object Detection', section 4.1). From 0 the
+    first steps move every token's logit towards the prior together, through the encoder too,
+    and a new encoder's last states drifted towards one vector for every token: at the
+    prior they start where the loss has nothing but the tokens to learn from."""
+
+    def __init__(self, config, replaced_share: float = 0.15) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.prediction = nn.Linear(config.hidden_size, 1)
         for layer in (self.dense, self.prediction):
             nn.init.normal_(layer.weight, std=config.initializer_range)
             nn.init.zeros_(layer.bias)
+        share = min(max(replaced_share, 1e-3), 1 - 1e-3)
+        nn.init.constant_(self.prediction.bias, math.log(share / (1 - share)))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.prediction(nn.functional.gelu(self.dense(hidden))).squeeze(-1)
@@ -161,11 +176,19 @@ class ReplacedTokenDetection(Objective):
     """
 
     def __init__(
-        self, model, generator, discriminator_weight: float, document_sep_id: int | None = None
+        self,
+        model,
+        generator,
+        discriminator_weight: float,
+        document_sep_id: int | None = None,
+        replaced_share: float = 0.15,
     ) -> None:
+        """``replaced_share``: the share of tokens expected replaced (the masking rate), where
+        the discriminator's logit starts."""
         super().__init__()
         self.model, self.generator = model, generator
-        self.discriminator_head = DiscriminatorHead(model.config)
+        self.discriminator_head = DiscriminatorHead(model.config, replaced_share)
+        self.plateau_warned = False
         self.loss_weights = (1.0, float(discriminator_weight))
         self.sparse_prediction = True
         self.document_sep_id = document_sep_id
@@ -207,6 +230,24 @@ class ReplacedTokenDetection(Objective):
             "rtd_accuracy": sums[3] / real,  # the discriminator's, replaced or not
             "replaced_share": sums[4] / real,  # of the real tokens, replaced by a sample
         }
+
+    def warning(self, event: dict) -> str | None:
+        """Warn once where the discriminator, ``PLATEAU_STEP`` steps in, scores no better than
+        the replaced share alone: a new one can sit there for thousands of steps."""
+        share = event["replaced_share"]
+        if self.plateau_warned or event["step"] < PLATEAU_STEP or not 0 < share < 1:
+            return None
+        prior = -(share * math.log(share) + (1 - share) * math.log(1 - share))
+        if event["rtd_loss"] < prior - PLATEAU_NATS:
+            return None
+        self.plateau_warned = True
+        return (
+            f"Step {event['step']}: the discriminator has learned next to nothing (its loss "
+            f"{event['rtd_loss']:.4f} against {prior:.4f}, what the replaced share "
+            f"{share:.3f} alone scores), and a new one can stay there for thousands of steps while "
+            f"its last states collapse to one vector (docs/electra.md): start it from an MLM "
+            f"model (model.init_from=...), lower optim.lr, or use objective=mlm on this budget."
+        )
 
     def forward(
         self,

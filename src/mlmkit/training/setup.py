@@ -460,7 +460,9 @@ def build_rtd(cfg: Config, model, attn: str, sep_id: int | None) -> ReplacedToke
             "model.init_from=%s, the generator and the discriminator head are new",
             cfg.model.init_from,
         )
-    return ReplacedTokenDetection(model, generator, o.discriminator_weight, sep_id)
+    return ReplacedTokenDetection(
+        model, generator, o.discriminator_weight, sep_id, cfg.masking.mlm_probability
+    )
 
 
 def build_meter(

@@ -456,6 +456,9 @@ class Trainer:
             "global_batch_size": self.global_batch(self.step_accum),  # the last step's
         }
         self.record(event)
+        warning = unwrap(acc, self.objective).warning(event)
+        if warning:
+            log.warning(warning)
         self.progress.show(
             loss=f"{event['loss']:.3f}",
             lr=f"{event['lr']:.2e}",
