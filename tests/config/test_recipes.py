@@ -74,3 +74,19 @@ def test_given_keys_reads_hydra_overrides():
         "model.name",
         "masking",
     }
+
+
+def test_rtd_takes_electras_rate_where_the_presets_is_higher_and_says_so():
+    from mlmkit.config.compose import compose_command, finish
+    from mlmkit.config.recipes import RTD_MAX_LR
+
+    cfg, notes = finish(compose_command("config", ["objective=rtd"]), ["objective=rtd"])
+    assert compose([]).optim.lr == pytest.approx(3e-3)  # bert-tiny's, tuned for MLM
+    assert cfg.optim.lr == pytest.approx(RTD_MAX_LR) == pytest.approx(5e-4)
+    assert len(notes) == 1 and "optim.lr=0.0005" in notes[0] and "instead of 0.003" in notes[0]
+    # the command line wins; a preset's lower rate is kept; MLM runs keep the preset's
+    assert compose(["objective=rtd", "optim.lr=2e-3"]).optim.lr == pytest.approx(2e-3)
+    assert compose(["objective=rtd", "model=bert-base"]).optim.lr == pytest.approx(1e-4)
+    assert compose(["objective=mlm"]).optim.lr == pytest.approx(3e-3)
+    cfg, notes = finish(compose_command("config", ["model=bert-base"]), ["model=bert-base"])
+    assert notes == []

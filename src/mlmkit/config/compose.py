@@ -112,10 +112,11 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
 def finish(cfg: DictConfig, overrides: list[str]) -> tuple[Config, list[str]]:
     """Apply the recipes to a composed run config for what ``overrides`` leaves unset, then
     check it: the ``Config`` and the lines the run's log opens with (the recipe taken)."""
-    from mlmkit.config.recipes import apply_continued_pretraining, recipe_note
+    from mlmkit.config.recipes import apply_continued_pretraining, apply_rtd_rate, recipe_note
 
     note = recipe_note(apply_continued_pretraining(cfg, overrides), cfg.model.get("init_from"))
-    return to_config(cfg), [note] if note else []
+    notes = [line for line in (note, apply_rtd_rate(cfg, overrides)) if line]
+    return to_config(cfg), notes
 
 
 def to_config(cfg: Any, schema_class: type = Config) -> Any:

@@ -1,4 +1,5 @@
-"""Apply the recipes composition takes before a run starts: continued pretraining.
+"""Apply the recipes composition takes before a run starts: continued pretraining, and
+replaced-token detection's rate.
 
 A model preset's rate and warmup are tuned to train its architecture from scratch
 (bert-tiny's 3e-3 after 20 steps); applied to a pretrained model they wreck what it knows.
@@ -16,6 +17,12 @@ these settings the command line leaves unset:
   quick start's 40% suits a model trained from scratch), when the masking preset is the
   default one.
 - ``model.name``: what was loaded, for the log and the model card.
+
+With ``objective=rtd`` the peak rate is at most ``RTD_MAX_LR``, 5e-4, ELECTRA-Small's (Clark et
+al. (2020), Table 6), where the command line leaves ``optim.lr`` unset: the small presets' rates
+are tuned for MLM (bert-tiny's 3e-3), and at 3e-3 a new discriminator's last states collapsed to
+one vector for every token and it learned nothing in 9,508 steps, where at 5e-4 it learned from
+its first thousand (docs/electra.md).
 
 The settings taken are logged and saved with the run's config, so the run says which
 rate it trained at and why.
@@ -38,6 +45,7 @@ REFERENCE_BATCH = 256
 REFERENCE_WIDTH = 768
 WARMUP_FRACTION = 0.06
 MLM_PROBABILITY = 0.15
+RTD_MAX_LR = 5e-4  # ELECTRA-Small's peak rate: Clark et al. (2020), Table 6
 
 
 def given_keys(overrides: Iterable[str]) -> set[str]:
@@ -138,4 +146,19 @@ def recipe_note(taken: list[str], init_from: str | None) -> str | None:
     return (
         f"Continued pretraining from {init_from}: the continued-pretraining recipe sets "
         f"{', '.join(taken)}; set any of them on the command line to override it."
+    )
+
+
+def apply_rtd_rate(cfg: DictConfig, overrides: Iterable[str]) -> str | None:
+    """With ``objective=rtd``, lower a rate above ``RTD_MAX_LR`` to it where ``overrides`` leaves
+    ``optim.lr`` unset; returns the log line for it, or None."""
+    lr = float(cfg.optim.lr)
+    if cfg.objective.name != "rtd" or lr <= RTD_MAX_LR or _given("optim.lr", given_keys(overrides)):
+        return None
+    with open_dict(cfg):
+        cfg.optim.lr = RTD_MAX_LR
+    return (
+        f"objective=rtd: optim.lr={RTD_MAX_LR:g} (ELECTRA-Small's) instead of {lr:g}, which is "
+        f"tuned for MLM and collapses a new discriminator (docs/electra.md); set optim.lr on the "
+        f"command line to override it."
     )
