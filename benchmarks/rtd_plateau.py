@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import math
 import random
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch
 from mlmkit.config import ObjectiveConfig, compose
 from mlmkit.masking.collator import IGNORE_INDEX, MLMCollator
 from mlmkit.model.bert import build_model
-from mlmkit.model.rtd import ReplacedTokenDetection, build_generator
+from mlmkit.model.rtd import ReplacedTokenDetection, build_generator, share_entropy
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "corpora" / "gutenberg"
 
@@ -127,7 +126,7 @@ def main() -> None:
         if step % args.every == 0:
             share = sums[1].item() / sums[2].item()
             cosine = last_state_cosine(objective, watched)
-            entropy = -(share * math.log(share) + (1 - share) * math.log(1 - share))
+            entropy = share_entropy(share)
             print(
                 f"{step} | {sums[0].item() / sums[2].item():.4f} | {1 - share:.4f} | "
                 f"{sums[3].item() / sums[2].item():.4f} | {entropy:.4f} | "

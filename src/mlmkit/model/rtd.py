@@ -125,6 +125,11 @@ def generator_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return own
 
 
+def share_entropy(share: float) -> float:
+    """Return the binary entropy of a replaced share in nats (the loss of saying it everywhere)."""
+    return -(share * math.log(share) + (1 - share) * math.log(1 - share))
+
+
 class DiscriminatorHead(nn.Module):
     """ELECTRA's discriminator head: a dense layer, GELU, and one logit per token (replaced).
 
@@ -237,7 +242,7 @@ class ReplacedTokenDetection(Objective):
         share = event["replaced_share"]
         if self.plateau_warned or event["step"] < PLATEAU_STEP or not 0 < share < 1:
             return None
-        prior = -(share * math.log(share) + (1 - share) * math.log(1 - share))
+        prior = share_entropy(share)
         if event["rtd_loss"] < prior - PLATEAU_NATS:
             return None
         self.plateau_warned = True

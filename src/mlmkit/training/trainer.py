@@ -430,6 +430,7 @@ class Trainer:
         """Log a ``train`` event of the steps since the last one (their skipped steps read from the
         device first)."""
         acc, state, window = self.accelerator, self.state, self.window
+        objective = unwrap(acc, self.objective)
         self.skips.settle(state, self.cfg.train.max_bad_steps, result.grad_norm)
         elapsed = max(time.perf_counter() - window.started - window.paused, 1e-9)
         sums = acc.reduce(window.sums, reduction="sum").tolist()
@@ -439,7 +440,7 @@ class Trainer:
             "event": "train",
             "step": state.step,
             # the objective's figures: its loss (MLM's over the chosen tokens), its parts
-            **unwrap(acc, self.objective).figures(sums, counts),
+            **objective.figures(sums, counts),
             "lr": result.lr,
             "mlm_probability": result.mlm_probability,
             "grad_norm": float(result.grad_norm),
@@ -456,7 +457,7 @@ class Trainer:
             "global_batch_size": self.global_batch(self.step_accum),  # the last step's
         }
         self.record(event)
-        warning = unwrap(acc, self.objective).warning(event)
+        warning = objective.warning(event)
         if warning:
             log.warning(warning)
         self.progress.show(
