@@ -4,6 +4,13 @@ The launches themselves: tests/e2e/test_launch.py and the SLURM jobs of tests/sl
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
 from mlmkit.cli.launch import Relay, unexplained_ending
 
 RANK = [
@@ -158,3 +165,36 @@ def test_a_rank_says_how_it_ended_before_it_leaves_the_process_group(monkeypatch
         "Error: set train.batch_size to a positive number\n",
         "Stopped at once by a second Ctrl-C.\n",
     ]
+
+
+@pytest.mark.parametrize("world_size", ["2", "1"])
+def test_a_rank_of_several_ends_with_its_status_and_its_log_but_no_teardown(tmp_path, world_size):
+    """A rank of several (``WORLD_SIZE`` 2, torch.distributed imported) exits at once with its
+    status: what its log handlers hold is written and its stdout flushed, but the interpreter's
+    teardown, where gloo's leftover threads can abort a finished run, is not reached (an atexit
+    hook stands for it). One process returns the status and tears down as before."""
+    log = tmp_path / "train.log"
+    script = tmp_path / "rank.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import atexit, logging, logging.handlers, sys
+            import torch.distributed
+            from mlmkit.cli.errors import end_rank
+
+            held = logging.handlers.MemoryHandler(100, target=logging.FileHandler({str(log)!r}))
+            logging.getLogger("run").addHandler(held)
+            logging.getLogger("run").warning("Done: 10 steps")  # held until the handler closes
+            atexit.register(lambda: print("teardown", flush=True))
+            sys.stdout.write("said ")  # not flushed yet
+            sys.exit(end_rank(7))
+            """
+        )
+    )
+    env = {**os.environ, "WORLD_SIZE": world_size}
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 7, proc.stderr
+    assert log.read_text() == "Done: 10 steps\n"
+    assert proc.stdout == ("said " if world_size == "2" else "said teardown\n")

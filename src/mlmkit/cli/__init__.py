@@ -32,7 +32,7 @@ import importlib
 import os
 import sys
 
-from mlmkit.cli.errors import report_errors
+from mlmkit.cli.errors import end_rank, report_errors
 
 # the commands whose training stops on a signal with a checkpoint (``training.signals``)
 STOPPABLE = ("train", "embed")
@@ -162,7 +162,7 @@ def _run(command: str, module: str, takes_args: bool, rest: list[str]) -> int:
     run = importlib.import_module(module).main
     sys.argv = [f"mlmkit {command}", *rest]  # Hydra and argparse read the command line here
     # Hydra's mains report their own errors (exit_on_error) and a Ctrl-C outside them here
-    return report_errors(run if not takes_args else lambda: run(rest))
+    return end_rank(report_errors(run if not takes_args else lambda: run(rest)))
 
 
 def fill_mask_main() -> int:

@@ -77,6 +77,30 @@ def leave_process_group() -> None:
         pass
 
 
+def end_rank(status: int) -> int:
+    """End a rank of several (``torchrun`` or ``accelerate launch``) at once with ``status``, its
+    process group closed, its log flushed and its data-loading workers let go, without the
+    interpreter's teardown: there the C++ objects that gloo's collectives leave (their threads,
+    pending work holding tensors) are destroyed after Python's own state, and now and then a run
+    that finished aborts there with "terminate called without an active exception" (exit status
+    -6), which the launcher reports as the job's failure. A process
+    that is no rank of several returns ``status`` to its caller as before."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or "torch.distributed" not in sys.modules:
+        return status
+    import gc
+    import logging
+
+    leave_process_group()
+    gc.collect()  # iterators of DataLoaders with workers stop them as they go
+    logging.shutdown()  # train.log and the console handlers, flushed and closed
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say there
+            pass
+    os._exit(status)
+
+
 def peer_gone(exc: BaseException) -> bool:
     """Return True for the error of a collective whose other processes have ended."""
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
