@@ -8,7 +8,7 @@ does. Then the rank either returns to the interpreter ("teardown") or ends with 
 The two arms alternate, so that both meet the same machine load. A run counts as aborted where
 torchrun's status is not 0 or a rank printed "terminate called".
 
-    python benchmarks/rank_exit.py --runs 80      # a Markdown table; about 8 s a run on 2 cores
+    python benchmarks/rank_exit.py --runs 100     # a Markdown table; about 6 s a run on 2 cores
 """
 
 from __future__ import annotations
@@ -57,13 +57,16 @@ def rank_main(arm: str, checkpoint: str) -> int:
 
 
 def one_run(arm: str) -> tuple[bool, int, float]:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    src = str(Path(__file__).resolve().parents[1] / "src")  # mlmkit, from a checkout too
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", PYTHONPATH=path)
     with tempfile.TemporaryDirectory() as checkpoint:
         start = time.perf_counter()
         done = subprocess.run(
             [
-                str(torchrun),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",  # torchrun, wherever its script is installed
                 "--nproc_per_node",
                 "2",
                 "--master_port",
@@ -87,7 +90,7 @@ def one_run(arm: str) -> tuple[bool, int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=80, help="runs of each arm")
+    parser.add_argument("--runs", type=int, default=100, help="runs of each arm")
     parser.add_argument("--rank-arm", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("checkpoint", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
