@@ -41,12 +41,13 @@ def test_accelerate_loads_the_config(name):
         )
         import importlib
 
-        from mlmkit.model.architectures import ARCHITECTURES
+        from mlmkit.model.architectures import MODEL_TYPES, architecture
 
-        for name, arch in ARCHITECTURES.items():  # the class named must exist
+        for model_type in MODEL_TYPES:  # the class named must exist, for every family
+            module = model_type.replace("-", "_")
             assert hasattr(
-                importlib.import_module(f"transformers.models.{name}.modeling_{name}"),
-                arch.layer_class,
+                importlib.import_module(f"transformers.models.{module}.modeling_{module}"),
+                architecture(model_type).layer_class,
             )
     if name.startswith("deepspeed"):
         assert cfg.deepspeed_config["zero_stage"] == int(name[-1])

@@ -30,7 +30,6 @@ rate it trained at and why.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable
@@ -38,7 +37,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from mlmkit.errors import ConfigError
+from mlmkit.config.families import check_continued, model_width
 
 REFERENCE_LR = 1e-4  # Gururangan et al. (2020), Table 13 (TAPT, RoBERTa-base)
 REFERENCE_BATCH = 256
@@ -90,26 +89,10 @@ def model_label(init_from: str) -> str:
 
 
 def pretrained_width(init_from: str) -> int:
-    """Read the hidden size of the model at ``init_from`` from its config alone (a local dir's
-    config.json as JSON, or the Hub's); the model layer checks and loads the rest later."""
-    local = Path(init_from).expanduser()
-    try:
-        if local.exists():
-            return int(json.loads((local / "config.json").read_text())["hidden_size"])
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(init_from, trust_remote_code=False).hidden_size)
-    except Exception as exc:
-        where = (
-            "a local dir without a readable config.json"
-            if local.exists()
-            else "not a local model dir, and the Hugging Face Hub could not provide its config"
-        )
-        raise ConfigError(
-            f"Could not read model.init_from={init_from!r} ({where}: "
-            f"{type(exc).__name__}); point model.init_from at a local dir with "
-            "config.json and model.safetensors."
-        ) from None
+    """Read the width of the model at ``init_from`` from its config alone (a local dir's
+    config.json as JSON, or the Hub's), refusing in one sentence a model mlmkit does not continue
+    (``mlmkit.config.families``); the model layer loads the rest later."""
+    return model_width(check_continued(init_from))
 
 
 def apply_continued_pretraining(cfg: DictConfig, overrides: Iterable[str]) -> list[str]:

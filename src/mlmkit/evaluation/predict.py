@@ -24,7 +24,7 @@ from mlmkit.data.tokenizer import load_tokenizer
 from mlmkit.errors import ConfigError, DataError, first_line
 from mlmkit.finetune.reader import read_rows
 from mlmkit.model.architectures import (
-    ARCHITECTURES,
+    MODEL_TYPES,
     architecture,
     fit_tokenizer,
     transformers_class,
@@ -45,7 +45,7 @@ def classifier_class(config: dict, source: str = "the model", setting: str = "mo
     architecture's ``...ForTokenClassification`` or ``...ForQuestionAnswering``."""
     names, model_type = list(config.get("architectures") or []), config.get("model_type")
     head = next((h for h in HEADS for n in names if str(n).endswith(h)), None)
-    if model_type not in ARCHITECTURES or head is None:
+    if model_type not in MODEL_TYPES or head is None:
         what = names[0] if names else f"{model_type!r} model"
         raise ConfigError(
             f"{setting}: {source} holds a {what}, not a fine-tuned classifier, tagger or "

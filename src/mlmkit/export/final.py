@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.export.embedder import write_embedder_files
+from mlmkit.model.architectures import TITLES, ffn_size
 from mlmkit.model.bert import count_parameters
 
 
@@ -102,7 +103,7 @@ def model_card(
     )
     data = config.get("data", {})
     source = data.get("source")
-    family = {"bert": "BERT", "modernbert": "ModernBERT"}.get(c.model_type, c.model_type)
+    family = TITLES.get(c.model_type, c.model_type)
     attention = ""
     if c.model_type == "modernbert":
         n_global = sum(kind == "full_attention" for kind in c.layer_types)
@@ -128,7 +129,7 @@ def model_card(
     return f"""---
 library_name: transformers
 pipeline_tag: fill-mask
-tags: [bert, fill-mask, mlmkit, sentence-transformers, feature-extraction]
+tags: [{c.model_type}, fill-mask, mlmkit, sentence-transformers, feature-extraction]
 ---
 
 # {config.get("model", {}).get("name", "bert")} ({title})
@@ -137,7 +138,7 @@ A {family} encoder pretrained with {objective} by mlmkit.
 {discriminator}
 - Objective: {objective}.
 - Architecture: {type(model).__name__} (layers {c.num_hidden_layers}, hidden {c.hidden_size}, \
-heads {c.num_attention_heads}, FFN {c.intermediate_size}, vocabulary {vocab}{attention}), \
+heads {c.num_attention_heads}, FFN {ffn_size(c)}, vocabulary {vocab}{attention}), \
 {count_parameters(model) / 1e6:.2f}M parameters.
 {started}- Data: {source}, blocks of {data.get("max_seq_length")} tokens.
 {unk_line}- Training: {summary.get("step")} optimizer steps, \

@@ -1,21 +1,36 @@
-"""The encoder architectures mlmkit trains, and where each keeps its parts.
+"""The encoder families mlmkit trains and continues, and where each keeps its parts.
 
-The training objective, the loaders, the fine-tuning and the export reach the encoder,
-the MLM head and the output bias through ``parts_of(model)``, so they need no branch per
-architecture:
+The training objective, the loaders, the fine-tuning, the embedder and the export reach the
+encoder, the MLM head and the output bias through ``parts_of(model)``, so they need no branch per
+family. A family is one ``Family`` (below): transformers' classes for its ``model_type`` (looked
+up in transformers' own Auto mappings), where its encoder, layers, head and output bias live, and
+what it supports. New models are built from presets for ``bert`` and ``modernbert``; every family
+is continued from a released model dir (``model.init_from``):
 
-- ``bert``: transformers' ``BertForMaskedLM`` (Devlin et al., 2019): learned positions,
-  post-normalisation, a GELU FFN, token type embeddings. Encoder ``.bert``, head ``.cls``.
-- ``modernbert``: transformers' ``ModernBertForMaskedLM`` (Warner et al., 2024, 'Smarter,
-  Better, Faster, Longer'): rotary positions, pre-normalisation, a GeGLU FFN, no biases
-  (but the decoder's), local attention (a sliding window) in all layers but every
-  ``global_attn_every_n_layers``-th, no token types. Encoder ``.model``, head ``.head``
-  then ``.decoder`` (tied to the input embeddings).
+- ``bert``: ``BertForMaskedLM`` (Devlin et al., 2019): learned positions, post-normalisation,
+  a GELU FFN, token type embeddings. Encoder ``.bert``, head ``.cls``.
+- ``modernbert``: ``ModernBertForMaskedLM`` (Warner et al., 2024, 'Smarter, Better, Faster,
+  Longer'): rotary positions, pre-normalisation, a GeGLU FFN, no biases (but the decoder's),
+  local attention (a sliding window) in all layers but every ``global_attn_every_n_layers``-th,
+  no token types. Encoder ``.model``, head ``.head`` then ``.decoder`` (tied to the embeddings).
+- ``roberta``, ``xlm-roberta``, ``camembert`` (Liu et al., 2019; Conneau et al., 2020; Martin et
+  al., 2020): BERT's layers, no token types in use (one type), and positions counted from
+  ``padding_idx + 1`` (514 rows for 512 tokens). Encoder ``.roberta``, head ``.lm_head``.
+- ``deberta-v2`` (DeBERTa-v2 and v3; He et al., 2021): disentangled relative attention, which
+  transformers runs in eager attention only (no SDPA); a document is isolated by a
+  (batch, seq, seq) mask and needs no positions. Encoder ``.deberta``, head ``.cls`` (or
+  ``.lm_predictions`` where its config is not ``legacy``).
+- ``distilbert`` (Sanh et al., 2019): six BERT layers, no token types. Encoder ``.distilbert``,
+  head ``vocab_transform``/``vocab_layer_norm``/``vocab_projector``.
+- ``albert`` (Lan et al., 2020): factorised embeddings (``embedding_size``) and one set of layer
+  weights shared by every layer. Encoder ``.albert``, head ``.predictions``.
+- ``electra`` (Clark et al., 2020): BERT's layers with a projection from narrower embeddings.
+  ``ElectraForMaskedLM`` is the generator's class; a discriminator (``ElectraForPreTraining``)
+  loads into it with a new MLM head, or is continued with ``objective=rtd``, its discriminator
+  head kept. Encoder ``.electra``, head ``.generator_predictions`` then ``.generator_lm_head``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import nn
@@ -35,8 +50,126 @@ def sinusoid_rates(width: int) -> torch.Tensor:
     return 10000.0 ** (-torch.arange(0, width, 2, dtype=torch.float32) / width)
 
 
-class Bert:
+class Family:
+    """The parts of one encoder family, for one ``model_type`` (``architecture(model_type)``).
+
+    transformers' classes come from its Auto mappings, so ``xlm-roberta`` gets
+    ``XLMRobertaForMaskedLM`` from the ``roberta`` family's parts. A family overrides what
+    differs: where its encoder and head are, its positions, what attention it runs."""
+
+    name = "family"  # the family (several model types may share one)
+    prefix = ""  # the encoder's attribute on the masked-LM model (transformers' base_model_prefix)
+    takes_token_type_ids = True  # a second token type is trained (BERT's sentence pairs)
+    sdpa = True  # transformers runs it on torch SDPA
+    sdpa_reason = ""  # why not, where it does not: the log says it
+    # documents of a packed block isolated (data.packing=documents): by positions restarting
+    # and a block-diagonal mask ("positions"), by the mask alone ("mask": relative positions),
+    # or refused (None)
+    isolation = "positions"
+    position_offset = 0  # added to positions that restart at 0 (RoBERTa's padding_idx + 1)
+    tied_keys: tuple[str, ...] = ()  # stored once: the output layer's weight (and bias)
+    layer_class = ""  # the encoder layer's class, one FSDP unit each (default <Family>Layer)
+    mean_pooling = False  # finetune pooling=mean has a class of this family (BERT's)
+    shared_with_classifier: tuple[str, ...] = ()  # default: the encoder
+
+    def __init__(self, model_type: str) -> None:
+        from transformers.models.auto import modeling_auto as auto
+
+        self.model_type = model_type
+        self.masked_lm = auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES[model_type]
+        self.sequence_classification = auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[
+            model_type
+        ]
+        self.token_classification = auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES[model_type]
+        self.question_answering = auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES[model_type]
+        self.layer_class = self.layer_class or self.masked_lm.removesuffix("ForMaskedLM") + "Layer"
+        # the modules a sequence classifier (a token classifier, a span extractor) takes from
+        # the masked-LM model: the encoder, under the same name in both
+        self.shared_with_classifier = self.shared_with_classifier or (self.prefix,)
+
+    def positions(self, config) -> int:
+        """Return how many tokens a sequence of this model may hold (its position rows less the
+        offset they start at)."""
+        return config.max_position_embeddings - self.position_offset_of(config)
+
+    def position_offset_of(self, config) -> int:
+        """Return what positions that restart at 0 are shifted by (RoBERTa: ``padding_idx + 1``)."""
+        return self.position_offset
+
+    def encoder(self, model) -> nn.Module:
+        return getattr(model, self.prefix)
+
+    def layers(self, model) -> nn.ModuleList:
+        return self.encoder(model).encoder.layer
+
+    def embeddings(self, model) -> nn.Module:
+        return self.encoder(model).embeddings
+
+    def head(self, model, hidden):
+        raise NotImplementedError
+
+    def output_bias(self, model):
+        raise NotImplementedError
+
+    def sequence_classifier(self, config, pooling: str):
+        """Return the family's own ``...ForSequenceClassification``, with its head (pooling=mean
+        is BERT's and ModernBERT's; ``mlmkit finetune`` says so in its log)."""
+        return transformers_class(self.sequence_classification)(config)
+
+    def token_classifier(self, config):
+        """``...ForTokenClassification``: a label per token state."""
+        return transformers_class(self.token_classification)(config)
+
+    def question_answerer(self, config):
+        """``...ForQuestionAnswering``: start and end logits per token state."""
+        config.num_labels = 2
+        return transformers_class(self.question_answering)(config)
+
+    def set_dropout(self, model, hidden: float, attention: float) -> None:
+        """Set every dropout of the model to ``hidden`` and its attention's to ``attention``, in
+        the modules and in the config (which an export carries)."""
+        keys = DROPOUT_CONFIG_KEYS.get(self.name, DROPOUT_CONFIG_KEYS["bert"])
+        setattr(model.config, keys[0], hidden)
+        setattr(model.config, keys[1], attention)
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = hidden
+        for module in model.modules():
+            if "Attention" in type(module).__name__:
+                for name in ("dropout", "attention_dropout"):
+                    child = getattr(module, name, None)
+                    if isinstance(child, nn.Dropout):
+                        child.p = attention
+
+    def init_positions(self, model, how: str) -> None:
+        """Leave the positions as they are (a preset's start is BERT's alone)."""
+
+    def init_attention(self, model, how: str) -> None:
+        """Leave the attention as it is (a preset's start is BERT's alone)."""
+
+    def check_objective(self, objective: str) -> str | None:
+        """Return why ``objective`` cannot train this family, or None."""
+        if objective == "rtd":
+            return (
+                f"objective=rtd shares a BERT-style embeddings module with its generator and a "
+                f"{self.model_type} model has its own; continue a bert or electra model with "
+                "objective=rtd, or use objective=mlm"
+            )
+        return None
+
+
+# The config keys of a family's hidden and attention dropout
+DROPOUT_CONFIG_KEYS = {
+    "bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+    "distilbert": ("dropout", "attention_dropout"),
+    "modernbert": ("mlp_dropout", "attention_dropout"),
+}
+
+
+class Bert(Family):
     name = "bert"
+    prefix = "bert"
+    mean_pooling = True
     masked_lm = "BertForMaskedLM"
     sequence_classification = "BertForSequenceClassification"
     token_classification = "BertForTokenClassification"  # a label per token (NER, POS)
@@ -175,6 +308,11 @@ class Bert:
         return model.bert.embeddings
 
     @staticmethod
+    def check_objective(objective: str) -> str | None:
+        """Every objective trains a BERT."""
+        return None
+
+    @staticmethod
     def set_dropout(model, hidden: float, attention: float) -> None:
         model.config.hidden_dropout_prob = hidden
         model.config.attention_probs_dropout_prob = attention
@@ -185,8 +323,10 @@ class Bert:
             layer.attention.self.dropout.p = attention
 
 
-class ModernBert:
+class ModernBert(Family):
     name = "modernbert"
+    prefix = "model"
+    mean_pooling = True  # its own classifier pools as its config says
     masked_lm = "ModernBertForMaskedLM"
     sequence_classification = "ModernBertForSequenceClassification"
     token_classification = "ModernBertForTokenClassification"
@@ -286,18 +426,153 @@ class ModernBert:
             layer.attn.attention_dropout = attention
 
 
-ARCHITECTURES: dict[str, Any] = {"bert": Bert, "modernbert": ModernBert}
+class Roberta(Family):
+    """RoBERTa, XLM-RoBERTa and CamemBERT: BERT's layers, positions from ``padding_idx + 1``."""
+
+    name = "roberta"
+    prefix = "roberta"
+    takes_token_type_ids = False  # one token type (type_vocab_size 1)
+    tied_keys = ("lm_head.decoder.weight", "lm_head.decoder.bias")
+
+    def position_offset_of(self, config) -> int:
+        return config.pad_token_id + 1
+
+    def head(self, model, hidden):
+        return model.lm_head(hidden)
+
+    def output_bias(self, model):
+        return model.lm_head.bias
 
 
-def architecture(name: str):
-    """Return the parts of the architecture ``name`` (a ``model.architecture`` or a config's
+class DebertaV2(Family):
+    """DeBERTa-v2 and v3: relative (disentangled) attention, eager only in transformers."""
+
+    name = "deberta-v2"
+    prefix = "deberta"
+    takes_token_type_ids = False  # v3's type_vocab_size is 0
+    sdpa = False
+    sdpa_reason = (
+        "DeBERTa's disentangled attention (content-to-position and position-to-content terms) "
+        "has no SDPA kernel in transformers: it runs in eager attention"
+    )
+    isolation = "mask"  # relative positions: a (batch, seq, seq) mask isolates documents
+    tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+    def head(self, model, hidden):
+        if model.config.legacy:
+            return model.cls(hidden)
+        return model.lm_predictions(hidden, self.embeddings(model).word_embeddings)
+
+    def output_bias(self, model):
+        if model.config.legacy:
+            return model.cls.predictions.bias
+        return model.lm_predictions.lm_head.bias
+
+
+class DistilBert(Family):
+    """DistilBERT: six BERT layers, no token types."""
+
+    name = "distilbert"
+    prefix = "distilbert"
+    takes_token_type_ids = False
+    layer_class = "TransformerBlock"
+    tied_keys = ("vocab_projector.weight",)
+
+    def layers(self, model) -> nn.ModuleList:
+        return model.distilbert.transformer.layer
+
+    def head(self, model, hidden):
+        hidden = model.vocab_layer_norm(model.activation(model.vocab_transform(hidden)))
+        return model.vocab_projector(hidden)
+
+    def output_bias(self, model):
+        return model.vocab_projector.bias
+
+
+class Albert(Family):
+    """ALBERT: factorised embeddings, one set of layer weights shared by all layers (in groups)."""
+
+    name = "albert"
+    prefix = "albert"
+    tied_keys = ("predictions.decoder.weight", "predictions.decoder.bias")
+
+    def layers(self, model) -> nn.ModuleList:
+        """Return the distinct layers (a shared layer once): ``num_hidden_groups`` groups of
+        ``inner_group_num`` layers, each applied to several of the model's layers."""
+        groups = model.albert.encoder.albert_layer_groups
+        return nn.ModuleList([layer for group in groups for layer in group.albert_layers])
+
+    def head(self, model, hidden):
+        return model.predictions(hidden)
+
+    def output_bias(self, model):
+        return model.predictions.bias
+
+
+class Electra(Family):
+    """ELECTRA: BERT's layers behind a projection from narrower embeddings. A discriminator
+    continues with objective=rtd (its head kept); any ELECTRA continues with objective=mlm."""
+
+    name = "electra"
+    prefix = "electra"
+    tied_keys = ("generator_lm_head.weight",)
+
+    def head(self, model, hidden):
+        return model.generator_lm_head(model.generator_predictions(hidden))
+
+    def output_bias(self, model):
+        return model.generator_lm_head.bias
+
+    def check_objective(self, objective: str) -> str | None:
+        return None
+
+
+FAMILIES = (Bert, ModernBert, Roberta, DebertaV2, DistilBert, Albert, Electra)
+# every model_type mlmkit continues, and its family
+MODEL_TYPES = {
+    "bert": Bert,
+    "modernbert": ModernBert,
+    "roberta": Roberta,
+    "xlm-roberta": Roberta,
+    "camembert": Roberta,
+    "deberta-v2": DebertaV2,
+    "distilbert": DistilBert,
+    "albert": Albert,
+    "electra": Electra,
+}
+ARCHITECTURES: dict[str, Family] = {}  # model_type -> its parts, made on first use
+PRESET_ARCHITECTURES = ("bert", "modernbert")  # model.architecture: a new model of a preset
+
+
+def architecture(name: str) -> Family:
+    """Return the parts of the model type ``name`` (a ``model.architecture`` or a config's
     ``model_type``)."""
-    if name not in ARCHITECTURES:
+    if name not in MODEL_TYPES:
         raise ConfigError(
-            f"{name!r} models are not trained by mlmkit; it trains "
-            f"{' and '.join(ARCHITECTURES)} models."
+            f"{name!r} models are not trained by mlmkit; it trains and continues "
+            f"{', '.join(MODEL_TYPES)} models."
         )
+    if name not in ARCHITECTURES:
+        ARCHITECTURES[name] = MODEL_TYPES[name](name)
     return ARCHITECTURES[name]
+
+
+def ffn_size(config) -> int:
+    """Return the width of a layer's FFN (DistilBERT's config calls it ``hidden_dim``)."""
+    return getattr(config, "intermediate_size", None) or config.hidden_dim
+
+
+TITLES = {  # how the model card names each model type
+    "bert": "BERT",
+    "modernbert": "ModernBERT",
+    "roberta": "RoBERTa",
+    "xlm-roberta": "XLM-RoBERTa",
+    "camembert": "CamemBERT",
+    "deberta-v2": "DeBERTa-v2/v3",
+    "distilbert": "DistilBERT",
+    "albert": "ALBERT",
+    "electra": "ELECTRA",
+}
 
 
 def parts_of(model):

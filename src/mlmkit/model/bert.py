@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from mlmkit.config import ModelConfig
+from mlmkit.config.families import check_continued
 from mlmkit.errors import CheckpointError, ConfigError, first_line
 from mlmkit.masking.collator import IGNORE_INDEX
-from mlmkit.model.architectures import ARCHITECTURES, architecture, parts_of, transformers_class
+from mlmkit.model.architectures import architecture, parts_of, transformers_class
 from mlmkit.model.documents import document_inputs, padding_inputs, varlen_inputs
 from mlmkit.model.kernels import cross_entropy_sum, register_cpu_attention
 from mlmkit.model.objective import Objective
@@ -73,6 +74,15 @@ def resolve_attn_implementation(name: str, device_type: str = "cpu", precision: 
     return "sdpa"
 
 
+def family_attention(family, attn_implementation: str) -> str:
+    """Return the attention ``family`` runs for ``attn_implementation``: eager where transformers
+    gives the family no SDPA (DeBERTa; ``Family.sdpa_reason``), else the one asked for."""
+    if family.sdpa or attn_implementation == "eager":
+        return attn_implementation
+    log.info("Attention: eager, not %s: %s.", attn_implementation, family.sdpa_reason)
+    return "eager"
+
+
 def build_model(
     cfg: ModelConfig,
     tokenizer,
@@ -113,7 +123,7 @@ def build_model(
         silence_padded_vocab(model, padded_vocab_size(tokenizer))
         architecture(cfg.architecture).init_positions(model, cfg.position_init)
         architecture(cfg.architecture).init_attention(model, cfg.attention_init)
-    limit = model.config.max_position_embeddings
+    limit = parts_of(model).positions(model.config)  # RoBERTa's 514 rows hold 512 tokens
     if max_seq_length is not None and max_seq_length > limit:
         grow = (
             " or set model.extend_positions_to"
@@ -122,7 +132,7 @@ def build_model(
         )
         raise ConfigError(
             f"data.max_seq_length ({max_seq_length}, the longest of the run and its phases) is "
-            f"larger than the model's max_position_embeddings ({limit}); lower "
+            f"larger than the {limit} positions of the model; lower "
             f"data.max_seq_length{grow}."
         )
     return model
@@ -277,21 +287,23 @@ def silence_padded_vocab(model, n_real: int) -> None:
 
 
 def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
-    """Load the config of the BERT or ModernBERT model at ``name_or_path`` (a local dir, checked for
-    safetensors and custom code before transformers opens it, or a Hub name), with one clear
-    error on failure; ``setting`` names where the path came from."""
+    """Load the config of the encoder at ``name_or_path`` (a local dir, checked for safetensors and
+    custom code before transformers opens it, or a Hub name) of a family mlmkit continues
+    (``mlmkit.config.families``), with one clear error on failure; ``setting`` names where the
+    path came from."""
     from transformers import AutoConfig
 
     from mlmkit.model.safety import refuse_custom_code, require_safetensors
 
     local = Path(name_or_path).expanduser()
     source = str(local) if local.exists() else name_or_path
+    if local.exists() and not (local / "config.json").is_file():
+        raise ConfigError(
+            f"{setting}={name_or_path!r} has no config.json; point {setting} at a "
+            "model dir with config.json and model.safetensors."
+        )
+    check_continued(name_or_path, setting)  # custom code, a decoder, an unknown family
     if local.exists():  # checked before transformers opens anything in it
-        if not (local / "config.json").is_file():
-            raise ConfigError(
-                f"{setting}={name_or_path!r} has no config.json; point {setting} at a "
-                "model dir with config.json and model.safetensors."
-            )
         refuse_custom_code(local, setting)
         require_safetensors(local, setting)
     try:
@@ -306,11 +318,6 @@ def load_pretrained_config(name_or_path: str, setting: str = "model.init_from"):
             f"Could not load {setting}={name_or_path!r} ({where}: {first_line(exc)}); point "
             f"{setting} at a local dir with config.json and model.safetensors."
         ) from None
-    if config.model_type not in ARCHITECTURES:
-        raise ConfigError(
-            f"{setting}={name_or_path!r} is a {config.model_type!r} model; mlmkit loads BERT "
-            "and ModernBERT models only."
-        )
     return config
 
 
@@ -325,11 +332,12 @@ def load_pretrained(
     config = load_pretrained_config(name_or_path, setting)
     local = Path(name_or_path).expanduser()
     source = str(local) if local.exists() else name_or_path
-    masked_lm = transformers_class(architecture(config.model_type).masked_lm)
+    family = architecture(config.model_type)
+    masked_lm = transformers_class(family.masked_lm)
     try:
         return masked_lm.from_pretrained(
             source,
-            attn_implementation=attn_implementation,
+            attn_implementation=family_attention(family, attn_implementation),
             use_safetensors=True,
             trust_remote_code=False,
             dtype=torch.float32,
@@ -470,12 +478,17 @@ def encoder_inputs(
     one's, a padded one's (its masks built here, with no host wait), or with documents isolated
     (``document_sep_id``) the masks and positions of ``model.documents``."""
     if varlen:
-        return varlen_inputs(model, input_ids, **varlen)
-    if document_sep_id is None and (attention_mask is None or attention_mask.dim() != 2):
+        inputs = varlen_inputs(model, input_ids, **varlen)
+    elif document_sep_id is None and (attention_mask is None or attention_mask.dim() != 2):
         return {"input_ids": input_ids, "attention_mask": attention_mask}
-    if document_sep_id is None:
+    elif document_sep_id is None:
         return padding_inputs(model, input_ids, attention_mask)
-    return document_inputs(model, input_ids, document_sep_id, attention_mask)
+    else:
+        inputs = document_inputs(model, input_ids, document_sep_id, attention_mask)
+    offset = parts_of(model).position_offset_of(model.config)
+    if offset and "position_ids" in inputs:  # RoBERTa counts positions from padding_idx + 1
+        inputs["position_ids"] = inputs["position_ids"] + offset
+    return inputs
 
 
 def prediction_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

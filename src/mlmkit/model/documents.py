@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from mlmkit.model.architectures import architecture
+
 
 def isolation_sep_id(packing: str, tokenizer) -> int | None:
     """Return the id that ends a document where ``data.packing`` isolates documents, else None."""
@@ -96,7 +98,10 @@ def _masked_inputs(
     config, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
 ) -> dict:
     """SDPA's or eager attention's inputs with a (batch, 1, seq, seq) boolean ``mask``; for
-    ModernBERT also its sliding-window variant for the local layers."""
+    ModernBERT also its sliding-window variant for the local layers; for a family of relative
+    positions (DeBERTa) the mask alone, as the (batch, seq, seq) 0/1 mask it takes."""
+    if architecture(config.model_type).isolation == "mask":
+        return {"input_ids": input_ids, "attention_mask": mask[:, 0].to(torch.long)}
     if config.model_type == "modernbert":
         seq = input_ids.size(1)
         index = torch.arange(seq, device=input_ids.device)
@@ -203,7 +208,8 @@ def padding_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     key-padding mask as (batch, 1, 1, seq), ModernBERT's local layers also their window;
     flash-attn takes the 2-D mask as it is."""
     config = model.config
-    if config._attn_implementation not in ("sdpa", "eager"):
+    relative = architecture(config.model_type).isolation == "mask"  # DeBERTa: takes 2-D masks
+    if config._attn_implementation not in ("sdpa", "eager") or relative:
         return {"input_ids": input_ids, "attention_mask": attention_mask}
     keys = attention_mask[:, None, None, :].bool()
     if config.model_type == "modernbert":

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import torch
 
+from mlmkit.model.architectures import ffn_size
 from mlmkit.training.runtime import cpu_has_bf16, cpu_name
 
 log = logging.getLogger("mlmkit")
@@ -158,7 +159,7 @@ def model_train_flops(config, blocks: Mapping[int, int], predicted: float) -> fl
     shape = (
         config.num_hidden_layers,
         config.hidden_size,
-        config.intermediate_size,
+        ffn_size(config),
         config.vocab_size,
     )
     if config.model_type != "modernbert":
@@ -299,7 +300,7 @@ def model_matmul_shapes(config, tokens: int, predicted: int) -> tuple[tuple[int,
     """``(m, k, n)`` of the weight products of one training micro-batch of a BERT (or
     ModernBERT: fused QKV, GeGLU) encoder with its MLM head: ``tokens`` rows through the
     encoder's projections, ``predicted`` rows through the head (the sparse head's row count)."""
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    h, i, v = config.hidden_size, ffn_size(config), config.vocab_size
     shapes = {(tokens, h, h), (tokens, h, i), (tokens, i, h), (predicted, h, h), (predicted, h, v)}
     if config.model_type == "modernbert":
         shapes = {

@@ -74,6 +74,10 @@ MODEL_SHAPE_KEYS = (
     "layer_types",
     "local_attention",
     "rope_parameters",
+    "hidden_dim",  # DistilBERT's FFN
+    "embedding_size",  # ALBERT's and ELECTRA's factorised embeddings
+    "num_hidden_groups",  # ALBERT's shared layers
+    "relative_attention",  # DeBERTa's
 )
 
 

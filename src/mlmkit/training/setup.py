@@ -420,7 +420,7 @@ def build_run_model(
         cfg.model.name,
         count_parameters(model) / 1e6,
         count_parameters(model, embeddings=False) / 1e6,
-        attn,
+        model.config._attn_implementation,
     )
     source = resume_from.parent.parent / RUN_MODEL_DIR if resume_from is not None else None
     if source is not None and (source / "config.json").is_file():  # the checkpoint's own run
