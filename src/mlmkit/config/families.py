@@ -60,8 +60,9 @@ def refusal(config: dict, name_or_path: str, setting: str = "model.init_from") -
     families = ", ".join(CONTINUED_MODEL_TYPES)
     if config.get("auto_map"):
         return (
-            f"{setting}={name_or_path!r} is a {model_type!r} model whose config.json names code to "
-            "run from its folder or the Hub (auto_map, trust_remote_code), which mlmkit never runs; "
+            f"{setting}={name_or_path!r} is a {model_type!r} model whose config.json names code "
+            "to run from its folder or the Hub (auto_map, trust_remote_code), which mlmkit never "
+            "runs; "
             f"continue a model of a family transformers ships ({families}), or convert this one "
             "to such a family's classes first."
         )

@@ -67,15 +67,24 @@ def _unsort(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 def continuation_lookup(tokenizer, size: int) -> torch.Tensor:
-    """Vocab id -> True where the token continues the previous word."""
+    """Vocab id -> True where the token continues the previous word: WordPiece's ``##`` pieces
+    (the tokenizer's model says it is WordPiece: RoBERTa's byte-level BPE has tokens such as
+    ``##`` too, which start words), else every piece without the word-start mark of a byte-level
+    BPE (``Ġ``) or of SentencePiece (``▁``)."""
     vocab = tokenizer.get_vocab()
     cont = torch.zeros(size, dtype=torch.bool)
     tokens = list(vocab)
-    if any(t.startswith("##") for t in tokens):  # WordPiece
-        ids = [i for t, i in vocab.items() if t.startswith("##")]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    kind = type(backend.model).__name__ if backend is not None else ""
+    if kind == "WordPiece" or (not kind and any(t.startswith("##") for t in tokens)):
+        prefix = getattr(backend.model, "continuing_subword_prefix", "##") if kind else "##"
+        ids = [i for t, i in vocab.items() if t.startswith(prefix)]
     else:
-        mark = next((m for m in ("Ġ", "▁") if any(t.startswith(m) for t in tokens)), None)
-        if mark is None:  # no sub-word marks: every token is a word
+        # the mark most tokens carry (a 250k-token SentencePiece vocabulary holds a few "Ġ..."
+        # tokens of text too, as a byte-level BPE's may hold "▁...")
+        count = {m: sum(t.startswith(m) for t in tokens) for m in ("Ġ", "▁")}
+        mark = max(count, key=count.get)
+        if not count[mark]:  # no sub-word marks: every token is a word
             return cont
         special = set(tokenizer.all_special_ids)
         ids = [i for t, i in vocab.items() if not t.startswith(mark) and i not in special]

@@ -17,8 +17,8 @@ is continued from a released model dir (``model.init_from``):
   al., 2020): BERT's layers, no token types in use (one type), and positions counted from
   ``padding_idx + 1`` (514 rows for 512 tokens). Encoder ``.roberta``, head ``.lm_head``.
 - ``deberta-v2`` (DeBERTa-v2 and v3; He et al., 2021): disentangled relative attention, which
-  transformers runs in eager attention only (no SDPA); a document is isolated by a
-  (batch, seq, seq) mask and needs no positions. Encoder ``.deberta``, head ``.cls`` (or
+  transformers runs in eager attention only (no SDPA), and which takes only a padding mask (no
+  ``data.packing=documents``). Encoder ``.deberta``, head ``.cls`` (or
   ``.lm_predictions`` where its config is not ``legacy``).
 - ``distilbert`` (Sanh et al., 2019): six BERT layers, no token types. Encoder ``.distilbert``,
   head ``vocab_transform``/``vocab_layer_norm``/``vocab_projector``.
@@ -62,10 +62,10 @@ class Family:
     takes_token_type_ids = True  # a second token type is trained (BERT's sentence pairs)
     sdpa = True  # transformers runs it on torch SDPA
     sdpa_reason = ""  # why not, where it does not: the log says it
-    # documents of a packed block isolated (data.packing=documents): by positions restarting
-    # and a block-diagonal mask ("positions"), by the mask alone ("mask": relative positions),
-    # or refused (None)
-    isolation = "positions"
+    # documents of a packed block isolated (data.packing=documents) by positions restarting at
+    # each document and a block-diagonal mask; None: the family cannot take such a mask
+    isolation: str | None = "positions"
+    padding_mask_2d = False  # padded batches keep the 2-D mask (the model builds its own)
     position_offset = 0  # added to positions that restart at 0 (RoBERTa's padding_idx + 1)
     tied_keys: tuple[str, ...] = ()  # stored once: the output layer's weight (and bias)
     layer_class = ""  # the encoder layer's class, one FSDP unit each (default <Family>Layer)
@@ -455,7 +455,10 @@ class DebertaV2(Family):
         "DeBERTa's disentangled attention (content-to-position and position-to-content terms) "
         "has no SDPA kernel in transformers: it runs in eager attention"
     )
-    isolation = "mask"  # relative positions: a (batch, seq, seq) mask isolates documents
+    # transformers' DeBERTa multiplies its embeddings by the attention mask, which must be the
+    # 2-D padding mask: no block-diagonal mask reaches its attention
+    isolation = None
+    padding_mask_2d = True
     tied_keys = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
     def head(self, model, hidden):

@@ -98,10 +98,7 @@ def _masked_inputs(
     config, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
 ) -> dict:
     """SDPA's or eager attention's inputs with a (batch, 1, seq, seq) boolean ``mask``; for
-    ModernBERT also its sliding-window variant for the local layers; for a family of relative
-    positions (DeBERTa) the mask alone, as the (batch, seq, seq) 0/1 mask it takes."""
-    if architecture(config.model_type).isolation == "mask":
-        return {"input_ids": input_ids, "attention_mask": mask[:, 0].to(torch.long)}
+    ModernBERT also its sliding-window variant for the local layers."""
     if config.model_type == "modernbert":
         seq = input_ids.size(1)
         index = torch.arange(seq, device=input_ids.device)
@@ -208,8 +205,8 @@ def padding_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     key-padding mask as (batch, 1, 1, seq), ModernBERT's local layers also their window;
     flash-attn takes the 2-D mask as it is."""
     config = model.config
-    relative = architecture(config.model_type).isolation == "mask"  # DeBERTa: takes 2-D masks
-    if config._attn_implementation not in ("sdpa", "eager") or relative:
+    own = architecture(config.model_type).padding_mask_2d  # DeBERTa builds its own masks
+    if config._attn_implementation not in ("sdpa", "eager") or own:
         return {"input_ids": input_ids, "attention_mask": attention_mask}
     keys = attention_mask[:, None, None, :].bool()
     if config.model_type == "modernbert":

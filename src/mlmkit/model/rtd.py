@@ -69,7 +69,8 @@ def generator_config(config, objective):
         )
     return ElectraConfig(
         vocab_size=config.vocab_size,
-        embedding_size=config.hidden_size,
+        # the shared embeddings' width: the discriminator's (an ELECTRA's own embedding_size)
+        embedding_size=getattr(config, "embedding_size", config.hidden_size),
         hidden_size=width,
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=heads,
@@ -89,11 +90,9 @@ def build_generator(model, objective, attn_implementation: str):
     """Return a new generator (``ElectraForMaskedLM``) for the discriminator ``model``, sharing its
     embeddings; its output bias starts as the discriminator's (the unigram start, the padded
     vocabulary's silenced rows)."""
-    if model.config.model_type != "bert":
-        raise ConfigError(
-            f"objective=rtd trains a BERT discriminator and the model is a "
-            f"{model.config.model_type}; continue a BERT model or use objective=mlm."
-        )
+    refusal = parts_of(model).check_objective("rtd")  # BERT and ELECTRA share embeddings
+    if refusal:
+        raise ConfigError(refusal + ".")
     from transformers import ElectraForMaskedLM
 
     generator = ElectraForMaskedLM(generator_config(model.config, objective))
@@ -118,11 +117,37 @@ def generator_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     own = {
         k.removeprefix("generator."): v for k, v in weights.items() if k.startswith("generator.")
     }
-    shared = "model.bert.embeddings."
-    for key, value in weights.items():
-        if key.startswith(shared):
-            own.setdefault("electra.embeddings." + key.removeprefix(shared), value)
+    for shared in ("model.bert.embeddings.", "model.electra.embeddings."):  # a BERT's, an ELECTRA's
+        for key, value in weights.items():
+            if key.startswith(shared):
+                own.setdefault("electra.embeddings." + key.removeprefix(shared), value)
     return own
+
+
+@torch.no_grad()
+def load_discriminator_head(head: nn.Module, name_or_path: str) -> bool:
+    """Start ``head`` (a ``DiscriminatorHead``) from the discriminator head of a released ELECTRA
+    discriminator (``ElectraForPreTraining``'s ``discriminator_predictions``) in the model dir
+    ``name_or_path``, where it has one; returns whether it did."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    weights = Path(name_or_path).expanduser() / "model.safetensors"
+    names = {
+        "dense.weight": "discriminator_predictions.dense.weight",
+        "dense.bias": "discriminator_predictions.dense.bias",
+        "prediction.weight": "discriminator_predictions.dense_prediction.weight",
+        "prediction.bias": "discriminator_predictions.dense_prediction.bias",
+    }
+    if not weights.is_file():
+        return False
+    with safe_open(str(weights), framework="pt") as f:
+        if not set(names.values()) <= set(f.keys()):
+            return False
+        state = {own: f.get_tensor(theirs) for own, theirs in names.items()}
+    head.load_state_dict(state)
+    return True
 
 
 def share_entropy(share: float) -> float:

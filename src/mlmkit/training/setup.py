@@ -21,7 +21,7 @@ from mlmkit.data.sources import corpus_fingerprint, load_corpus
 from mlmkit.data.tokenizer import get_tokenizer, load_base_tokenizer, load_tokenizer
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.masking.collator import MLMCollator
-from mlmkit.model.architectures import fit_tokenizer
+from mlmkit.model.architectures import fit_tokenizer, parts_of
 from mlmkit.model.bert import (
     MaskedLM,
     build_model,
@@ -31,7 +31,7 @@ from mlmkit.model.bert import (
 )
 from mlmkit.model.documents import isolation_sep_id
 from mlmkit.model.objective import Objective
-from mlmkit.model.rtd import ReplacedTokenDetection, build_generator
+from mlmkit.model.rtd import ReplacedTokenDetection, build_generator, load_discriminator_head
 from mlmkit.training import lock as run_lock
 from mlmkit.training.budget import Budget
 from mlmkit.training.checkpoint_files import resolve_resume
@@ -41,6 +41,7 @@ from mlmkit.training.phases import BatchRamp, PhasePlan
 from mlmkit.training.resume_checks import check_model_shape
 from mlmkit.training.runtime import (
     apply_speed_settings,
+    checkpoint_activations,
     compile_encoder,
     resolve_precision,
     runs_on_cpu,
@@ -399,6 +400,12 @@ def build_run_model(
         else [cfg.data.max_seq_length]
     )
     model = build_model(cfg.model, tokenizer, longest, attn, base_tokenizer=base)
+    if cfg.data.packing == "documents" and parts_of(model).isolation is None:
+        raise ConfigError(
+            f"data.packing=documents isolates documents with a block-diagonal attention mask, "
+            f"which transformers' {model.config.model_type} model does not take (it reads its "
+            "mask as a padding mask); set data.packing=concatenate or line_by_line."
+        )
     if base is not None:
         log.info(
             "Vocabulary: %d words of the corpus added to the %d ids of model.init_from's tokenizer "
@@ -425,6 +432,8 @@ def build_run_model(
     source = resume_from.parent.parent / RUN_MODEL_DIR if resume_from is not None else None
     if source is not None and (source / "config.json").is_file():  # the checkpoint's own run
         check_model_shape(source, model.config, resume_from)
+    if cfg.train.gradient_checkpointing:  # before compile, which traces the checkpointed layers
+        checkpoint_activations(model, accelerator)
     if cfg.train.compile:
         compile_encoder(model)
     sep_id = isolation_sep_id(cfg.data.packing, tokenizer)
@@ -454,15 +463,18 @@ def build_rtd(cfg: Config, model, attn: str, sep_id: int | None) -> ReplacedToke
         (count_parameters(generator) - count_parameters(generator.electra.embeddings)) / 1e6,
         o.discriminator_weight,
     )
-    if cfg.model.init_from:
-        log.info(
-            "Continued pretraining with objective=rtd: the discriminator starts from "
-            "model.init_from=%s, the generator and the discriminator head are new",
-            cfg.model.init_from,
-        )
-    return ReplacedTokenDetection(
+    objective = ReplacedTokenDetection(
         model, generator, o.discriminator_weight, sep_id, cfg.masking.mlm_probability
     )
+    if cfg.model.init_from:
+        kept = load_discriminator_head(objective.discriminator_head, cfg.model.init_from)
+        log.info(
+            "Continued pretraining with objective=rtd: the discriminator starts from "
+            "model.init_from=%s, the generator is new, the discriminator head %s",
+            cfg.model.init_from,
+            "is its own (a released ELECTRA discriminator's)" if kept else "is new",
+        )
+    return objective
 
 
 def build_meter(
