@@ -7,6 +7,8 @@ used: each model is built from its config at a tiny size with a fixed seed."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 
 from conftest import SHARED_DATA
@@ -31,15 +33,23 @@ TEXT = (
 )
 
 
+@functools.cache
+def _converted(path: str):
+    """A released tokenizer, converted to a fast one once per process (XLM-R's 250,000 pieces
+    take seconds)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
 def shared_tokenizer(name: str):
     """Load a released tokenizer of ../shared/data/tokenizers, or skip with the reason."""
     import pytest
-    from transformers import AutoTokenizer
 
     path = SHARED_DATA / "tokenizers" / name
     if not path.is_dir():
         pytest.skip(f"reference data {path} is absent (../shared/data is laid beside the project)")
-    return AutoTokenizer.from_pretrained(str(path))
+    return copy.deepcopy(_converted(str(path)))
 
 
 def trained_tokenizer(kind: str, model_type: str):

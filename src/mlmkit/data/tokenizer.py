@@ -29,6 +29,14 @@ def check_special_tokens(tokenizer, source: str) -> None:
         for name in REQUIRED
         if getattr(tokenizer, name, None) is None or str(getattr(tokenizer, name)) not in vocab
     ]
+    if missing and source.startswith("model.init_from"):
+        names = ", ".join(name.replace("_token", "").upper() for name in missing)
+        raise TokenizerError(
+            f"The tokenizer of {source} has no {names} token, which masked-language-model "
+            "training needs; add it to that tokenizer (its mask token is the one the model was "
+            "pretrained with), or point tokenizer.name_or_path at the same vocabulary's tokenizer "
+            "that has it."
+        )
     if missing:
         names = ", ".join(name.replace("_token", "").upper() for name in missing)
         raise TokenizerError(
