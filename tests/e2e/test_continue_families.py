@@ -232,3 +232,9 @@ def test_an_electra_discriminator_continues_with_rtd_and_keeps_its_head(tmp_path
     moved = (trained["discriminator_head.dense.weight"] - released).abs().max()
     assert float(moved.detach()) < 0.005, float(moved.detach())
     assert (run / "final" / "generator" / "config.json").is_file()
+
+
+def test_vocabulary_extension_of_a_byte_level_bpe_is_refused(tmp_path, text):
+    folder = released_model(tmp_path / "roberta", "roberta")
+    line = refused(tmp_path, text, f"model.init_from={folder}", "tokenizer.extend_vocab=50")
+    assert "tokenizer.extend_vocab" in line and "WordPiece" in line and "BPE" in line
