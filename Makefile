@@ -25,7 +25,7 @@ FLOOR  ?= .venv-floor
 WHEELS ?= .whl
 WHEELS_NEWEST ?= .whl-newest
 
-.PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-checkpointing bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -179,6 +179,9 @@ bench-scaling: venv  ## tokens/s as sequence length and model size grow (a Markd
 
 bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 	$(BIN)/python benchmarks/sparse_head.py $(ARGS)
+
+bench-checkpointing: venv  ## gradient checkpointing on vs off at long contexts: peak memory and tokens/s side by side
+	$(BIN)/python benchmarks/gradient_checkpointing.py $(ARGS)
 
 bench-kernels: venv  ## mlmkit's CPU kernels (head loss, bf16 attention) vs the plain torch ops
 	$(BIN)/python benchmarks/cpu_kernels.py $(ARGS)

@@ -14,6 +14,7 @@ import yaml
 from conftest import SHARED_DATA, shared_file
 from runs import (
     ROOT,
+    SMALLEST,
     TEST_ENV,
     TINY,
     assert_same_losses,
@@ -267,6 +268,29 @@ def test_masking_strategies_train(tmp_path, cache_dir, overrides):
         assert rates == sorted(rates, reverse=True)
     else:
         assert set(rates) == {0.15}
+
+
+@pytest.mark.slow
+def test_gradient_checkpointing_trains_end_to_end(tmp_path, cache_dir):
+    """train.gradient_checkpointing=true: the smallest run (4 steps) trains with its encoder
+    layers recomputed in the backward, evaluates, checkpoints and exports, with no warning from
+    transformers."""
+    run = tmp_path / "run"
+    proc = run_cli(
+        "train",
+        *SMALLEST,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run}",
+        "train.gradient_checkpointing=true",
+        "train.eval_every=4",
+        check=True,
+    )
+    assert "Gradient checkpointing: the encoder layers' activations" in proc.stderr
+    assert "use_cache" not in proc.stderr
+    losses = [e["loss"] for e in events(run, "train")]
+    assert len(losses) == 2 and all(loss > 0 for loss in losses)
+    assert events(run, "eval") and (run / "checkpoints" / "step_0000004").is_dir()
+    assert (run / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

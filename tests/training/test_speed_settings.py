@@ -244,6 +244,122 @@ def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(
     torch._dynamo.reset()
 
 
+# -- gradient checkpointing (train.gradient_checkpointing) ------------------------------------
+
+
+def _checkpointing_model(architecture, tokenizer, tmp_path):
+    """A small masked-LM model of ``architecture`` (dropout on) and a tokenizer for it: BERT and
+    ModernBERT built as mlmkit builds a preset, RoBERTa from a tiny released-model folder."""
+    if architecture != "roberta":
+        return _model(tokenizer, architecture=architecture), tokenizer
+    from families import released_model
+    from transformers import AutoTokenizer
+
+    from mlmkit.model.bert import load_pretrained
+
+    folder = released_model(tmp_path / "roberta", "roberta")
+    return load_pretrained(str(folder)), AutoTokenizer.from_pretrained(str(folder))
+
+
+def _forward_backward(objective, batch):
+    """One seeded training step's forward and backward: the loss, the gradients, and the bytes
+    the encoder's forward kept for the backward (torch's saved-tensor hooks see every tensor
+    kept; the head's, the same either way, left out)."""
+    from mlmkit.model.architectures import parts_of
+
+    kept, counting = [0], [False]
+
+    def pack(tensor):
+        kept[0] += tensor.numel() * tensor.element_size() if counting[0] else 0
+        return tensor
+
+    encoder = parts_of(objective.model).encoder(objective.model)
+    hooks = [
+        encoder.register_forward_pre_hook(lambda *_: counting.__setitem__(0, True)),
+        encoder.register_forward_hook(lambda *_: counting.__setitem__(0, False)),
+    ]
+    objective.train()
+    torch.manual_seed(0)  # the same dropout draws in both runs
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = objective(**batch)
+    for hook in hooks:
+        hook.remove()
+    loss = out["loss_sum"] / out["n_tokens"]
+    loss.backward()
+    grads = {n: p.grad for n, p in objective.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, kept[0]
+
+
+@pytest.mark.parametrize("architecture", ["bert", "modernbert", "roberta"])
+def test_gradient_checkpointing_keeps_loss_and_gradients_and_drops_the_kept_activations(
+    tokenizer, tmp_path, architecture
+):
+    """train.gradient_checkpointing=true: transformers' checkpointing is on in every encoder
+    layer, and on the sparse head's path (the encoder called directly) the forward keeps a
+    fraction of the activations, while the loss and every gradient, dropout on, are the plain
+    model's."""
+    import copy
+
+    from mlmkit.model.architectures import parts_of
+    from mlmkit.training.runtime import checkpoint_activations
+
+    plain, tok = _checkpointing_model(architecture, tokenizer, tmp_path)
+    model = copy.deepcopy(plain)
+    checkpoint_activations(model)
+    assert model.is_activation_checkpointing  # transformers' own flag (was is_gradient_...)
+    layers = parts_of(model).layers(model)
+    assert all(layer.gradient_checkpointing for layer in layers)
+    assert not any(layer.gradient_checkpointing for layer in parts_of(plain).layers(plain))
+    batch = _batches(tok, _packed, n=1)[0]
+    loss, grads, kept = _forward_backward(MaskedLM(plain), batch)
+    loss_ckpt, grads_ckpt, kept_ckpt = _forward_backward(MaskedLM(model), batch)
+    torch.testing.assert_close(loss_ckpt, loss, rtol=1e-5, atol=1e-6)
+    assert grads_ckpt.keys() == grads.keys() and len(grads) == len(list(plain.parameters()))
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_ckpt[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert kept_ckpt < kept / 4, (kept_ckpt, kept)  # the checkpoints hold the layers' inputs
+
+
+def test_gradient_checkpointing_is_refused_in_one_sentence_where_it_cannot_apply():
+    """ALBERT's layers have no checkpointing in transformers; under FSDP with its own activation
+    checkpointing the layers would be recomputed twice."""
+    from types import SimpleNamespace
+
+    from transformers import AlbertConfig, AlbertForMaskedLM, BertConfig, BertForMaskedLM
+
+    from mlmkit.errors import ConfigError
+    from mlmkit.training.runtime import checkpoint_activations
+
+    tiny = dict(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    albert = AlbertForMaskedLM(AlbertConfig(embedding_size=8, intermediate_size=32, **tiny))
+    with pytest.raises(ConfigError, match=r"albert model .*train.gradient_checkpointing=false"):
+        checkpoint_activations(albert)
+    fsdp = SimpleNamespace(
+        state=SimpleNamespace(fsdp_plugin=SimpleNamespace(activation_checkpointing=True))
+    )
+    bert = BertForMaskedLM(BertConfig(intermediate_size=32, **tiny))
+    with pytest.raises(ConfigError, match="fsdp_activation_checkpointing: false"):
+        checkpoint_activations(bert, fsdp)
+    assert not bert.is_activation_checkpointing
+
+
+@pytest.mark.slow
+def test_compiled_checkpointed_layers_keep_the_loss(tokenizer):
+    """train.compile=true after train.gradient_checkpointing=true compiles the checkpointed layers
+    (traced through AOT autograd, as inductor's are): the plain run's losses."""
+    from mlmkit.training.runtime import checkpoint_activations, compile_encoder
+
+    torch._dynamo.reset()
+    batches = _batches(tokenizer, _packed)
+    plain = _train(MaskedLM(_model(tokenizer)), batches, steps=3)
+    model = _model(tokenizer)
+    checkpoint_activations(model)
+    compile_encoder(model, backend="aot_eager")
+    fast = _train(MaskedLM(model), batches, steps=3)
+    assert fast == pytest.approx(plain, rel=1e-4)
+    torch._dynamo.reset()
+
+
 # -- the GPU path -------------------------------------------------------------------------
 
 

@@ -539,6 +539,9 @@ class TrainConfig:
     # torch.compile the encoder (speed only; the first steps pay the compile time). Shapes
     # stay static with packed data; masking=fixed keeps the head's row count fixed as well.
     compile: bool = False
+    # Recompute each encoder layer's activations in the backward instead of keeping them: less
+    # memory for long contexts and large models, for about a third more compute (same results).
+    gradient_checkpointing: bool = False
     # Training on a CPU: malloc keeps freed memory for reuse instead of mapping large blocks
     # anew every step (speed only: 1.13x on bert-mini in make bench; runtime.reuse_freed_memory).
     reuse_cpu_memory: bool = True

@@ -15,14 +15,17 @@ In the order the loop applies them (``trainer.train``):
 4. the vocabulary projection only at the chosen positions, whose indices the dataloader
    computes on the CPU (``model.MaskedLM``, ``model.prediction_positions``), and on a CPU
    the loss over those logits a block of rows at a time (``kernels.cross_entropy_sum``);
-5. ``compile_encoder``: ``torch.compile`` of each encoder layer when ``train.compile=true``;
-6. fused AdamW on CUDA and CPU (``optim.build_optimizer``);
-7. the dataloader (``trainer.train``): batches with padding padded to a multiple of
+5. ``checkpoint_activations``: each encoder layer's activations recomputed in the backward
+   instead of kept when ``train.gradient_checkpointing=true`` (memory for compute);
+6. ``compile_encoder``: ``torch.compile`` of each encoder layer when ``train.compile=true``
+   (it compiles the checkpointed layers);
+7. fused AdamW on CUDA and CPU (``optim.build_optimizer``);
+8. the dataloader (``trainer.train``): batches with padding padded to a multiple of
    ``data.pad_to_multiple_of`` (8), no
    attention mask for batches without padding (``data.loader.DropFullAttentionMask``; SDPA
    then takes its fused kernels, and with padding it gets the boolean mask they accept),
    pinned memory and prefetching workers (``train.num_workers``) on CUDA;
-8. no host-device synchronisation in a step: figures are fetched at log steps only. One
+9. no host-device synchronisation in a step: figures are fetched at log steps only. One
    remains per optimizer step: the check that the gradient is finite before the update
    (a non-finite step is skipped; see Reliability in the README).
 
@@ -136,6 +139,42 @@ def reuse_freed_memory() -> bool:
     if applied:
         log.debug("malloc: heap only, freed memory kept (train.reuse_cpu_memory=true)")
     return applied
+
+
+def checkpoint_activations(model, accelerator=None) -> None:
+    """Recompute each encoder layer's activations in the backward instead of keeping them from
+    the forward (``train.gradient_checkpointing``): transformers' own activation checkpointing,
+    non-reentrant, on the masked-LM model's layers.
+
+    A layer then keeps only its input for the backward, and runs its forward again there: the
+    activations' memory falls from every layer's to one layer's, for about a third more
+    compute. The flag is on the layers, so the sparse head's path (the encoder called directly)
+    checkpoints as the model's own forward does; dropout's draws are replayed (torch keeps the
+    RNG state), so the loss and gradients are those of the plain model. Evaluation runs without
+    gradients, and so without recomputing. One sentence where it cannot apply: a family whose
+    transformers classes have no checkpointing (ALBERT), or FSDP's own activation checkpointing
+    set as well (each would recompute the layers).
+    """
+    if not model.supports_gradient_checkpointing:
+        raise ConfigError(
+            f"train.gradient_checkpointing=true, but transformers cannot checkpoint the layers of "
+            f"a {model.config.model_type} model ({type(model).__name__}); set "
+            "train.gradient_checkpointing=false."
+        )
+    plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
+    if plugin is not None and plugin.activation_checkpointing:
+        raise ConfigError(
+            "train.gradient_checkpointing=true and the accelerate config's "
+            "fsdp_activation_checkpointing would both recompute the encoder layers; set "
+            "train.gradient_checkpointing=false or fsdp_activation_checkpointing: false."
+        )
+    if getattr(model.config, "use_cache", False):  # an encoder keeps no cache; left on,
+        model.config.use_cache = False  # transformers warns that checkpointing turns it off
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    log.info(
+        "Gradient checkpointing: the encoder layers' activations are recomputed in the backward "
+        "(train.gradient_checkpointing=true)"
+    )
 
 
 def compile_encoder(model, backend: str = "inductor") -> None:
