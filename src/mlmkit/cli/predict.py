@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as transformers_logging
 
     from mlmkit.evaluation.predict import group_texts, load_classifier, predict, read_inputs
+    from mlmkit.model.architectures import parts_of
 
     # stdout and stderr carry the results and errors only
     transformers_logging.disable_progress_bar()
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         model.cuda()
     max_length = int(
         task.get("max_seq_length")
-        or min(tokenizer.model_max_length, model.config.max_position_embeddings)
+        or min(tokenizer.model_max_length, parts_of(model).positions(model.config))
     )
     if kind == "tokens":
         from mlmkit.evaluation.predict import tag

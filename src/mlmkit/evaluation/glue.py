@@ -211,6 +211,7 @@ def finetune_run(
         "lr": lr,
         "seed": seed,
         "model": summary["model"],
+        "pooling": summary.get("pooling"),
         "metrics": {
             k.removeprefix("eval_"): v
             for k, v in summary.items()

@@ -9,7 +9,8 @@ score) of each input.
 ``load_classifier`` serves a mean-pooled BERT (``classifier_pooling: mean`` in its config,
 ``pooling=mean`` in finetune) as ``MeanPoolBertForSequenceClassification``, where transformers'
 auto classes and ``pipeline("text-classification")`` would build ``BertForSequenceClassification``
-and pool the [CLS] state; other models (``pooling=cls``, ModernBERT) load as those do.
+and pool the [CLS] state; other models (``pooling=cls``, ModernBERT, the other families' own
+classifiers, which pool their first token) load as those do.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mlmkit.model.architectures import (
     fit_tokenizer,
     transformers_class,
 )
-from mlmkit.model.bert import load_pretrained_config
+from mlmkit.model.bert import family_attention, load_pretrained_config
 from mlmkit.model.classifier import MeanPoolBertForSequenceClassification
 from mlmkit.model.safety import read_json_object
 
@@ -86,7 +87,7 @@ def load_classifier(model_dir: str | Path, setting: str = "model_dir"):
             config=config,
             use_safetensors=True,
             trust_remote_code=False,
-            attn_implementation="sdpa",
+            attn_implementation=family_attention(architecture(config.model_type), "sdpa"),
         )
     except Exception as exc:
         raise ConfigError(
@@ -173,8 +174,14 @@ def tag(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 3
     its ``entities`` (type, text, character offsets into the words joined by spaces)."""
     from mlmkit.finetune.entities import is_bio
     from mlmkit.finetune.task import pad_batch
-    from mlmkit.finetune.tokens import decode_words, entity_spans, sentence_windows
+    from mlmkit.finetune.tokens import (
+        decode_words,
+        entity_spans,
+        sentence_windows,
+        word_tokenizer,
+    )
 
+    tokenizer = word_tokenizer(tokenizer)  # as the model was trained (a model saved so: itself)
     sentences = [text.split() for text in texts]
     features = sentence_windows(sentences, tokenizer, max_length)
     names = list(tokenizer.model_input_names)

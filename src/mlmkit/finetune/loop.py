@@ -260,7 +260,7 @@ def summarize(
         "headline": task.headline,
         "checkpoint": str(source),
         "init": cfg.init,
-        **({"pooling": cfg.pooling} if isinstance(task, SequenceTask) else {}),
+        **({"pooling": task.pooling} if isinstance(task, SequenceTask) else {}),
         "steps": steps,
         "train_examples": sizes[0],
         "eval_examples": sizes[1],
@@ -291,12 +291,13 @@ def open_run(cfg: FinetuneConfig, run_dir: Path, on_open) -> tuple[Any, Task, An
     set_seed(cfg.seed)
     mlm, tokenizer, source = load_model_and_tokenizer(cfg.checkpoint)
     task = task_of(cfg.task)
+    tokenizer = task.tokenizer_for(tokenizer)
     continued = cfg.init == "pretrained" and continues(cfg.task, mlm, source)
     task.train, task.eval = task.load()  # before the head: its labels may come from the data
     model = build_model(cfg, task, mlm)
     del mlm
     if continued:
-        load_head(model, source, task.head_modules)
+        load_head(model, source)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if on_open is not None:
@@ -313,7 +314,7 @@ def finetune(
     run_dir = Path(run_dir)
     accelerator, task, model, tokenizer, source = open_run(cfg, run_dir, on_open)
     if cfg.freeze_encoder:
-        freeze_encoder(model, task.head_modules)
+        freeze_encoder(model)
     train_set = task.train[: cfg.max_train_samples] if cfg.max_train_samples else task.train
     task.train = train_set  # what the model trains on, and the baseline learns from
     task.start(model, train_set)
@@ -357,7 +358,7 @@ def log_start(cfg, task: Task, source, sizes: tuple[int, int], train_features, t
     windows = (
         f" ({len(train_features)} training windows)" if len(train_features) != sizes[0] else ""
     )
-    how = cfg.init + (f", {cfg.pooling} pooling" if isinstance(task, SequenceTask) else "")
+    how = cfg.init + (f", {task.pooling} pooling" if isinstance(task, SequenceTask) else "")
     log.info(
         "Fine-tuning %s (%s) on %s: %d train / %d dev examples%s, %d steps",
         source,

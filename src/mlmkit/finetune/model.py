@@ -4,8 +4,10 @@ computed once per distinct input).
 
 The head starts from a seeded random init, the same one for ``init=random``, so the two
 differ only by pretraining: BERT's encoder ``.bert`` (and, for a sequence classifier, a new
-pooler), ModernBERT's encoder ``.model`` and its MLM head's dense + norm ``.head``
-(``shared_with_classifier`` in ``mlmkit.model.architectures``).
+pooler), ModernBERT's encoder ``.model`` and its MLM head's dense + norm ``.head``, RoBERTa's
+``.roberta``, ... (``shared_with_classifier`` in ``mlmkit.model.architectures``). The head is
+everything outside the encoder (``model.base_model``) and the encoder's pooler: what trains
+with the encoder frozen, and what a continued fine-tuning keeps.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from mlmkit.config import FinetuneConfig, TaskConfig
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.model.architectures import parts_of
+from mlmkit.model.bert import family_attention
 
 log = logging.getLogger("mlmkit")
 
@@ -29,8 +32,8 @@ def build_model(cfg: FinetuneConfig, task, mlm):
     config = mlm.config.__class__.from_dict(mlm.config.to_dict())
     task.configure(config, cfg)
     config.classifier_dropout = cfg.classifier_dropout
-    config._attn_implementation = "sdpa"
-    arch = parts_of(mlm)  # BERT or ModernBERT: the head of the same architecture
+    arch = parts_of(mlm)  # the head of the same family
+    config._attn_implementation = family_attention(arch, "sdpa")  # DeBERTa's: eager
     torch.manual_seed(cfg.seed)  # the head's init: the same for both inits
     model = task.head(arch, config, cfg)
     if cfg.init == "pretrained":
@@ -42,10 +45,10 @@ def build_model(cfg: FinetuneConfig, task, mlm):
                 missing,
                 unexpected,
             )
-    if cfg.max_seq_length > config.max_position_embeddings:
+    if cfg.max_seq_length > arch.positions(config):
         raise ConfigError(
             f"max_seq_length ({cfg.max_seq_length}) is longer than the model's "
-            f"{config.max_position_embeddings} positions; lower max_seq_length."
+            f"{arch.positions(config)} positions; lower max_seq_length."
         )
     return model
 
@@ -77,28 +80,36 @@ def continues(task: TaskConfig, mlm, source) -> bool:
     return True
 
 
-def load_head(model, source: Path, head_modules: tuple[str, ...]) -> None:
-    """Load the head's weights (``head_modules``) of the fine-tuned model dir ``source``."""
+def load_head(model, source: Path) -> None:
+    """Load the weights of the fine-tuned model dir ``source``: its head, and the encoder's pooler
+    (a masked-LM model has none; its encoder is the one ``build_model`` took)."""
     from safetensors.torch import load_file
 
     state = load_file(str(Path(source) / "model.safetensors"))
-    head = {k: v for k, v in state.items() if k.split(".")[0] in head_modules}
-    missing, unexpected = model.load_state_dict(head, strict=False)
-    assert head and not unexpected, unexpected
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected, unexpected
 
 
-def freeze_encoder(model, head_modules: tuple[str, ...] = ("classifier", "head")) -> None:
-    """Linear probing: only the pooler (dense + tanh, or ModernBERT's head) and the
-    classification layer(s) (``head_modules``) keep training."""
-    trainable = 0
-    prefixes = tuple(f"{m}." for m in head_modules)
+def is_head(model, name: str) -> bool:
+    """Whether the parameter ``name`` is the head's: outside the encoder (``model.base_model``:
+    a pooler, a classification layer, ModernBERT's head), or the encoder's pooler (BERT's)."""
+    return not name.startswith(f"{model.base_model_prefix}.") or ".pooler." in f".{name}"
+
+
+def freeze_encoder(model) -> None:
+    """Linear probing: only the head (``is_head``: the pooler and the classification layers)
+    keeps training."""
+    trainable, modules = 0, set()
     for name, p in model.named_parameters():
-        keep = name.startswith(prefixes) or ".pooler." in f".{name}"
+        keep = is_head(model, name)
         p.requires_grad_(keep)
-        trainable += p.numel() if keep else 0
+        if keep:
+            trainable += p.numel()
+            modules.add(name.rsplit(".", 2)[0] if ".pooler." in f".{name}" else name.split(".")[0])
     log.info(
-        "freeze_encoder: the encoder is frozen; %d parameters train (pooler and classifier)",
+        "freeze_encoder: the encoder is frozen; %d parameters train (%s)",
         trainable,
+        ", ".join(sorted(modules)),
     )
 
 
@@ -106,7 +117,8 @@ class FrozenEncoderCache:
     """With the encoder frozen (linear probing) its states are the same every epoch: the
     classifier's encoder (``model.base_model``) runs once per distinct input row, without
     dropout, and later batches read its token states back. The trainable parts still run on
-    every step: BERT's pooler (which sits in the encoder module) and every layer after it.
+    every step: the pooler of BERT and ALBERT (which sits in the encoder module) and every layer
+    after it.
     Memory: the token states of every distinct row (rows x tokens x hidden)."""
 
     def __init__(self, model) -> None:
@@ -138,10 +150,19 @@ class FrozenEncoderCache:
         out = hidden.new_zeros(*input_ids.shape, hidden.shape[-1])
         for i, key in enumerate(keys):
             out[i, keep[i]] = self.states[key]
+        return BaseModelOutputWithPooling(last_hidden_state=out, pooler_output=self.pool(out))
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Return the encoder's pooled output of its token states, as its forward computes it:
+        BERT's pooler (dense + tanh of the first token's state), ALBERT's dense on the first
+        token's state and its separate activation; None for an encoder without a pooler."""
         pooler = getattr(self.encoder, "pooler", None)
-        return BaseModelOutputWithPooling(
-            last_hidden_state=out, pooler_output=pooler(out) if pooler is not None else None
-        )
+        if pooler is None:
+            return None
+        activation = getattr(self.encoder, "pooler_activation", None)
+        if activation is not None:  # ALBERT: a plain linear layer
+            return activation(pooler(hidden[:, 0]))
+        return pooler(hidden)
 
     @torch.no_grad()
     def _encode(self, input_ids, attention_mask, keep, keys, kwargs) -> None:

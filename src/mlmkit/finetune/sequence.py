@@ -8,13 +8,17 @@
 Reader: ``mlmkit.finetune.reader`` (GLUE's TSVs, the Hub's ``glue``, your TSV, CSV or JSONL).
 Head: ``BertForSequenceClassification`` (pooling the mean token state by default,
 ``mlmkit.model.classifier``, or [CLS] with ``pooling=cls``) or
-``ModernBertForSequenceClassification``; a regression task has one output trained with MSE.
+``ModernBertForSequenceClassification``; the other families' own ``...ForSequenceClassification``
+(RoBERTa's, XLM-R's, DeBERTa's, ...) pools its first token's state, whatever ``pooling`` says
+(the log says so, results.json records ``pooling: cls``); a regression task has one output
+trained with MSE.
 Scorer: the ``evaluate`` metric modules shipped in mlmkit (``mlmkit.finetune.metric_modules``):
 accuracy; Matthews correlation for CoLA; Spearman and Pearson correlation for STS-B.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
@@ -24,6 +28,9 @@ from mlmkit.config import FinetuneConfig, TaskConfig
 from mlmkit.finetune.metric_modules import load_metric
 from mlmkit.finetune.reader import load_task
 from mlmkit.finetune.task import Task
+from mlmkit.model.architectures import TITLES
+
+log = logging.getLogger("mlmkit")
 
 
 class Collate:
@@ -58,6 +65,21 @@ def start_at_mean_label(model, train_set: list[dict[str, Any]]) -> None:
         model.classifier.bias.fill_(sum(labels) / max(len(labels), 1))
 
 
+def family_pooling(arch, pooling: str) -> str:
+    """Return the pooling the family's classifier runs for the setting ``pooling``: mean pooling is
+    BERT's and ModernBERT's (``Family.mean_pooling``); another family's own head pools its first
+    token's state, which the log says in one line."""
+    if pooling == "cls" or arch.mean_pooling:
+        return pooling
+    log.info(
+        "pooling=mean is BERT's and ModernBERT's: a %s's own head (%s) pools its first "
+        "token's state, so this run pools cls",
+        TITLES.get(arch.model_type, arch.model_type),
+        arch.sequence_classification,
+    )
+    return "cls"
+
+
 def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, float]:
     """Return the task's metrics (``task.metrics``) of predictions against references."""
     out: dict[str, float] = {}
@@ -68,6 +90,8 @@ def score(task: TaskConfig, preds: list[int], refs: list[int]) -> dict[str, floa
 
 class SequenceTask(Task):
     """A class or a score per sentence (pair): GLUE's tasks and ``task=files``."""
+
+    pooling = "mean"  # what the head pools (``family_pooling``), set by ``head``
 
     def load(self):
         return load_task(self.cfg)  # before the head: its labels may come from the data
@@ -89,7 +113,8 @@ class SequenceTask(Task):
         }
 
     def head(self, arch, config, cfg: FinetuneConfig):
-        return arch.sequence_classifier(config, cfg.pooling)
+        self.pooling = family_pooling(arch, cfg.pooling)
+        return arch.sequence_classifier(config, self.pooling)
 
     def start(self, model, train) -> None:
         if self.cfg.kind == "regression":

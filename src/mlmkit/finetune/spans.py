@@ -46,7 +46,6 @@ class SpanTask(Task):
 
     targets = ("start_positions", "end_positions")
     group_by_length = True
-    head_modules = ("qa_outputs", "classifier", "head")
 
     def __init__(self, cfg: TaskConfig) -> None:
         super().__init__(cfg)

@@ -31,8 +31,6 @@ class Task:
     targets: tuple[str, ...] = ("labels",)
     # batches of features of like length (windows), so that little of a batch is padding
     group_by_length: bool = False
-    # the module names of the classification layer(s) (what trains with the encoder frozen)
-    head_modules: tuple[str, ...] = ("classifier", "head")
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -58,6 +56,11 @@ class Task:
         """Return the untrained model with the task's head (``arch``: the architecture's
         parts, ``mlmkit.model.architectures``)."""
         raise NotImplementedError
+
+    def tokenizer_for(self, tokenizer):
+        """Return the tokenizer the task's features are made with and its model is saved with
+        (the checkpoint's own, by default)."""
+        return tokenizer
 
     def start(self, model, train: list[Any]) -> None:
         """Set the head's start from the training examples (nothing by default)."""

@@ -10,10 +10,12 @@ the tags are ``task.labels`` or the training file's (``O`` first, then sorted); 
 evaluation file outside them is an error naming its line. Without an evaluation file,
 ``task.eval_share`` of the sentences are held out (seeded by ``task.split_seed``).
 
-Head: ``BertForTokenClassification`` (or ``ModernBertForTokenClassification``). Word labels
-meet subwords as in transformers' run_ner: the first subword of a word carries its tag, the
-others are ignored by the loss (-100) and by the decoder. A sentence longer than
-``max_seq_length`` is split into windows of whole words, each word in one window, not cut.
+Head: the family's ``...ForTokenClassification`` (``BertForTokenClassification``,
+``RobertaForTokenClassification``, ...). Word labels meet subwords as in transformers' run_ner:
+the first subword of a word carries its tag, the others are ignored by the loss (-100) and by
+the decoder. A sentence longer than ``max_seq_length`` is split into windows of whole words,
+each word in one window, not cut. A byte-level BPE (RoBERTa's) reads each word with the space
+before it, as in running text (``word_tokenizer``).
 
 Decoder/scorer: each word takes the tag of its first subword's largest logit; entity tags
 (BIO) are scored at entity level as conlleval scores them (``mlmkit.finetune.entities``:
@@ -56,6 +58,30 @@ def word_windows(counts: list[int], room: int) -> list[tuple[int, int]]:
     if counts:
         windows.append((start, len(counts)))
     return windows
+
+
+def word_tokenizer(tokenizer):
+    """Return a tokenizer that reads words split beforehand as running text has them. A byte-level
+    BPE (RoBERTa's, GPT-2's) keeps a word's leading space in its first token
+    ("Ġlives"), so a word given alone reads as another, rarer split ("l", "ives"): a copy of it
+    that adds the space before every word (``add_prefix_space``, as transformers' run_ner sets
+    it), saved so with the fine-tuned model. Other tokenizers (WordPiece, SentencePiece's word
+    marks) are returned as they are."""
+    import copy
+
+    from tokenizers import pre_tokenizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    pre = backend.pre_tokenizer if backend is not None else None
+    if not isinstance(pre, pre_tokenizers.ByteLevel) or pre.add_prefix_space:
+        return tokenizer
+    words = copy.deepcopy(tokenizer)
+    words.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=True, trim_offsets=pre.trim_offsets, use_regex=pre.use_regex
+    )
+    words.add_prefix_space = True
+    words.init_kwargs["add_prefix_space"] = True  # its saved config: a pipeline reads words so
+    return words
 
 
 def subword_counts(tokenizer, sentences: list[list[str]]) -> list[list[int]]:
@@ -152,6 +178,9 @@ class TokenTask(Task):
 
     def head(self, arch, config, cfg: FinetuneConfig):
         return arch.token_classifier(config)
+
+    def tokenizer_for(self, tokenizer):
+        return word_tokenizer(tokenizer)
 
     def features(self, examples, tokenizer, max_seq_length, training):
         ids = {t: i for i, t in enumerate(self.cfg.labels)}
