@@ -209,7 +209,9 @@ def test_the_tokens_kept_follow_the_setting_final_and_the_run(trained_run, tmp_p
     from mlmkit.config import RetrievalEvalConfig
     from mlmkit.evaluation.retrieval import DEFAULT_LENGTH, embedding_length
 
-    encoder = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512))
+    encoder = SimpleNamespace(
+        config=SimpleNamespace(model_type="bert", max_position_embeddings=512)
+    )
     cfg = RetrievalEvalConfig(checkpoint="x", data_dir="y")
     checkpoint = sorted((trained_run / "checkpoints").glob("step_*"))[-1]
     assert embedding_length(cfg, trained_run / "final", encoder) == 64
@@ -219,6 +221,11 @@ def test_the_tokens_kept_follow_the_setting_final_and_the_run(trained_run, tmp_p
     assert embedding_length(cfg, trained_run / "final", encoder) == 100
     encoder.config.max_position_embeddings = 40
     assert embedding_length(cfg, trained_run / "final", encoder) == 40
+    # RoBERTa's positions start after its padding id: 42 rows hold 40 tokens
+    roberta = SimpleNamespace(
+        config=SimpleNamespace(model_type="roberta", max_position_embeddings=42, pad_token_id=1)
+    )
+    assert embedding_length(cfg, trained_run / "final", roberta) == 40
 
 
 # ---- the command --------------------------------------------------------------------------------

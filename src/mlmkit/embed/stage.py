@@ -44,6 +44,7 @@ from mlmkit.data.fingerprint import content, in_memory
 from mlmkit.embed.data import EvalData, load_eval_data, training_rows
 from mlmkit.errors import CheckpointError, ConfigError, Preempted
 from mlmkit.evaluation.retrieval import FIGURES
+from mlmkit.model.architectures import DROPOUT_CONFIG_KEYS, architecture
 from mlmkit.training.checkpoint_files import is_checkpoint
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu
@@ -58,11 +59,9 @@ SIMCSE_DROPOUT = 0.1  # the noise of unsupervised SimCSE (Gao et al., 2021), BER
 DEFAULT_LENGTH = 128  # tokens kept when neither the setting nor the model dir says
 CHECKPOINTS = "checkpoints"  # <run dir>/checkpoints/checkpoint-<step>: the trainer's own
 STATE_FILE = "mlmkit_embed_state.json"  # beside each checkpoint: the training seconds spent
-# dropout settings of a config, by architecture (BERT, ModernBERT)
-DROPOUT_KEYS = {
-    "bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"),
-    "modernbert": ("embedding_dropout", "mlp_dropout", "attention_dropout"),
-}
+# the dropout settings of a family's config beyond its hidden and attention dropout
+# (``DROPOUT_CONFIG_KEYS`` of ``mlmkit.model.architectures``): ModernBERT's embeddings' own
+EXTRA_DROPOUT_KEYS = {"modernbert": ("embedding_dropout",)}
 
 
 def library():
@@ -144,7 +143,7 @@ def embedding_length(cfg: EmbedConfig, base: Path, resolved: Path, config) -> in
             found = run_settings(resolved)
             length = (found[1].get("data") or {}).get("max_seq_length") if found else None
     length = length if isinstance(length, int) and length > 0 else DEFAULT_LENGTH
-    return min(length, config.max_position_embeddings)
+    return min(length, architecture(config.model_type).positions(config))
 
 
 def dropout_of(cfg: EmbedConfig, config) -> float | None:
@@ -156,6 +155,15 @@ def dropout_of(cfg: EmbedConfig, config) -> float | None:
     return SIMCSE_DROPOUT if cfg.objective == "simcse" else None
 
 
+def dropout_keys(config) -> tuple[str, ...]:
+    """Return the settings of ``config`` that set its model's dropout: its family's hidden and
+    attention dropout (``DROPOUT_CONFIG_KEYS``; BERT's names for the families that share them)
+    and, for ModernBERT, its embeddings'."""
+    family = architecture(config.model_type).name
+    keys = DROPOUT_CONFIG_KEYS.get(family, DROPOUT_CONFIG_KEYS["bert"])
+    return (*keys, *EXTRA_DROPOUT_KEYS.get(family, ()))
+
+
 def build_model(base: Path, length: int, dropout: float | None, config):
     """Build a ``SentenceTransformer``: the encoder of ``base`` and mean pooling, ``dropout`` on
     every dropout of the encoder where it is set."""
@@ -163,8 +171,7 @@ def build_model(base: Path, length: int, dropout: float | None, config):
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from transformers.utils import logging as hf_logging
 
-    keys = DROPOUT_KEYS.get(config.model_type, ())
-    config_kwargs = {k: dropout for k in keys} if dropout is not None else {}
+    config_kwargs = {k: dropout for k in dropout_keys(config)} if dropout is not None else {}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its report of the MLM head's weights left unused
     try:

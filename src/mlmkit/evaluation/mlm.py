@@ -13,6 +13,7 @@ from mlmkit.data.fingerprint import derive
 from mlmkit.data.packing import PREDICTABLE_SAMPLE, check_predictable, pack_corpus, prepare_datasets
 from mlmkit.data.sources import file_stats, load_files, resolve_files
 from mlmkit.errors import ConfigError, DataError
+from mlmkit.model.architectures import parts_of
 from mlmkit.model.bert import MaskedLM
 from mlmkit.model.documents import isolation_sep_id
 from mlmkit.training.runtime import resolve_precision, runs_on_cpu
@@ -67,10 +68,11 @@ def run_evaluation(cfg: EvalConfig, data: str | None = None) -> dict[str, Any]:
     accelerator = Accelerator(cpu=use_cpu, mixed_precision=precision)
     with accelerator.local_main_process_first():
         model, tokenizer, resolved = load_model_and_tokenizer(cfg.checkpoint)
-        if cfg.data.max_seq_length > model.config.max_position_embeddings:
+        positions = parts_of(model).positions(model.config)
+        if cfg.data.max_seq_length > positions:
             raise ConfigError(
                 f"data.max_seq_length ({cfg.data.max_seq_length}) is longer than the model's "
-                f"{model.config.max_position_embeddings} positions; lower data.max_seq_length."
+                f"{positions} positions; lower data.max_seq_length."
             )
         blocks = eval_dataset(cfg, tokenizer)
     batches = fixed_eval_batches(blocks, tokenizer, cfg.masking, cfg.batch_size)

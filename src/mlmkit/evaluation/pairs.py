@@ -10,7 +10,7 @@ JSONL, one object per line with the fields ``good_field`` and ``bad_field``, or 
 line naming those two columns and one pair per line.
 
 The model scores a sentence by its pseudo-log-likelihood (Salazar et al., 2020, "Masked
-Language Model Scoring"): each of its tokens ([CLS], [SEP] and padding aside) is masked in turn,
+Language Model Scoring"): each of its tokens (special tokens and padding aside) is masked in turn,
 one copy of the sentence per token, and the log-probabilities of the true tokens at their masked
 positions are summed. A pair counts as right when its acceptable sentence scores higher, and as
 half right on a tie. The figures are the accuracy of each file, their mean (BLiMP's headline
@@ -146,8 +146,9 @@ def pseudo_log_likelihoods(
     model, tokenizer, sentences: Sequence[str], max_seq_length: int = 128, batch_size: int = 512
 ) -> list[float]:
     """Return the pseudo-log-likelihood of each sentence under the masked LM ``model``
-    (``BertForMaskedLM`` or ``ModernBertForMaskedLM``): the sum over its tokens ([CLS], [SEP]
-    aside) of the log-probability of the token where it alone is masked.
+    (``BertForMaskedLM``, ``RobertaForMaskedLM``, ...): the sum over its tokens (the special
+    ones, [CLS] and [SEP] or <s> and </s>, aside) of the log-probability of the token where it
+    alone is masked.
 
     Sentences are cut to ``max_seq_length`` tokens (at most the model's positions); a forward
     pass takes up to ``batch_size`` masked copies, of one sentence or of several, padded to the
@@ -164,7 +165,7 @@ def pseudo_log_likelihoods(
     if not unique:
         return []
     ids, special, lengths = _encode(
-        tokenizer, unique, min(max_seq_length, model.config.max_position_embeddings)
+        tokenizer, unique, min(max_seq_length, parts_of(model).positions(model.config))
     )
     # longest first, so that the copies of a batch pad to similar lengths
     order = torch.argsort(lengths, descending=True, stable=True)

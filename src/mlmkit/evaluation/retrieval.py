@@ -35,6 +35,7 @@ from mlmkit.config import RetrievalEvalConfig
 from mlmkit.data.sources import check_not_binary
 from mlmkit.errors import ConfigError, DataError
 from mlmkit.evaluation.sts import embed, load_encoder, write_output
+from mlmkit.model.architectures import parts_of
 from mlmkit.training.trained_model import run_settings
 
 log = logging.getLogger("mlmkit")
@@ -287,7 +288,7 @@ def embedding_length(cfg: RetrievalEvalConfig, resolved: Path, encoder) -> int:
     """Tokens kept of each text: ``max_seq_length``, else the length the model dir's
     sentence-transformers files cut at (a run's ``final/``), else its run's training blocks
     (a checkpoint), else ``DEFAULT_LENGTH``; never more than the model's positions."""
-    positions = encoder.config.max_position_embeddings
+    positions = parts_of(encoder).positions(encoder.config)
     if cfg.max_seq_length is not None:
         return min(cfg.max_seq_length, positions)
     length = None

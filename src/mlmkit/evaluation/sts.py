@@ -90,7 +90,7 @@ def evaluate_sts(cfg: StsEvalConfig) -> dict[str, Any]:
     examples = load_split(cfg.task, "train" if cfg.split == "train" else "eval")
     encoder, tokenizer, resolved = load_encoder(cfg)
     t0 = time.perf_counter()
-    max_length = min(cfg.max_seq_length, encoder.config.max_position_embeddings)
+    max_length = min(cfg.max_seq_length, parts_of(encoder).positions(encoder.config))
     predicted = pair_similarities(
         encoder,
         tokenizer,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.export.embedder import write_embedder_files
-from mlmkit.model.architectures import TITLES, ffn_size
+from mlmkit.model.architectures import TITLES, ffn_size, parts_of
 from mlmkit.model.bert import count_parameters
 
 
@@ -163,10 +163,11 @@ heads {c.num_attention_heads}, FFN {ffn_size(c)}, vocabulary {vocab}{attention})
 def embedding_length(model, config: dict[str, Any]) -> int:
     """Return the longest input of the sentence embedder: the longest blocks the model was trained
     on (a phased run's longest phase)."""
-    trained = config.get("data", {}).get("max_seq_length") or model.config.max_position_embeddings
+    positions = parts_of(model).positions(model.config)  # RoBERTa's: 2 fewer than its rows
+    trained = config.get("data", {}).get("max_seq_length") or positions
     for phase in config.get("phases") or []:
         trained = max(int(trained), int(phase.get("set", {}).get("data.max_seq_length") or 0))
-    return min(int(trained), model.config.max_position_embeddings)
+    return min(int(trained), positions)
 
 
 def without_tied_copies(model, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +205,7 @@ def export_final(
     tmp = path.with_name(f".tmp-{path.name}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tokenizer.model_max_length = model.config.max_position_embeddings
+    tokenizer.model_max_length = parts_of(model).positions(model.config)
     # save_pretrained empties the dict it is given; the caller's may be written again (a phase's
     # export)
     model.save_pretrained(
