@@ -332,3 +332,57 @@ def write_probe_task(folder: Path, n_train: int = 80, n_dev: int = 40) -> Path:
             lines.append(f"{frames[(i // 8 + offset) % 4].format(word)}\t{label}")
         (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return folder
+
+
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]  # this interpreter's
+
+
+def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.CompletedProcess:
+    """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
+    # TEST_ENV's DS_ACCELERATOR: DeepSpeed's CPU accelerator, also where a GPU is present
+    env = {**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"the launch did not end within {timeout} s (a rank left waiting in a "
+            f"collective?):\n{err[-4000:]}"
+        ) from None
+    assert proc.returncode == 0 or not check, err[-4000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def launch_engine(
+    config: str, run_dir: Path, cache_dir: Path, *overrides: str, model: tuple = tuple(TINY)
+) -> subprocess.CompletedProcess:
+    """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as
+    conf/accelerate/<config>.yaml sets it; ``model``: the settings before ``overrides``
+    (TINY's model from scratch by default)."""
+    cmd = [
+        *ACCELERATE,
+        "--main_process_port",
+        free_port(),
+        "--config_file",
+        str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+        str(ROOT / "tests" / "engine_on_cpu.py"),
+        *model,
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
+    return run_launch(cmd, timeout=300)

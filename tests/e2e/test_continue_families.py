@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_DATA
 from families import FAMILY_TOKENIZERS, released_model
-from runs import TEST_ENV, events, python_run, run_cli
+from runs import TEST_ENV, events, launch_engine, python_run, run_cli
 
 TEXT = SHARED_DATA / "corpora" / "tinyshakespeare" / "input.txt"
 RUN = [
@@ -119,6 +119,35 @@ def test_a_continued_run_resumes_exactly(continued, text, tmp_path, model_type):
     assert events(run, "eval")[-1]["eval_loss"] == pytest.approx(
         events(resumed, "eval")[-1]["eval_loss"], rel=1e-6
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2"])
+def test_fsdp_on_two_processes_follows_one_process(continued, text, tmp_path, model_type):
+    """The continued run again under FSDP2 on two processes of half the batch (one unit per the
+    family's encoder layer: RobertaLayer, DebertaV2Layer): the same losses as one process, and
+    final/ is the whole model of the family's class. Two processes of DDP are FSDP's
+    arithmetic without the sharding, shown for BERT in tests/e2e/test_distributed.py."""
+    folder, one = continued[model_type]
+    fsdp = tmp_path / "fsdp"
+    settings = (f"model.init_from={folder}", *RUN, f"data.train_files=[{text}]")
+    launch_engine("fsdp", fsdp, tmp_path / "cache", "train.batch_size=2", model=settings)
+    assert "2 process(es)" in (fsdp / "train.log").read_text()
+    a, b = events(one, "train"), events(fsdp, "train")
+    assert [e["step"] for e in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b):
+        assert x["global_batch_size"] == y["global_batch_size"] == 4
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
+    assert events(one, "eval")[-1]["eval_loss"] == pytest.approx(
+        events(fsdp, "eval")[-1]["eval_loss"], rel=1e-4
+    )
+    from safetensors.torch import load_file
+
+    whole, sharded = (load_file(r / "final" / "model.safetensors") for r in (one, fsdp))
+    assert whole.keys() == sharded.keys()
+    assert all(sharded[k].shape == v.shape for k, v in whole.items())
+    config = json.loads((fsdp / "final" / "config.json").read_text())
+    assert config["model_type"] == model_type
 
 
 def refused(tmp_path, text, *args) -> str:

@@ -4,15 +4,24 @@ FSDP and DeepSpeed engines (sharded checkpoints, export of the full model)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TEST_ENV, TINY, TWO_PROCESSES, events, free_port, run_train, write_probe_task
+from runs import (
+    ACCELERATE,
+    ROOT,
+    TINY,
+    TWO_PROCESSES,
+    events,
+    free_port,
+    launch_engine,
+    run_launch,
+    run_train,
+    write_probe_task,
+)
 
 COMMON = [
     "train.max_steps=10",
@@ -22,32 +31,6 @@ COMMON = [
     "train.precision=no",
     "logger=none",
 ]
-
-
-def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.CompletedProcess:
-    """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
-    # TEST_ENV's DS_ACCELERATOR: DeepSpeed's CPU accelerator, also where a GPU is present
-    env = {**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"the launch did not end within {timeout} s (a rank left waiting in a "
-            f"collective?):\n{err[-4000:]}"
-        ) from None
-    assert proc.returncode == 0 or not check, err[-4000:]
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def launch_two(
@@ -70,12 +53,6 @@ def launch_two(
     ]
     return run_launch(cmd, timeout=900)
 
-
-ACCELERATE = [
-    sys.executable,
-    "-m",
-    "accelerate.commands.launch",
-]  # accelerate launch, this interpreter's
 
 # Five evaluation batches over two ranks: the rank with fewer must still take part in every
 # forward, which under FSDP and ZeRO-3 gathers the weights from all ranks.
@@ -193,30 +170,6 @@ def test_rtd_under_fsdp_and_zero3_follows_ddp_and_exports_both_models(tmp_path, 
         for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
             key = f"embeddings.{name}.weight"
             assert generator[f"electra.{key}"].equal(discriminator[f"bert.{key}"]), (engine, key)
-
-
-def launch_engine(
-    config: str, run_dir: Path, cache_dir: Path, *overrides: str
-) -> subprocess.CompletedProcess:
-    """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as
-    conf/accelerate/<config>.yaml sets it."""
-    cmd = [
-        *ACCELERATE,
-        "--main_process_port",
-        free_port(),
-        "--config_file",
-        str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
-        "--num_processes",
-        "2",
-        "--mixed_precision",
-        "no",
-        str(ROOT / "tests" / "engine_on_cpu.py"),
-        *TINY,
-        f"paths.cache_dir={cache_dir}",
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    ]
-    return run_launch(cmd, timeout=300)
 
 
 def assert_same_losses(a: Path, b: Path, rel: float) -> None:

@@ -247,6 +247,12 @@ def test_compiled_layers_leave_a_mask_that_hides_nothing_out_of_attention(
 # -- gradient checkpointing (train.gradient_checkpointing) ------------------------------------
 
 
+def checkpointing_on(model) -> bool:
+    """transformers' flag that checkpointing is on (renamed from is_gradient_checkpointing)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    return model.is_gradient_checkpointing if flag is None else flag
+
+
 def _checkpointing_model(architecture, tokenizer, tmp_path):
     """A small masked-LM model of ``architecture`` (dropout on) and a tokenizer for it: BERT and
     ModernBERT built as mlmkit builds a preset, RoBERTa from a tiny released-model folder."""
@@ -306,7 +312,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients_and_drops_the_kept_acti
     plain, tok = _checkpointing_model(architecture, tokenizer, tmp_path)
     model = copy.deepcopy(plain)
     checkpoint_activations(model)
-    assert model.is_activation_checkpointing  # transformers' own flag (was is_gradient_...)
+    assert checkpointing_on(model)  # transformers' own flag
     layers = parts_of(model).layers(model)
     assert all(layer.gradient_checkpointing for layer in layers)
     assert not any(layer.gradient_checkpointing for layer in parts_of(plain).layers(plain))
@@ -340,7 +346,7 @@ def test_gradient_checkpointing_is_refused_in_one_sentence_where_it_cannot_apply
     bert = BertForMaskedLM(BertConfig(intermediate_size=32, **tiny))
     with pytest.raises(ConfigError, match="fsdp_activation_checkpointing: false"):
         checkpoint_activations(bert, fsdp)
-    assert not bert.is_activation_checkpointing
+    assert not checkpointing_on(bert)
 
 
 @pytest.mark.slow

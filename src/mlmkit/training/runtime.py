@@ -170,7 +170,11 @@ def checkpoint_activations(model, accelerator=None) -> None:
         )
     if getattr(model.config, "use_cache", False):  # an encoder keeps no cache; left on,
         model.config.use_cache = False  # transformers warns that checkpointing turns it off
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers 5's name
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:  # the lowest supported transformers calls it gradient checkpointing
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     log.info(
         "Gradient checkpointing: the encoder layers' activations are recomputed in the backward "
         "(train.gradient_checkpointing=true)"
