@@ -67,3 +67,23 @@ def test_missing_dir_and_unreachable_hub_give_one_sentence(tmp_path):
     # HF_HUB_OFFLINE=1 in the tests: a hub name cannot be fetched
     with pytest.raises(TokenizerError, match="Hub"):
         load_tokenizer("some-org/some-tokenizer-that-is-not-cached")
+
+
+@pytest.mark.parametrize("name", ["roberta-base", "xlm-roberta", "bert-base-multilingual-cased"])
+def test_the_mask_token_takes_the_space_before_it_as_released(tmp_path, name):
+    """RoBERTa's released vocab.json and merges.txt, loaded as mlmkit loads a tokenizer: "The
+    <mask> is here." puts the mask right after "The", with no lone space token between (which
+    transformers 5 leaves there), and the saved folder keeps it; the SentencePiece and
+    WordPiece tokenizers already drop that space."""
+    from conftest import shared_file
+
+    folder = shared_file(f"tokenizers/{name}").resolve()
+    tokenizer = load_tokenizer(str(folder))
+    mask = tokenizer.mask_token
+    ids = tokenizer(f"The {mask} is here.", add_special_tokens=False)["input_ids"]
+    assert ids[1] == tokenizer.mask_token_id, tokenizer.convert_ids_to_tokens(ids)
+    assert ids[2:] == tokenizer(" is here.", add_special_tokens=False)["input_ids"][-len(ids[2:]) :]
+    tokenizer.save_pretrained(tmp_path)
+    again = load_tokenizer(str(tmp_path))
+    assert again(f"The {mask} is here.", add_special_tokens=False)["input_ids"] == ids
+    assert len(again) == len(tokenizer)

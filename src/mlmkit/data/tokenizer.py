@@ -82,7 +82,29 @@ def load_tokenizer(name_or_path: str, setting: str = "tokenizer.name_or_path"):
             "use a local tokenizer dir, or set tokenizer.name_or_path=null to train one."
         ) from None
     check_special_tokens(tokenizer, f"{setting}={name_or_path!r}")
+    _mask_takes_its_space(tokenizer)
     return tokenizer
+
+
+def _mask_takes_its_space(tokenizer) -> None:
+    """Let the mask token take the space before it, as the released RoBERTa tokenizer's
+    tokenizer.json sets it (``lstrip``): transformers 5 builds a byte-level BPE from
+    vocab.json and merges.txt with a plain ``<mask>``, so "The <mask> is" became ``The``, ``Ġ``,
+    ``<mask>``: a lone space token that pretraining never puts before a mask, in fill-mask's
+    inputs and in the exported tokenizer. A tokenizer whose pre-tokenizer drops that space
+    (WordPiece, SentencePiece's Metaspace) is left as it is."""
+    mask = tokenizer.mask_token
+    if mask is None:
+        return
+    added = tokenizer.added_tokens_decoder.get(tokenizer.mask_token_id)
+    if added is None or getattr(added, "lstrip", True):
+        return
+    if len(tokenizer.tokenize(f"a {mask}")) <= len(tokenizer.tokenize("a")) + 1:
+        return
+    from tokenizers import AddedToken
+
+    token = AddedToken(mask, lstrip=True, rstrip=False, normalized=False, special=True)
+    tokenizer.add_special_tokens({"mask_token": token})
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
