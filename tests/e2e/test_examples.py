@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -321,6 +322,80 @@ def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(
     assert len(answers) == 5 and all(re.search(r"\d\.\d", line) for line in answers), proc.stdout[
         -2000:
     ]
+
+
+def test_continue_pretraining_tables_xlm_r_before_and_after(env, tmp_path, cache_dir):
+    """examples/continue_pretraining.sh, shrunk: its inputs cut to their first lines, the XLM-R
+    folder (the real tokenizer, laid out by examples/released_model.py) trained 4 steps on
+    general text and 4 on the Hindi novel, scored and fine-tuned on 32 Hindi word-order examples
+    before and after; one table. RoBERTa's part differs in its texts and task alone (SST-2, run by
+    the GLUE tests) and would double the time."""
+    tokenizers = shared_file("tokenizers/xlm-roberta").parent
+    data = tmp_path / "data"
+    for name, lines in (
+        ("gutenberg/austen-emma.txt", 200),
+        ("hindi/kabir.txt", 100),
+        ("hindi/sevasadan.txt", 2000),
+    ):
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        with open(shared_file(f"corpora/{name}"), encoding="utf-8") as f:
+            (data / name).write_text("".join(itertools.islice(f, lines)), encoding="utf-8")
+    out = tmp_path / "out"
+    settings = {
+        "FAMILIES": "xlm-roberta",
+        "OUT": str(out),
+        "DATA": str(data),
+        "TOKENIZERS": str(tokenizers),
+        "SAMPLES": "32",
+        "EPOCHS": "1",
+        "FT_ARGS": "batch_size=16 precision=no",
+        "EVAL_ARGS": f"data.max_eval_samples=8 paths.cache_dir={cache_dir}",
+    }
+    proc = bash(
+        "continue_pretraining.sh",
+        "data.max_seq_length=64",
+        "data.max_eval_samples=8",
+        "train.batch_size=8",
+        "train.max_steps=4",
+        "train.log_every=2",
+        f"paths.cache_dir={cache_dir}",
+        env={**env, **settings},
+        cwd=tmp_path,
+    )
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert [r[0] for r in rows] == ["family", "XLM-RoBERTa"], proc.stdout[-3000:]
+    row = rows[1]
+    assert all(0 < float(c) < 1.2 * math.log(250002) for c in row[2:4]), row  # MLM losses
+    assert all(0 <= float(c) <= 100 for c in row[5:7]) and row[7].endswith("4 steps"), row
+    for run in ("general", "continued"):
+        assert train_steps(out / "xlm-roberta" / run)[-1] == 4
+    config = json.loads((out / "xlm-roberta" / "continued" / "final" / "config.json").read_text())
+    assert config["model_type"] == "xlm-roberta" and config["vocab_size"] == 250002
+    order = (out / "xlm-roberta" / "hindi-word-order" / "dev.tsv").read_text().splitlines()
+    assert order[0] == "sentence\tlabel" and len(order) > 10
+
+
+def test_released_model_lays_out_a_folder_that_transformers_loads(tmp_path, monkeypatch):
+    """The helper behind continue_pretraining.sh and benchmarks/continue_vs_run_mlm.py, run as
+    its command line in this process, for a family the example leaves out: DistilBERT with
+    multilingual BERT's released WordPiece."""
+    import runpy
+
+    tokenizer = shared_file("tokenizers/bert-base-multilingual-cased")
+    folder = tmp_path / "distilbert"
+    sizes = ["--hidden", "16", "--layers", "1", "--heads", "2", "--ffn", "32"]
+    argv = ["released_model.py", "distilbert", str(tokenizer), str(folder), *sizes]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(EXAMPLES / "released_model.py"), run_name="__main__")
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    model = AutoModelForMaskedLM.from_pretrained(folder)
+    assert type(model).__name__ == "DistilBertForMaskedLM" and model.config.dim == 16
+    assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(folder)) == 119547
 
 
 def test_embedder_scores_the_stage_with_and_without_pairs_against_mlm_and_a_random_init(
