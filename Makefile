@@ -25,7 +25,7 @@ FLOOR  ?= .venv-floor
 WHEELS ?= .whl
 WHEELS_NEWEST ?= .whl-newest
 
-.PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-checkpointing bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-checkpointing bench-continue bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
 
 venv: $(STAMP)
 
@@ -182,6 +182,9 @@ bench-head: venv  ## sparse vs full MLM head, tokens/s side by side
 
 bench-checkpointing: venv  ## gradient checkpointing on vs off at long contexts: peak memory and tokens/s side by side
 	$(BIN)/python benchmarks/gradient_checkpointing.py $(ARGS)
+
+bench-continue: venv  ## continued pretraining per family: run_mlm's Trainer vs mlmkit train model.init_from at equal wall-clock
+	$(BIN)/python benchmarks/continue_vs_run_mlm.py $(ARGS)
 
 bench-kernels: venv  ## mlmkit's CPU kernels (head loss, bf16 attention) vs the plain torch ops
 	$(BIN)/python benchmarks/cpu_kernels.py $(ARGS)

@@ -133,6 +133,12 @@ SMOKE = "smoke"  # the first step: when it fails (not when it runs out of time),
 WORKERS = 2
 
 
+def gpu_test_files() -> list[Path]:
+    """The test files that hold tests marked ``gpu``: collecting the whole suite to run those
+    imported every test module (seconds of a lent machine's time, and of the rehearsal's)."""
+    return sorted(p for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
+
+
 def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, Path | None]]:
     """(name, command, time limit in seconds, the figures' file) of each step: the smoke step
     first, then the most telling (a budget that runs out drops the last)."""
@@ -142,18 +148,8 @@ def plan(out: Path, cache: Path, cpu: bool) -> list[tuple[str, list[str], int, P
     smoke = [py, str(bench / "gpu_smoke.py"), "--cache", str(cache)]
     gpu = [py, str(bench / "gpu.py")]
     profile = [py, str(bench / "gpu_profile.py"), "--cache", str(cache)]
-    tests = [
-        py,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-m",
-        "gpu",
-        "-rs",
-        str(ROOT / "tests"),
-    ]
+    tests = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs"]
+    tests += [str(path) for path in gpu_test_files()]
 
     def step(name, command, limit):
         figures = out / f"{name}.json"

@@ -11,26 +11,31 @@
 #      WikiText-2; XLM-R: Premchand's Hindi novel Sevasadan), the last tenth of the domain's
 #      lines held out;
 #   3. both models scored by `mlmkit eval` on the held-out domain text (the same blocks, the same
-#      fixed masks) and fine-tuned (RoBERTa: SST-2, accuracy on its dev set; XLM-R: Hindi word
-#      order, a sentence of the held-out text as written or with two neighbouring words swapped,
-#      accuracy on a fifth of those sentences).
+#      fixed masks) and fine-tuned (RoBERTa: part-of-speech tags, UD English-EWT's UPOS, word
+#      accuracy on a fifth of its sentences held out, the task that separates brief pretraining
+#      from none in examples/token_tasks.sh; XLM-R: Hindi word order, a sentence of the held-out
+#      text as written or with two neighbouring words swapped, accuracy on a fifth of those
+#      sentences).
 # Prints one Markdown table: family, held-out masked-LM loss and the downstream accuracy, before
-# and after. A step whose output exists is kept (delete its folder to redo it).
+# and after. A step whose output exists is kept (delete its folder to redo it). With real
+# released weights (roberta-base, xlm-roberta-base), RELEASED_DIR=<folder> holding them as
+# <folder>/roberta and <folder>/xlm-roberta replaces step 0's random layouts, and GENERAL_TIME=0
+# skips step 1: "before" is then the released model itself.
 #   bash examples/continue_pretraining.sh [more hydra overrides for every mlmkit train]
-# Environment: GENERAL_TIME (2m), TIME (the continued pretraining, 2m), FAMILIES ("roberta
-# xlm-roberta"), SAMPLES (fine-tuning examples, 2000), EPOCHS (2), LR (the fine-tuning rate,
-# 3e-4), FT_ARGS (more settings of every mlmkit finetune), EVAL_ARGS (more settings of every
-# mlmkit eval), OUT (outputs/continue-pretraining), DATA (the corpora folder), GLUE (the GLUE
-# folder), TOKENIZERS (the released tokenizers), PYTHON (the checkout's .venv, else python3).
+# Environment: GENERAL_TIME (5m; 0: none), TIME (the continued pretraining, 3m), FAMILIES ("roberta
+# xlm-roberta"), SAMPLES (fine-tuning examples, 2000), EPOCHS (5), LR (the fine-tuning rate,
+# 5e-4), FT_ARGS (more settings of every mlmkit finetune), EVAL_ARGS (more settings of every
+# mlmkit eval), OUT (outputs/continue-pretraining), DATA (the corpora folder), TOKENS (the tagging
+# folder), TOKENIZERS (the released tokenizers), RELEASED_DIR (unset), PYTHON (the checkout's .venv, else python3).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
 DATA=${DATA:-$ROOT/../shared/data/corpora}
-GLUE=${GLUE:-$ROOT/../shared/data/glue}
+TOKENS=${TOKENS:-$ROOT/../shared/data/tokens}
 TOKENIZERS=${TOKENIZERS:-$ROOT/../shared/data/tokenizers}
 OUT=${OUT:-outputs/continue-pretraining}
-GENERAL_TIME=${GENERAL_TIME:-2m}
-TIME=${TIME:-2m}
+GENERAL_TIME=${GENERAL_TIME:-5m}
+TIME=${TIME:-3m}
 read -r -a FAMILY_LIST <<< "${FAMILIES:-roberta xlm-roberta}"
 read -r -a FT_EXTRA <<< "${FT_ARGS:-}"
 read -r -a EVAL_EXTRA <<< "${EVAL_ARGS:-}"
@@ -76,7 +81,7 @@ finetune() {  # finetune <model> <run dir> [settings]: kept when its results.jso
   shift 2
   [ -f "$run/results.json" ] && return
   rm -rf "$run"
-  "$PYTHON" -m mlmkit finetune checkpoint="$model" lr="${LR:-3e-4}" epochs="${EPOCHS:-2}" \
+  "$PYTHON" -m mlmkit finetune checkpoint="$model" lr="${LR:-5e-4}" epochs="${EPOCHS:-5}" \
     max_train_samples="${SAMPLES:-2000}" max_seq_length=64 save_model=false \
     hydra.run.dir="$run" "$@" "${FT_EXTRA[@]}"
 }
@@ -123,26 +128,35 @@ for family in "${FAMILY_LIST[@]}"; do
   fi
   work=$OUT/$family
   echo "== $family: a released model folder, general pretraining, continued pretraining"
-  if [ ! -f "$work/released-random/config.json" ]; then
-    # shellcheck disable=SC2086  # the sizes are separate words
-    "$PYTHON" "$ROOT/examples/released_model.py" "$family" "$TOKENIZERS/${TOKENIZER[$family]}" \
-      "$work/released-random" ${SIZE[$family]}
+  released=${RELEASED_DIR:+$RELEASED_DIR/$family}
+  if [ -z "$released" ]; then  # 0. the family's layout, a seeded random init
+    released=$work/released-random
+    if [ ! -f "$released/config.json" ]; then
+      # shellcheck disable=SC2086  # the sizes are separate words
+      "$PYTHON" "$ROOT/examples/released_model.py" "$family" "$TOKENIZERS/${TOKENIZER[$family]}" \
+        "$released" ${SIZE[$family]}
+    fi
   fi
   split_domain "${DOMAIN[$family]}" "$work/domain"
   # 1. "released": a model that knows general text (a from-scratch rate, not the
   # continued-pretraining recipe's)
-  train "$work/general" "$work/released-random" "${GENERAL[$family]}" "$GENERAL_TIME" \
-    optim.lr=2e-3 optim.warmup_fraction=0.06 "data.validation_files=[$work/domain/held-out.txt]"
+  before=$released
+  if [ "$GENERAL_TIME" != 0 ]; then
+    train "$work/general" "$released" "${GENERAL[$family]}" "$GENERAL_TIME" optim.lr=2e-3 \
+      optim.warmup_fraction=0.06 "data.validation_files=[$work/domain/held-out.txt]"
+    before=$work/general/final
+  fi
   # 2. continued on the domain: the continued-pretraining recipe (rate, warmup, 15% masking)
-  train "$work/continued" "$work/general/final" "$work/domain/train.txt" "$TIME" \
+  train "$work/continued" "$before" "$work/domain/train.txt" "$TIME" \
     "data.validation_files=[$work/domain/held-out.txt]"
   # 3. before and after: held-out loss, and downstream
   for when in before after; do
-    model=$work/general/final
+    model=$before
     [ "$when" = after ] && model=$work/continued/final
     score "$model" "$work/domain/held-out.txt" "$work/eval-$when.json"
     if [ "$family" = roberta ]; then
-      finetune "$model" "$work/finetune-$when" task=sst2 task.data_dir="$GLUE/SST-2"
+      finetune "$model" "$work/finetune-$when" task=pos task.data_dir="$TOKENS/ud-ewt" \
+        task.train_file=en_ewt-ud-dev.conllu task.eval_file=null task.eval_share=0.2
     else
       hindi_word_order "$work/domain/held-out.txt" "$work/hindi-word-order"
       finetune "$model" "$work/finetune-$when" task=files task.data_dir="$work/hindi-word-order" \
@@ -159,7 +173,7 @@ from pathlib import Path
 out, families = Path(sys.argv[1]), sys.argv[2:]
 titles = {"roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa"}
 domains = {
-    "roberta": ("WikiText-2", "SST-2 dev accuracy"),
+    "roberta": ("WikiText-2", "UPOS accuracy, UD EWT"),
     "xlm-roberta": ("Sevasadan (Hindi)", "Hindi word order accuracy"),
 }
 
@@ -169,26 +183,31 @@ def read(path):
 
 
 def train_seconds(run):
+    if not (run / "metrics.jsonl").is_file():
+        return "none"
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [e for e in events if e["event"] == "train"][-1]
     return f"{last['elapsed_s']:.0f} s, {last['step']:,} steps"
 
 
 print(
-    "| family | domain | held-out MLM loss, before | after | downstream (majority class) | "
+    "| family | domain | held-out MLM loss, before | after | downstream (its baseline) | "
     "before | after | pretraining: general / continued |"
 )
 print("| --- | --- | ---: | ---: | --- | ---: | ---: | --- |")
+notes = []
 for family in families:
     work = out / family
     loss = [read(work / f"eval-{w}.json")["loss"] for w in ("before", "after")]
     results = [read(work / f"finetune-{w}" / "results.json") for w in ("before", "after")]
     acc = [100 * r["eval_" + r["headline"]] for r in results]
     baseline = 100 * results[0]["baseline"]["accuracy"]
+    notes.append(f"{titles[family]}'s baseline: {results[0]['baseline']['baseline']}")
     domain, figure = domains[family]
     seconds = f"{train_seconds(work / 'general')} / {train_seconds(work / 'continued')}"
     print(
         f"| {titles[family]} | {domain} | {loss[0]:.3f} | {loss[1]:.3f} | {figure} "
         f"({baseline:.1f}) | {acc[0]:.1f} | {acc[1]:.1f} | {seconds} |"
     )
+print("\n" + "; ".join(notes) + ".")
 EOF

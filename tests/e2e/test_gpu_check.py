@@ -252,6 +252,10 @@ def test_the_gpu_plan_fits_a_lent_machine(tmp_path):
     )
     # the smoke step first, within 30 s; then the GPU tests; a profile of bert-base's steps
     assert names[:2] == ["smoke", "gpu-tests"] and steps[0][2] <= 30
+    # the GPU tests' step collects only the files holding tests marked gpu
+    listed = {Path(arg).relative_to(ROOT).as_posix() for arg in steps[1][1] if arg.endswith(".py")}
+    assert {"tests/gpu/test_cuda.py", "tests/model/test_modernbert.py"} <= listed
+    assert "tests/e2e/test_examples.py" not in listed
     profile = steps[names.index("profile-bert-base")][1]
     assert profile[profile.index("--steps") + 1] == "20"
     # every step gets its whole limit; with a fresh machine's start and the install, the command
