@@ -47,7 +47,7 @@ from mlmkit.evaluation.retrieval import FIGURES
 from mlmkit.model.architectures import DROPOUT_CONFIG_KEYS, architecture
 from mlmkit.training.checkpoint_files import is_checkpoint
 from mlmkit.training.metrics_log import MetricsLog
-from mlmkit.training.runtime import resolve_precision, runs_on_cpu
+from mlmkit.training.runtime import resolve_precision, runs_on_cpu, save_model
 from mlmkit.training.signals import StopSignals
 from mlmkit.training.tracking import log_with
 from mlmkit.training.trained_model import load_model_and_tokenizer, resolve_model_path, run_settings
@@ -118,7 +118,7 @@ def base_model_dir(resolved: Path, loaded: Any, run_dir: Path) -> tuple[Path, An
     if loaded is not None:
         mlm, tokenizer = loaded
         tmp = run_dir / ".tmp-base"
-        mlm.save_pretrained(tmp)
+        save_model(mlm, tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, base)
     _wait_for_everyone()

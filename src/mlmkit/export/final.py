@@ -11,6 +11,7 @@ from typing import Any
 from mlmkit.export.embedder import write_embedder_files
 from mlmkit.model.architectures import TITLES, ffn_size, parts_of
 from mlmkit.model.bert import count_parameters
+from mlmkit.training.runtime import save_model
 
 
 def _origin_lines(config: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -208,8 +209,9 @@ def export_final(
     tokenizer.model_max_length = parts_of(model).positions(model.config)
     # save_pretrained empties the dict it is given; the caller's may be written again (a phase's
     # export)
-    model.save_pretrained(
-        str(tmp),
+    save_model(
+        model,
+        tmp,
         safe_serialization=True,
         state_dict=dict(state_dict) if state_dict is not None else None,
     )
@@ -232,8 +234,8 @@ def export_generator(generator, weights: dict[str, Any], tokenizer, path: Path, 
     """Write replaced-token detection's generator to ``path`` as a plain fill-mask model dir
     (``ElectraForMaskedLM``: its embeddings, shared with the discriminator in training, stored in
     it as in any such model; its output layer tied to them), with the tokenizer and a card."""
-    generator.save_pretrained(
-        str(path), safe_serialization=True, state_dict=without_tied_copies(generator, weights)
+    save_model(
+        generator, path, safe_serialization=True, state_dict=without_tied_copies(generator, weights)
     )
     tokenizer.save_pretrained(str(path))
     c, name = generator.config, config.get("model", {}).get("name", "bert")

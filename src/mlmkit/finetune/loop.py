@@ -46,7 +46,7 @@ from mlmkit.finetune.task import LengthBatches, Task
 from mlmkit.finetune.tokens import TokenTask
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.optim import build_optimizer, build_scheduler
-from mlmkit.training.runtime import resolve_precision, runs_on_cpu, unwrap
+from mlmkit.training.runtime import resolve_precision, runs_on_cpu, save_model, unwrap
 from mlmkit.training.trained_model import load_model_and_tokenizer
 
 log = logging.getLogger("mlmkit")
@@ -380,7 +380,7 @@ def save_results(
         for record in task.records(task.eval, predictions):
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     if summary["model"]:
-        model.save_pretrained(summary["model"])
+        save_model(model, summary["model"])
         tokenizer.save_pretrained(summary["model"])
         log.info(
             'Saved the fine-tuned model to %s (mlmkit predict %s "some text")',

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from contextlib import contextmanager
 
 import torch
 
@@ -212,6 +213,36 @@ def unwrap(accelerator, module):
     while isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         module = module.module
     return module
+
+
+@contextmanager
+def deepspeed_left_unimported():
+    """Within it, accelerate's unwrapping leaves DeepSpeed unimported where no DeepSpeed is
+    loaded: transformers' ``save_pretrained`` unwraps the model through accelerate, which imports
+    DeepSpeed wherever it is installed (1.4 s, most of it MLflow, which DeepSpeed imports) only
+    to ask whether the model is a ``DeepSpeedEngine``; no model is one before DeepSpeed is
+    imported, so the question is then answered as if it were absent. Every command that saves a
+    model (each run's export) started that much later."""
+    import sys
+
+    from accelerate.utils import other
+
+    if "deepspeed" in sys.modules:
+        yield
+        return
+    available = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = available
+
+
+def save_model(model, path, **kwargs) -> None:
+    """``model.save_pretrained(path, **kwargs)``, without importing DeepSpeed where the run
+    does not use it (``deepspeed_left_unimported``)."""
+    with deepspeed_left_unimported():
+        model.save_pretrained(str(path), **kwargs)
 
 
 def full_state_dict(accelerator, module) -> dict:
