@@ -16,13 +16,13 @@ from runs import run_cli
 # 30-minute cap only guards against a far slower machine. Many short rows leave the unigram plateau
 # far sooner than fewer long ones; the word order of minimal pairs pays off by 300 steps: with 4
 # layers 0.78 to 0.83 of the pairs against a random init's 0.48-0.50 (0.83 at 400 and 1,000
-# steps), with 2 layers 0.80 to 0.81 against 0.46-0.47 in five runs (bf16 and fp32) at 60% of
-# the training's work and half of the scoring's, long before zero-shot STS-B turns (about 2,000
-# steps). docs/benchmarks.md, "Pretraining pays off downstream", has the figures and why the
-# test asserts word order rather than an SST-2 probe.
+# steps), with 2 layers 0.8054 against 0.4664 (bf16, alone: 91 s) at 60% of the training's work
+# and half of the scoring's, long before zero-shot STS-B turns (about 2,000 steps).
+# docs/benchmarks.md, "Pretraining pays off downstream", has the figures and why the test asserts
+# word order rather than an SST-2 probe.
 PRETRAIN_STEPS, PRETRAIN_CAP, BLOCK, ROWS, LAYERS = 300, "30m", 16, 128, 2
 # the unigram plateau is about 13% masked-token accuracy; seven 300-step runs of 4 layers ended at
-# 19.8-21.0%, five of 2 layers at 20.1-20.5%
+# 19.8-21.0%, the 2-layer run of docs/benchmarks.md at 20.5%
 LEFT_PLATEAU = 0.18
 # The pairs made from the first 300 of the 872 dev sentences: with the 30-point gap measured
 # between pretrained and random models on all 869 pairs, one standard error of an accuracy on 300
