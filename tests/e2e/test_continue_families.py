@@ -198,6 +198,15 @@ def test_an_unknown_encoder_family_is_refused(tmp_path, text):
     assert "'mpnet'" in line and "does not continue" in line and "roberta" in line
 
 
+def test_a_hub_name_that_cannot_be_fetched_is_one_sentence(tmp_path, text, monkeypatch):
+    """A Hub name stays real code (transformers' AutoConfig): offline, or with the Hub out of
+    reach, it is one sentence that says the Hub could not provide it and what to point at."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = refused(tmp_path, text, "model.init_from=FacebookAI/roberta-base")
+    assert "'FacebookAI/roberta-base'" in line and "Hugging Face Hub could not provide" in line
+    assert "point model.init_from at a local dir" in line
+
+
 def test_a_tokenizer_without_a_mask_token_is_refused(tmp_path, text):
     from transformers import AutoTokenizer
 
