@@ -324,8 +324,8 @@ def test_new_language_trains_a_hindi_tokenizer_and_encoder_that_keep_the_script(
     ]
 
 
-def test_continue_pretraining_tables_xlm_r_before_and_after(env, tmp_path, cache_dir):
-    """examples/continue_pretraining.sh, shrunk: its inputs cut to their first lines, the XLM-R
+def test_continue_roberta_xlmr_tables_before_and_after(env, tmp_path, cache_dir):
+    """examples/continue_roberta_xlmr.sh, shrunk: its inputs cut to their first lines, the XLM-R
     folder (the real tokenizer, laid out by examples/released_model.py) continued 4 steps on the
     Hindi novel without the general pretraining (GENERAL_TIME=0: the same command as the
     continued one), scored and fine-tuned on 32 Hindi word-order examples before and after; one
@@ -350,7 +350,7 @@ def test_continue_pretraining_tables_xlm_r_before_and_after(env, tmp_path, cache
         "EVAL_ARGS": f"data.max_eval_samples=8 paths.cache_dir={cache_dir}",
     }
     proc = bash(
-        "continue_pretraining.sh",
+        "continue_roberta_xlmr.sh",
         "data.max_seq_length=64",
         "data.max_eval_samples=8",
         "train.batch_size=8",
@@ -380,7 +380,7 @@ def test_continue_pretraining_tables_xlm_r_before_and_after(env, tmp_path, cache
 
 
 def test_released_model_lays_out_a_folder_that_transformers_loads(tmp_path, monkeypatch):
-    """The helper behind continue_pretraining.sh and benchmarks/continue_vs_run_mlm.py, run as
+    """The helper behind continue_roberta_xlmr.sh and benchmarks/continue_vs_run_mlm.py, run as
     its command line in this process, for a family the example leaves out: DistilBERT with
     multilingual BERT's released WordPiece."""
     import runpy

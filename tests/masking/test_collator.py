@@ -86,6 +86,18 @@ def test_reproducible_from_seed_and_seeds_differ(tokenizer):
     assert not torch.equal(a["labels"], c["labels"])
 
 
+def test_a_reseeded_collator_draws_as_one_built_with_that_seed(tokenizer):
+    """The fixed evaluation masks draw again with the next seeds from one collator (its vocabulary
+    tables built once): the same masks as a collator built with each seed."""
+    examples = _examples(tokenizer, n=32)
+    collator = MLMCollator(tokenizer, seed=7, draws=True)
+    collator(examples)
+    collator.reseed(8)
+    again, fresh = collator(examples), MLMCollator(tokenizer, seed=8, draws=True)(examples)
+    assert again.keys() == fresh.keys()
+    assert all(torch.equal(again[k], fresh[k]) for k in fresh)
+
+
 def test_generator_state_round_trip(tokenizer):
     examples = _examples(tokenizer, n=16)
     collator = MLMCollator(tokenizer, seed=3)

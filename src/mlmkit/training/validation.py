@@ -29,15 +29,16 @@ def fixed_eval_batches(
     fixed uniform draw (replaced-token detection samples its generator's tokens with them).
     """
     chunks, chosen = [], 0
+    collator = MLMCollator(
+        tokenizer,
+        mlm_probability=masking.eval_mlm_probability,
+        seed=masking.eval_seed,
+        draws=draws,
+    )  # BERT's 80-10-10, whatever the training strategy
     for draw in range(EVAL_MAX_DRAWS):
         if draw and chosen >= masking.eval_min_masked_tokens:
             break
-        collator = MLMCollator(
-            tokenizer,
-            mlm_probability=masking.eval_mlm_probability,
-            seed=masking.eval_seed + draw,
-            draws=draws,
-        )  # BERT's 80-10-10, whatever the training strategy
+        collator.reseed(masking.eval_seed + draw)
         # Masks are drawn over fixed chunks of rows, so they do not depend on batch_size.
         for start in range(0, len(dataset), EVAL_MASK_CHUNK):
             rows = id_rows(dataset, slice(start, start + EVAL_MASK_CHUNK))

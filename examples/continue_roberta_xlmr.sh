@@ -21,11 +21,11 @@
 # released weights (roberta-base, xlm-roberta-base), RELEASED_DIR=<folder> holding them as
 # <folder>/roberta and <folder>/xlm-roberta replaces step 0's random layouts, and GENERAL_TIME=0
 # skips step 1: "before" is then the released model itself.
-#   bash examples/continue_pretraining.sh [more hydra overrides for every mlmkit train]
+#   bash examples/continue_roberta_xlmr.sh [more hydra overrides for every mlmkit train]
 # Environment: GENERAL_TIME (5m; 0: none), TIME (the continued pretraining, 3m), FAMILIES ("roberta
 # xlm-roberta"), SAMPLES (fine-tuning examples, 2000), EPOCHS (5), LR (the fine-tuning rate,
 # 5e-4), FT_ARGS (more settings of every mlmkit finetune), EVAL_ARGS (more settings of every
-# mlmkit eval), OUT (outputs/continue-pretraining), DATA (the corpora folder), TOKENS (the tagging
+# mlmkit eval), OUT (outputs/continue-roberta-xlmr), DATA (the corpora folder), TOKENS (the tagging
 # folder), TOKENIZERS (the released tokenizers), RELEASED_DIR (unset), PYTHON (the checkout's .venv, else python3).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +33,7 @@ PYTHON=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/pyth
 DATA=${DATA:-$ROOT/../shared/data/corpora}
 TOKENS=${TOKENS:-$ROOT/../shared/data/tokens}
 TOKENIZERS=${TOKENIZERS:-$ROOT/../shared/data/tokenizers}
-OUT=${OUT:-outputs/continue-pretraining}
+OUT=${OUT:-outputs/continue-roberta-xlmr}
 GENERAL_TIME=${GENERAL_TIME:-5m}
 TIME=${TIME:-3m}
 read -r -a FAMILY_LIST <<< "${FAMILIES:-roberta xlm-roberta}"
