@@ -395,7 +395,7 @@ def main() -> None:
     if not (SHARED / "tokenizers").is_dir() or not CORPORA.is_dir():
         raise SystemExit(f"{SHARED} (the released tokenizers and the corpora) is absent.")
 
-    from harness import machine, quiet_logging
+    from harness import machine, quiet_logging, write_summary
 
     from mlmkit.training.runtime import describe_cpu
 
@@ -413,19 +413,7 @@ def main() -> None:
     summaries = [run_family(f, i % 2 == 0, args, out) for i, f in enumerate(args.families)]
     print_table(summaries, args)
     total = time.perf_counter() - t0
-    (out / "summary.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(),
-                "cpu": describe_cpu(),
-                "args": vars(args) | {"out": str(out)},
-                "total_s": total,
-                "families": summaries,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_summary(out, args=vars(args) | {"out": str(out)}, total_s=total, families=summaries)
     print(f"\ntotal wall time {total:.0f} s; figures in {out}/summary.json")
 
 

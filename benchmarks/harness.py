@@ -327,3 +327,13 @@ def machine() -> str:
         )
     kind = "bf16 hardware" if cpu_has_bf16() else "no bf16 hardware (bf16 emulated)"
     return f"{cpu_name()} ({kind}), {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def write_summary(out, **figures) -> None:
+    """Write ``out/summary.json``: the machine, its CPU kind and ``figures``."""
+    import json
+
+    from mlmkit.training.runtime import describe_cpu
+
+    record = {"machine": machine(), "cpu": describe_cpu(), **figures}
+    (out / "summary.json").write_text(json.dumps(record, indent=2) + "\n")

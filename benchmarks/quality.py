@@ -615,7 +615,7 @@ def main() -> None:
             "--budget, --evals and --calibration-steps must be positive, --eval-every not negative"
         )
 
-    from harness import machine, quiet_logging
+    from harness import machine, quiet_logging, write_summary
 
     from mlmkit.training.runtime import describe_cpu
 
@@ -637,19 +637,7 @@ def main() -> None:
     summaries = [
         run_preset(preset, i % 2 == 0, args, data, out) for i, preset in enumerate(args.preset)
     ]
-    (out / "summary.json").write_text(
-        json.dumps(
-            {
-                "machine": machine(),
-                "cpu": describe_cpu(),
-                "training_text": data.training,
-                "held_out": data.held_out,
-                "presets": summaries,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_summary(out, training_text=data.training, held_out=data.held_out, presets=summaries)
     print(f"\ntotal wall time {time.perf_counter() - t0:.0f} s; figures in {out}/summary.json")
 
 

@@ -17,15 +17,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-FAMILIES = ("roberta", "xlm-roberta", "camembert", "deberta-v2", "distilbert", "bert", "electra")
+FAMILIES = (
+    "roberta", "xlm-roberta", "camembert", "deberta-v2", "distilbert", "albert", "bert", "electra",
+)  # fmt: skip
 
 
-def family_config(model_type: str, tokenizer, hidden: int, layers: int, heads: int, ffn: int):
-    """Return a config of ``model_type`` at the given sizes for ``tokenizer`` (its vocabulary and
-    special ids), the family's released layout otherwise (RoBERTa's positions from
-    ``padding_idx + 1``, DeBERTa-v3's relative attention, DistilBERT's own key names)."""
-    from transformers import AutoConfig
-
+def family_settings(
+    model_type: str, tokenizer, hidden: int, layers: int, heads: int, ffn: int,
+    positions: int = 512, buckets: int = 256,
+) -> dict:  # fmt: skip
+    """Return the config settings of ``model_type`` at the given sizes for ``tokenizer`` (its
+    vocabulary and special ids), the family's released layout otherwise: RoBERTa's ``positions``
+    counted from ``padding_idx + 1``, DeBERTa-v3's relative attention in ``buckets`` position
+    buckets, DistilBERT's own key names, ALBERT's and ELECTRA's embeddings as wide as the
+    model."""
     vocab = max(tokenizer.get_vocab().values()) + 1
     size = {
         "vocab_size": vocab,
@@ -33,24 +38,35 @@ def family_config(model_type: str, tokenizer, hidden: int, layers: int, heads: i
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "intermediate_size": ffn,
-        "max_position_embeddings": 512,
+        "max_position_embeddings": positions,
         "pad_token_id": tokenizer.pad_token_id,
     }
     if model_type == "distilbert":
         size = {"dim": hidden, "n_layers": layers, "n_heads": heads, "hidden_dim": ffn}
         size |= {"vocab_size": vocab, "pad_token_id": tokenizer.pad_token_id}
-        size["max_position_embeddings"] = 512
-    if model_type == "electra":
+        size["max_position_embeddings"] = positions
+    if model_type in ("albert", "electra"):
         size["embedding_size"] = hidden
     if model_type in ("roberta", "xlm-roberta", "camembert"):
-        # 512 tokens after the padding index and the row below it, as the released configs
-        size |= {"max_position_embeddings": 512 + tokenizer.pad_token_id + 1, "type_vocab_size": 1}
+        # the tokens after the padding index and the row below it, as the released configs
+        size["max_position_embeddings"] = positions + tokenizer.pad_token_id + 1
+        size |= {"type_vocab_size": 1}
         size |= {"bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}
     if model_type == "deberta-v2":  # DeBERTa-v3's layout: relative attention, no absolute input
-        size |= {"relative_attention": True, "position_buckets": 256, "max_relative_positions": -1}
-        size |= {"pos_att_type": ["p2c", "c2p"], "position_biased_input": False}
-        size |= {"norm_rel_ebd": "layer_norm", "type_vocab_size": 0, "legacy": True}
-    return AutoConfig.for_model(model_type, **size)
+        size |= {"relative_attention": True, "position_buckets": buckets}
+        size |= {"max_relative_positions": -1, "pos_att_type": ["p2c", "c2p"]}
+        size |= {"position_biased_input": False, "norm_rel_ebd": "layer_norm"}
+        size |= {"type_vocab_size": 0, "legacy": True}
+    return size
+
+
+def family_config(model_type: str, tokenizer, hidden: int, layers: int, heads: int, ffn: int):
+    """Return a config of ``model_type`` at the given sizes for ``tokenizer`` (its settings:
+    ``family_settings``)."""
+    from transformers import AutoConfig
+
+    settings = family_settings(model_type, tokenizer, hidden, layers, heads, ffn)
+    return AutoConfig.for_model(model_type, **settings)
 
 
 def main() -> None:

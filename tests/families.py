@@ -102,27 +102,30 @@ def family_tokenizer(model_type: str):
 
 
 def family_config(model_type: str, tokenizer, **settings):
-    """A tiny config of ``model_type`` for ``tokenizer``."""
+    """A tiny config of ``model_type`` for ``tokenizer``: examples/released_model.py's layout
+    of the family at SIZE, 128 positions, 32 DeBERTa position buckets and embeddings 16 wide."""
     from transformers import AutoConfig
 
-    vocab = max(tokenizer.get_vocab().values()) + 1
-    size = dict(SIZE, intermediate_size=64, vocab_size=vocab, pad_token_id=tokenizer.pad_token_id)
-    if model_type == "distilbert":
-        size = {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64, "vocab_size": vocab}
-        size["pad_token_id"] = tokenizer.pad_token_id
-    if model_type in ("albert", "electra"):
+    hidden, layers, heads = SIZE.values()
+    size = released_layout().family_settings(
+        model_type, tokenizer, hidden, layers, heads, 64, positions=128, buckets=32
+    )
+    if "embedding_size" in size:  # ALBERT's and ELECTRA's factorised embeddings
         size["embedding_size"] = 16
-    if model_type in ("roberta", "xlm-roberta", "camembert"):
-        size |= {"max_position_embeddings": 130, "type_vocab_size": 1}
-        size |= {"bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}
-    else:
-        size["max_position_embeddings"] = 128
-    if model_type == "deberta-v2":  # DeBERTa-v3's shape: relative attention, no absolute input
-        size |= {"relative_attention": True, "position_buckets": 32, "max_relative_positions": -1}
-        size |= {"pos_att_type": ["p2c", "c2p"], "position_biased_input": False}
-        size |= {"norm_rel_ebd": "layer_norm", "type_vocab_size": 0, "legacy": True}
     size.update(settings)
     return AutoConfig.for_model(model_type, **size)
+
+
+@functools.cache
+def released_layout():
+    """examples/released_model.py, the layout users build a released-model folder with."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "released_model.py"
+    spec = importlib.util.spec_from_file_location("released_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def released_model(folder: Path, model_type: str, seed: int = 0, **settings) -> Path:

@@ -341,25 +341,29 @@ def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.C
     """Run an ``accelerate launch`` command; on a timeout kill its workers too, then fail."""
     # TEST_ENV's DS_ACCELERATOR: DeepSpeed's CPU accelerator, also where a GPU is present
     env = {**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    what = "the launch (a rank left waiting in a collective?)"
+    proc = ended_or_killed(cmd, timeout, what, cwd=ROOT, env=env)
+    assert proc.returncode == 0 or not check, proc.stderr[-4000:]
+    return proc
+
+
+def ended_or_killed(
+    cmd: list[str], timeout: float, what: str, cwd: Path, env: dict
+) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a session of its own to its end; past ``timeout`` kill it and every process
+    it started, then fail naming ``what``."""
     proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
-    )
+    )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(
-            f"the launch did not end within {timeout} s (a rank left waiting in a "
-            f"collective?):\n{err[-4000:]}"
+            f"{what} did not end within {timeout} s:\n{out[-2000:]}\n{err[-4000:]}"
         ) from None
-    assert proc.returncode == 0 or not check, err[-4000:]
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

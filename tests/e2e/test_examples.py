@@ -10,15 +10,13 @@ import json
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import SHARED_DATA, shared_file
-from runs import ROOT, TEST_ENV, TINY, free_port, train_steps
+from runs import ROOT, TEST_ENV, TINY, ended_or_killed, free_port, train_steps
 
 EXAMPLES = ROOT / "examples"
 SLURM_TESTS = (
@@ -67,28 +65,21 @@ def env(bin_dir) -> dict:
 
 def bash(script: str, *args: str, env: dict, cwd: Path, timeout: float = 240, check: bool = True):
     """``bash examples/<script> args``, to its end (on a timeout its processes are killed)."""
-    proc = subprocess.Popen(
-        ["bash", str(EXAMPLES / script), *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"{script} ran past {timeout} s:\n{out[-2000:]}\n{err[-4000:]}"
-        ) from None
+    proc = ended_or_killed(["bash", str(EXAMPLES / script), *args], timeout, script, cwd, env)
     if check:
         assert proc.returncode == 0, (
-            f"{script} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
+            f"{script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         )
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return proc
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """The cells of each row of the Markdown tables an example prints (rules left out)."""
+    return [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in stdout.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
 
 
 def test_every_example_is_tested_here_and_linked_from_the_readme():
@@ -269,11 +260,7 @@ def test_token_tasks_tables_ner_pos_and_qa_pretrained_against_random_init(env, t
         env={**env, **settings},
         cwd=tmp_path,
     )
-    rows = [
-        [cell.strip() for cell in line.strip("|").split("|")]
-        for line in proc.stdout.splitlines()
-        if line.startswith("| ") and "---" not in line
-    ]
+    rows = table_rows(proc.stdout)
     assert [r[1] for r in rows] == [
         "figure",
         "entity F1",
@@ -360,11 +347,7 @@ def test_continue_roberta_xlmr_tables_before_and_after(env, tmp_path, cache_dir)
         env={**env, **settings},
         cwd=tmp_path,
     )
-    rows = [
-        [cell.strip() for cell in line.strip("|").split("|")]
-        for line in proc.stdout.splitlines()
-        if line.startswith("| ") and "---" not in line
-    ]
+    rows = table_rows(proc.stdout)
     assert [r[0] for r in rows] == ["family", "XLM-RoBERTa"], proc.stdout[-3000:]
     row = rows[1]
     assert all(0 < float(c) < 1.2 * math.log(250002) for c in row[2:4]), row  # MLM losses
