@@ -7,6 +7,7 @@
     mlmkit eval-pairs checkpoint=outputs/<run> files=[<pairs.jsonl>]  minimal pairs (BLiMP)
     mlmkit finetune  checkpoint=outputs/<run> task=sst2        GLUE fine-tuning
     mlmkit glue      checkpoint=outputs/<run> data_dir=<glue_data>  the GLUE table and average
+    mlmkit scorecard models=[outputs/<a>,outputs/<b>] data_dir=<data>  did pretraining pay?
     mlmkit embed     checkpoint=outputs/<run> pairs.files=[pairs.jsonl]  a sentence embedder
     mlmkit export    outputs/<run>/checkpoints/step_0001000 out/  a checkpoint as a model dir
     mlmkit tokenizer data=files data.train_files=[a.txt] out=tok/
@@ -70,6 +71,11 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
         False,
         "GLUE's tasks under one protocol: the table and its average",
     ),
+    "scorecard": (
+        "mlmkit.cli.scorecard",
+        False,
+        "did pretraining pay? models against a random init on a suite, with intervals",
+    ),
     "embed": (
         "mlmkit.cli.embed",
         False,
@@ -107,6 +113,7 @@ HYDRA_CONFIGS = {
     "eval-pairs": "eval_pairs",
     "finetune": "finetune",
     "glue": "glue",
+    "scorecard": "scorecard",
 }
 HELP_FLAGS = ("-h", "--help")
 

@@ -1215,6 +1215,32 @@ GLUE_PROTOCOLS = ("bert", "modern")
 
 
 @dataclass
+class ScorecardConfig:
+    """``mlmkit scorecard``: model dirs scored on a fixed suite of local tasks, each figure with
+    its interval over fine-tuning seeds and dev examples (conf/scorecard.yaml;
+    mlmkit.evaluation.scorecard says how)."""
+
+    models: list[str] = field(default_factory=list)  # model dirs or finished run dirs
+    random_init: bool = True  # a row for the first model's architecture from a random init
+    suite: str = "fast"  # fast | full (mlmkit.evaluation.scorecard.SUITES)
+    tasks: list[str] = field(default_factory=list)  # a subset of the suite's tasks; empty: all
+    data_dir: str | None = None  # the suite's data, laid out as ../shared/data
+    seeds: int = 3  # fine-tuning seeds per task and model
+    bootstrap: int = 1000  # bootstrap replicates of each interval
+    confidence: float = 0.95
+    max_seq_length: int = 128
+    batch_size: int = 32
+    precision: str = "auto"
+    cache_dir: str = ".cache/mlmkit"  # cells already scored are read from <cache_dir>/scorecard
+
+    def __post_init__(self) -> None:
+        _check(self.seeds >= 1, "seeds must be at least 1.")
+        _check(self.bootstrap >= 100, "bootstrap must be at least 100 replicates.")
+        _check(0.5 <= self.confidence < 1, "confidence must be in [0.5, 1), e.g. 0.95.")
+        check_precision(self.precision, "precision")
+
+
+@dataclass
 class GlueConfig:
     """``mlmkit glue``: GLUE's tasks fine-tuned under one published protocol, the table a paper
     prints and its average (conf/glue.yaml; mlmkit.evaluation.glue says what each protocol is)."""

@@ -311,6 +311,15 @@ def finetune(
     """Fine-tune and evaluate after every epoch into ``run_dir`` (a new or empty folder); returns
     the final figures (and where the model was saved, ``model``). ``on_open(run_dir)`` is called
     on the main process once every check has passed, before anything is written there."""
+    return finetune_scored(cfg, run_dir, on_open)[0]
+
+
+def finetune_scored(
+    cfg: FinetuneConfig, run_dir: str | os.PathLike, on_open: Callable[[Path], None] | None = None
+) -> tuple[dict[str, Any], Task, list[Any]]:
+    """``finetune``, returning as well the task (its evaluation examples in ``task.eval``, its
+    ``score``) and the last evaluation's predictions, one per example (``mlmkit scorecard``
+    scores them again on draws of the examples)."""
     run_dir = Path(run_dir)
     accelerator, task, model, tokenizer, source = open_run(cfg, run_dir, on_open)
     if cfg.freeze_encoder:
@@ -350,7 +359,7 @@ def finetune(
     if accelerator.is_main_process:
         save_results(run_dir, task, summary, predictions, unwrap(accelerator, model), tokenizer)
     accelerator.end_training()
-    return summary
+    return summary, task, predictions
 
 
 def log_start(cfg, task: Task, source, sizes: tuple[int, int], train_features, total) -> None:

@@ -1,0 +1,480 @@
+"""``mlmkit scorecard``: did pretraining pay? One table that scores model dirs on a fixed,
+versioned suite of local tasks, each figure with its 95% interval, the same architecture from a
+random init as a row of its own, and which differences are larger than their intervals.
+
+    mlmkit scorecard models=[outputs/run_a,outputs/run_b] data_dir=../shared/data
+    mlmkit scorecard models=[outputs/run_a] suite=full seeds=5
+
+Each cell is a task's dev figure, the mean over fine-tuning seeds; its interval is a
+bootstrap over both sources of noise (Efron & Tibshirani, 1993; the seeds' share follows
+Dodge et al., 2020, who find fine-tuning seeds alone move BERT's GLUE figures by several
+points): each of ``bootstrap`` replicates draws the dev examples with replacement (the same
+draw for every model, so differences are paired) and the seeds with replacement, and scores
+the task's own metric (word accuracy, entity F1, Spearman) on the drawn examples. A difference
+between two rows is called larger than its interval when the interval of the paired replicates'
+differences leaves out zero.
+
+Every (model, task, seed) is cached under ``<cache_dir>/scorecard/`` by the model's weights and
+config, the task's settings and ``SCORECARD_VERSION``: a row scored before (the random init's,
+a model scored in an earlier scorecard) is read back, not trained again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import ConfigError
+
+log = logging.getLogger("mlmkit")
+
+# The suite's tasks or settings changed: cached cells of another version are not read.
+SCORECARD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SuiteTask:
+    """One column of the scorecard: a fine-tuned task (``task``: conf/task/<task>.yaml with
+    ``overrides``; ``settings``: FinetuneConfig's) or the held-out masked-LM accuracy
+    (``task="mlm"``; ``overrides["file"]``: the text)."""
+
+    column: str
+    task: str
+    metric: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Paths are relative to the scorecard's data_dir (laid out as ../shared/data is).
+MLM_TASK = SuiteTask(
+    "masked LM acc. (WikiText-2)",
+    "mlm",
+    "accuracy",
+    {"file": "corpora/wikitext-2/valid.txt", "max_seq_length": 128, "blocks": 64},
+)
+UPOS = SuiteTask(
+    "UPOS (UD-EWT)",
+    "pos",
+    "accuracy",
+    {
+        "data_dir": "tokens/ud-ewt",
+        "train_file": "en_ewt-ud-dev.conllu",
+        "eval_file": None,
+        "eval_share": 0.2,
+    },
+    {"epochs": 5, "lr": 5e-4},
+)
+SST2 = SuiteTask(
+    "SST-2",
+    "sst2",
+    "accuracy",
+    {"data_dir": "glue/SST-2"},
+    {"epochs": 2, "lr": 5e-4, "max_train_samples": 4000},
+)
+NER = SuiteTask(
+    "WNUT-17 entity F1",
+    "ner",
+    "f1",
+    {"data_dir": "tokens/wnut17", "train_file": "train.conll", "eval_file": "dev.conll"},
+    {"epochs": 5, "lr": 5e-4},
+)
+STSB = SuiteTask(
+    "STS-B",
+    "stsb",
+    "spearman",
+    {"data_dir": "glue/STS-B"},
+    {"epochs": 3, "lr": 5e-4},
+)
+SUITES: dict[str, list[SuiteTask]] = {
+    "fast": [MLM_TASK, UPOS, SST2],
+    "full": [MLM_TASK, UPOS, SST2, NER, STSB],
+}
+
+
+# ---- the statistics ---------------------------------------------------------------------------
+
+
+def example_draws(name: str, n: int, replicates: int) -> np.ndarray:
+    """``(replicates, n)`` indices of the dev examples drawn with replacement: the same for
+    every model and seed of a task (seeded by the task's name and size), so that differences
+    are paired."""
+    seed = int.from_bytes(hashlib.sha256(f"{name}/{n}".encode()).digest()[:8], "little")
+    return np.random.default_rng(seed).integers(0, n, size=(replicates, n))
+
+
+def seed_draws(seeds: int, replicates: int) -> np.ndarray:
+    """``(replicates, seeds)`` positions of the seeds drawn with replacement (fixed)."""
+    return np.random.default_rng(seeds).integers(0, seeds, size=(replicates, seeds))
+
+
+@dataclass
+class Cell:
+    """A model's figure on one task: one score per seed, each with its replicates."""
+
+    scores: list[float]
+    replicates: list[list[float]]  # per seed: the figure on each draw of the examples
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.scores))
+
+    def combined(self) -> np.ndarray:
+        """The figure of each bootstrap replicate: the mean, over seeds drawn with replacement,
+        of each seed's figure on that replicate's draw of the examples."""
+        reps = np.asarray(self.replicates, dtype=np.float64)  # (seeds, replicates)
+        chosen = seed_draws(reps.shape[0], reps.shape[1])  # (replicates, seeds)
+        return reps[chosen, np.arange(reps.shape[1])[:, None]].mean(axis=1)
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        return percentile_interval(self.combined(), confidence)
+
+
+def percentile_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def difference(a: Cell, b: Cell, confidence: float) -> dict[str, Any]:
+    """``a - b``: the difference of the means, its paired interval and whether the interval
+    leaves out zero."""
+    diffs = a.combined() - b.combined()
+    low, high = percentile_interval(diffs, confidence)
+    return {
+        "difference": a.mean - b.mean,
+        "low": low,
+        "high": high,
+        "separated": bool(low > 0 or high < 0),
+    }
+
+
+def replicate_scores(score, predictions: list, examples: list, draws: np.ndarray) -> list[float]:
+    """``score(predictions, examples)`` (a number) on each draw of the examples."""
+    return [
+        float(score([predictions[i] for i in row], [examples[i] for i in row])) for row in draws
+    ]
+
+
+# ---- the cache --------------------------------------------------------------------------------
+
+
+def model_fingerprint(model_dir: Path, init: str) -> str:
+    """What a cell depends on of the model: its config, and its weights unless from a random
+    init."""
+    h = hashlib.sha256(init.encode())
+    names = ["config.json"]
+    if init == "pretrained":
+        names += sorted(p.name for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
+        names += sorted(p.name for p in model_dir.iterdir() if p.name.startswith("tokenizer"))
+        names += ["vocab.txt", "vocab.json", "merges.txt"]
+    for name in names:
+        path = model_dir / name
+        if path.is_file():
+            h.update(name.encode())
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def cell_key(fingerprint: str, task: SuiteTask, seed: int, replicates: int, length: int) -> str:
+    spec = {
+        "version": SCORECARD_VERSION,
+        "model": fingerprint,
+        "task": task.key(),
+        "seed": seed,
+        "replicates": replicates,
+        "max_seq_length": length,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
+
+
+# ---- one cell's runs --------------------------------------------------------------------------
+
+
+def data_path(data_dir: Path, relative: str | None, setting: str) -> str | None:
+    if relative is None:
+        return None
+    path = data_dir / relative
+    if not path.exists():
+        raise ConfigError(
+            f"The scorecard's {setting} {relative!r} is not in data_dir={str(data_dir)!r} "
+            f"({path} is absent); point data_dir at a folder laid out as ../shared/data."
+        )
+    return str(path)
+
+
+def finetuned_seed(
+    model: str, init: str, task: SuiteTask, data_dir: Path, seed: int, replicates: int, cfg
+) -> tuple[float, list[float], dict[str, Any]]:
+    """Fine-tune ``model`` on ``task`` with ``seed``: the dev figure, its replicates and the
+    task's baseline."""
+    from omegaconf import OmegaConf
+
+    from mlmkit.config import FinetuneConfig
+    from mlmkit.evaluation.glue import task_config
+    from mlmkit.finetune.loop import finetune_scored
+
+    tc = task_config(task.task, None)
+    overrides = dict(task.overrides)
+    overrides["data_dir"] = data_path(data_dir, overrides.get("data_dir"), "task folder")
+    merged = OmegaConf.merge(OmegaConf.structured(tc), overrides)
+    ft = FinetuneConfig(
+        checkpoint=model,
+        init=init,
+        task=OmegaConf.to_object(merged),
+        max_seq_length=cfg.max_seq_length,
+        batch_size=cfg.batch_size,
+        precision=cfg.precision,
+        seed=seed,
+        save_model=False,
+        **task.settings,
+    )
+    with tempfile.TemporaryDirectory(prefix="mlmkit-scorecard-") as run_dir:
+        summary, scored, predictions = finetune_scored(ft, run_dir)
+    draws = example_draws(task.column, len(scored.eval), replicates)
+
+    def score(p, e):
+        return scored.score(p, e)[task.metric]
+
+    return (
+        float(summary[f"eval_{task.metric}"]),
+        replicate_scores(score, predictions, scored.eval, draws),
+        scored.baseline(),
+    )
+
+
+def masked_lm(
+    model: str, init: str, task: SuiteTask, data_dir: Path, replicates: int, cfg
+) -> tuple[float, list[float]]:
+    """Masked-token accuracy on held-out text under the evaluation's fixed masks, each packed
+    block an example of the bootstrap."""
+    import torch
+
+    from mlmkit.config import EvalConfig
+    from mlmkit.evaluation.mlm import eval_dataset
+    from mlmkit.model.bert import MaskedLM
+    from mlmkit.training.trained_model import load_model_and_tokenizer
+    from mlmkit.training.validation import IGNORE_INDEX, fixed_eval_batches
+
+    text = data_path(data_dir, task.overrides["file"], "text")
+    loaded, tokenizer, _ = load_model_and_tokenizer(model)
+    if init == "random":  # the same architecture, seeded random weights (as eval-sts's)
+        torch.manual_seed(0)
+        loaded = type(loaded)(loaded.config)
+    ec = EvalConfig(checkpoint=model, files=[text])
+    ec.data.max_seq_length = task.overrides["max_seq_length"]
+    ec.data.max_eval_samples = task.overrides["blocks"]
+    ec.paths.cache_dir = cfg.cache_dir
+    blocks = eval_dataset(ec, tokenizer)
+    batches = fixed_eval_batches(blocks, tokenizer, ec.masking, batch_size=1)
+    objective = MaskedLM(loaded).eval()
+    hits: list[tuple[int, int]] = []  # per block: right, chosen
+    with torch.no_grad():
+        for batch in batches:
+            out = objective(**batch)
+            valid = out["targets"] != IGNORE_INDEX
+            right = (out["logits"].float().argmax(-1) == out["targets"]) & valid
+            hits.append((int(right.sum()), int(valid.sum())))
+
+    def accuracy(rows, _examples):
+        return sum(r for r, _ in rows) / max(sum(n for _, n in rows), 1)
+
+    draws = example_draws(task.column, len(hits), replicates)
+    return accuracy(hits, None), replicate_scores(accuracy, hits, hits, draws)
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    label: str
+    model: str
+    init: str
+    cells: dict[str, Cell] = field(default_factory=dict)
+    cached: int = 0  # cells read from the cache
+    scored: int = 0  # cells computed now
+
+
+def score_row(row: Row, tasks: list[SuiteTask], data_dir: Path, cfg, cache: Path) -> dict:
+    """Fill ``row.cells`` (from the cache where it holds them); returns each task's baseline."""
+    from mlmkit.training.trained_model import resolve_model_path
+
+    resolved = resolve_model_path(row.model, "models")
+    if not (resolved / "config.json").is_file():
+        raise ConfigError(
+            f"models: {row.model!r} resolves to a checkpoint ({resolved}); score a model dir "
+            "or a finished run (its final/), or export the checkpoint first (mlmkit export)."
+        )
+    fingerprint = model_fingerprint(resolved, row.init)
+    baselines: dict[str, Any] = {}
+    for task in tasks:
+        seeds = [0] if task.task == "mlm" else list(range(cfg.seeds))
+        scores, reps = [], []
+        for seed in seeds:
+            path = (
+                cache
+                / f"{cell_key(fingerprint, task, seed, cfg.bootstrap, cfg.max_seq_length)}.json"
+            )
+            if path.is_file():
+                found = json.loads(path.read_text())
+                row.cached += 1
+            else:
+                log.info("Scoring %s on %s (seed %d)", row.label, task.column, seed)
+                if task.task == "mlm":
+                    figure, replicates = masked_lm(
+                        str(resolved), row.init, task, data_dir, cfg.bootstrap, cfg
+                    )
+                    baseline: dict[str, Any] = {}
+                else:
+                    figure, replicates, baseline = finetuned_seed(
+                        str(resolved), row.init, task, data_dir, seed, cfg.bootstrap, cfg
+                    )
+                found = {"score": figure, "replicates": replicates, "baseline": baseline}
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(found))
+                row.scored += 1
+            scores.append(found["score"])
+            reps.append(found["replicates"])
+            if found.get("baseline"):
+                baselines[task.column] = found["baseline"]
+        row.cells[task.column] = Cell(scores, reps)
+    return baselines
+
+
+def cell_text(cell: Cell | None, confidence: float) -> str:
+    if cell is None:
+        return "-"
+    low, high = cell.interval(confidence)
+    return f"{100 * cell.mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def markdown(rows: list[Row], tasks: list[SuiteTask], baselines: dict, report: dict) -> str:
+    confidence = report["confidence"]
+    head = "| model | " + " | ".join(t.column for t in tasks) + " |"
+    lines = [head, "| --- |" + " ---: |" * len(tasks)]
+    for row in rows:
+        cells = " | ".join(cell_text(row.cells.get(t.column), confidence) for t in tasks)
+        lines.append(f"| {row.label} | {cells} |")
+    if baselines:
+        shown = []
+        for t in tasks:
+            b = baselines.get(t.column)
+            shown.append(f"{100 * b[t.metric]:.1f} ({b['baseline']})" if b else "-")
+        lines.append("| lookup baseline | " + " | ".join(shown) + " |")
+    lines += ["", f"Differences ({100 * confidence:.0f}% paired intervals, x100):", ""]
+    for d in report["differences"]:
+        mark = "larger than its interval" if d["separated"] else "within its interval"
+        lines.append(
+            f"- {d['a']} - {d['b']}, {d['task']}: {100 * d['difference']:+.1f} "
+            f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}], {mark}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(path: Path, rows: list[Row], tasks: list[SuiteTask], confidence: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = 0.8 / len(rows)
+    fig, ax = plt.subplots(figsize=(1.6 * len(tasks) + 2, 4), constrained_layout=True)
+    for i, row in enumerate(rows):
+        xs, means, errors = [], [], [[], []]
+        for j, task in enumerate(tasks):
+            cell = row.cells[task.column]
+            low, high = cell.interval(confidence)
+            xs.append(j + (i - (len(rows) - 1) / 2) * width)
+            means.append(100 * cell.mean)
+            errors[0].append(100 * max(cell.mean - low, 0.0))
+            errors[1].append(100 * max(high - cell.mean, 0.0))
+        ax.bar(xs, means, width, yerr=errors, capsize=3, label=row.label)
+    ax.set_xticks(range(len(tasks)), [t.column for t in tasks], fontsize="small")
+    ax.set_ylabel(f"dev figure (x100), {100 * confidence:.0f}% interval")
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def scorecard(cfg, out: Path) -> dict[str, Any]:
+    """Score ``cfg.models`` (and the first one's architecture from a random init) on the suite;
+    writes scorecard.md, scorecard.json and scorecard.png into ``out``; returns the report."""
+    if cfg.suite not in SUITES:
+        raise ConfigError(f"suite must be one of {', '.join(SUITES)}, got {cfg.suite!r}.")
+    if not cfg.models:
+        raise ConfigError("models is empty; list model dirs, e.g. models=[outputs/<run>].")
+    if cfg.data_dir is None:
+        raise ConfigError(
+            "data_dir is not set; point it at the suite's data (a folder laid out as "
+            "../shared/data: glue/, tokens/, corpora/)."
+        )
+    data_dir = Path(cfg.data_dir).expanduser()
+    tasks = SUITES[cfg.suite]
+    if cfg.tasks:
+        known = {t.task for t in tasks}
+        unknown = [t for t in cfg.tasks if t not in known]
+        if unknown:
+            raise ConfigError(
+                f"tasks: {', '.join(unknown)} is not in suite {cfg.suite} "
+                f"({', '.join(sorted(known))}); choose from those."
+            )
+        tasks = [t for t in tasks if t.task in cfg.tasks]
+    rows = [Row(m, m, "pretrained") for m in cfg.models]  # labelled as the user named them
+    if cfg.random_init:
+        rows.insert(0, Row("random init", cfg.models[0], "random"))
+    cache = Path(cfg.cache_dir).expanduser() / "scorecard"
+    baselines: dict[str, Any] = {}
+    for row in rows:
+        baselines.update(score_row(row, tasks, data_dir, cfg, cache))
+    confidence = cfg.confidence
+    differences = []
+    for i, a in enumerate(rows):
+        for b in rows[:i]:
+            for task in tasks:
+                d = difference(a.cells[task.column], b.cells[task.column], confidence)
+                differences.append({"a": a.label, "b": b.label, "task": task.column, **d})
+    report = {
+        "suite": cfg.suite,
+        "version": SCORECARD_VERSION,
+        "seeds": cfg.seeds,
+        "bootstrap": cfg.bootstrap,
+        "confidence": confidence,
+        "tasks": [t.key() for t in tasks],
+        "rows": [
+            {
+                "label": r.label,
+                "model": r.model,
+                "init": r.init,
+                "cached_cells": r.cached,
+                "scored_cells": r.scored,
+                "cells": {
+                    t.column: {
+                        "mean": r.cells[t.column].mean,
+                        "interval": list(r.cells[t.column].interval(confidence)),
+                        "seeds": r.cells[t.column].scores,
+                    }
+                    for t in tasks
+                },
+            }
+            for r in rows
+        ],
+        "baselines": baselines,
+        "differences": differences,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scorecard.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "scorecard.md").write_text(markdown(rows, tasks, baselines, report))
+    bar_chart(out / "scorecard.png", rows, tasks, confidence)
+    return report

@@ -1,0 +1,162 @@
+"""``mlmkit scorecard`` (``mlmkit.evaluation.scorecard``): intervals over seeds and examples,
+paired differences, the table and its cache."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from runs import run_cli
+
+from mlmkit.evaluation import scorecard as sc
+
+
+def accuracy(predictions, examples):
+    return sum(p == e for p, e in zip(predictions, examples)) / len(examples)
+
+
+def cell_of(seed_predictions: list[list[int]], gold: list[int], replicates: int = 1000):
+    draws = sc.example_draws("a task", len(gold), replicates)
+    return sc.Cell(
+        [accuracy(p, gold) for p in seed_predictions],
+        [sc.replicate_scores(accuracy, p, gold, draws) for p in seed_predictions],
+    )
+
+
+def noisy(gold: list[int], right: float, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [g if rng.random() < right else 1 - g for g in gold]
+
+
+def test_one_seeds_interval_is_the_binomial_one_and_more_seeds_add_their_spread():
+    gold = [random.Random(0).randrange(2) for _ in range(400)]
+    one = cell_of([noisy(gold, 0.8, 1)], gold)
+    low, high = one.interval(0.95)
+    assert low < one.mean < high
+    p = one.mean
+    assert high - low == pytest.approx(2 * 1.96 * (p * (1 - p) / 400) ** 0.5, rel=0.2)
+    # seeds that disagree widely (0.6 and 0.9 of the examples right): a wider interval than
+    # either seed's examples alone give
+    spread = cell_of([noisy(gold, 0.6, 2), noisy(gold, 0.9, 3)], gold)
+    s_low, s_high = spread.interval(0.95)
+    assert s_high - s_low > 2 * (high - low)
+
+
+def test_a_paired_difference_separates_a_better_model_and_not_an_equal_one():
+    gold = [random.Random(1).randrange(2) for _ in range(500)]
+    base = cell_of([noisy(gold, 0.7, s) for s in (10, 11, 12)], gold)
+    better = cell_of([noisy(gold, 0.8, s) for s in (20, 21, 22)], gold)
+    equal = cell_of([noisy(gold, 0.7, s) for s in (30, 31, 32)], gold)
+    d = sc.difference(better, base, 0.95)
+    assert d["separated"] and d["low"] > 0 and d["difference"] == pytest.approx(0.1, abs=0.04)
+    e = sc.difference(equal, base, 0.95)
+    assert not e["separated"] and e["low"] < 0 < e["high"]
+
+
+def test_the_same_draws_for_every_model_of_a_task():
+    a, b = sc.example_draws("UPOS", 50, 20), sc.example_draws("UPOS", 50, 20)
+    assert np.array_equal(a, b) and a.shape == (20, 50) and a.max() < 50
+    assert not np.array_equal(a, sc.example_draws("SST-2", 50, 20))
+
+
+PEOPLE, PLACES = ["Anna", "Tom", "Maria", "Ken"], ["Paris", "Oslo", "Lima", "Rome"]
+
+
+def write_tasks(folder):
+    """A tagging task (person, place) and a text file for the masked-LM figure."""
+    rng = random.Random(0)
+    lines = []
+    for _ in range(120):
+        p, c = rng.choice(PEOPLE), rng.choice(PLACES)
+        lines.append(f"{p}\tB-PER\nlives\tO\nin\tO\n{c}\tB-LOC\n.\tO\n")
+    (folder / "tags").mkdir(parents=True)
+    (folder / "tags" / "all.conll").write_text("\t\n".join(lines), encoding="utf-8")
+    text = " ".join(f"{rng.choice(PEOPLE)} lives in {rng.choice(PLACES)}." for _ in range(400))
+    (folder / "text.txt").write_text(text + "\n", encoding="utf-8")
+
+
+@pytest.fixture
+def tiny_suite(monkeypatch, tmp_path):
+    write_tasks(tmp_path / "data")
+    tasks = [
+        sc.SuiteTask(
+            "masked LM", "mlm", "accuracy", {"file": "text.txt", "max_seq_length": 32, "blocks": 16}
+        ),
+        sc.SuiteTask(
+            "tags",
+            "ner",
+            "f1",
+            {"data_dir": "tags", "train_file": "all.conll", "eval_file": None, "eval_share": 0.25},
+            {"epochs": 2, "lr": 1e-3},
+        ),
+    ]
+    monkeypatch.setitem(sc.SUITES, "fast", tasks)
+    return tmp_path / "data"
+
+
+def test_scorecard_tables_a_model_against_its_random_init_and_reuses_its_cells(
+    trained_run, tiny_suite, tmp_path
+):
+    args = [
+        "scorecard",
+        f"models=[{trained_run}]",
+        f"data_dir={tiny_suite}",
+        "seeds=2",
+        "bootstrap=200",
+        "max_seq_length=32",
+        "precision=no",
+        f"cache_dir={tmp_path / 'cache'}",
+    ]
+    first = run_cli(*args, f"hydra.run.dir={tmp_path / 'one'}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads((tmp_path / "one" / "scorecard.json").read_text())
+    assert [r["label"] for r in report["rows"]] == ["random init", str(trained_run)]
+    # the masked-LM figure has one evaluation; each fine-tuned task one per seed
+    assert [r["scored_cells"] for r in report["rows"]] == [3, 3]
+    for row in report["rows"]:
+        for column, cell in row["cells"].items():
+            low, high = cell["interval"]
+            assert low <= cell["mean"] <= high, (row["label"], column)
+        assert len(row["cells"]["tags"]["seeds"]) == 2
+    assert report["baselines"]["tags"]["baseline"] == "every word O"
+    (d_mlm, d_tags) = report["differences"]
+    assert d_mlm["a"] == str(trained_run) and d_mlm["b"] == "random init"
+    # 30 steps of pretraining against random weights: more masked tokens right, clearly
+    assert d_mlm["separated"] and d_mlm["difference"] > 0
+    table = (tmp_path / "one" / "scorecard.md").read_text()
+    assert "| random init |" in table and "| lookup baseline |" in table
+    assert (tmp_path / "one" / "scorecard.png").stat().st_size > 1000
+    assert "6 cells scored, 0 read from the cache" in first.stdout
+
+    # again, into another run dir: every cell from the cache, the same report
+    second = run_cli(*args, f"hydra.run.dir={tmp_path / 'two'}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "0 cells scored, 6 read from the cache" in second.stdout
+    again = json.loads((tmp_path / "two" / "scorecard.json").read_text())
+    assert again["differences"] == report["differences"]
+
+
+@pytest.mark.parametrize(
+    "settings, names",
+    [
+        (["data_dir=null"], "data_dir"),
+        (["tasks=[sst2,wnli]"], "tasks: wnli is not in suite fast"),
+        (["suite=huge"], "suite must be one of fast, full"),
+        (["models=[]"], "models is empty"),
+        (["data_dir=/nonexistent"], "point data_dir at a folder"),
+    ],
+)
+def test_a_scorecard_mistake_is_one_sentence(trained_run, tmp_path, settings, names):
+    proc = run_cli(
+        "scorecard",
+        f"models=[{trained_run}]",
+        "data_dir=/work",
+        *settings,
+        f"cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'out'}",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert names in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "scorecard.json").exists()
