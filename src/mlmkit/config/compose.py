@@ -16,9 +16,9 @@ from mlmkit.config.schema import (
     EvalConfig,
     FinetuneConfig,
     GlueConfig,
-    ScorecardConfig,
     PairsEvalConfig,
     RetrievalEvalConfig,
+    ScorecardConfig,
     StsEvalConfig,
 )
 from mlmkit.errors import ConfigError

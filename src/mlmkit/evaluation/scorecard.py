@@ -129,7 +129,7 @@ class Cell:
         return float(np.mean(self.scores))
 
     def combined(self) -> np.ndarray:
-        """The figure of each bootstrap replicate: the mean, over seeds drawn with replacement,
+        """Return each bootstrap replicate's figure: the mean, over seeds drawn with replacement,
         of each seed's figure on that replicate's draw of the examples."""
         reps = np.asarray(self.replicates, dtype=np.float64)  # (seeds, replicates)
         chosen = seed_draws(reps.shape[0], reps.shape[1])  # (replicates, seeds)
@@ -146,8 +146,8 @@ def percentile_interval(values: np.ndarray, confidence: float) -> tuple[float, f
 
 
 def difference(a: Cell, b: Cell, confidence: float) -> dict[str, Any]:
-    """``a - b``: the difference of the means, its paired interval and whether the interval
-    leaves out zero."""
+    """Return ``a - b``: the difference of the means, its paired interval and whether the
+    interval leaves out zero."""
     diffs = a.combined() - b.combined()
     low, high = percentile_interval(diffs, confidence)
     return {
@@ -169,8 +169,8 @@ def replicate_scores(score, predictions: list, examples: list, draws: np.ndarray
 
 
 def model_fingerprint(model_dir: Path, init: str) -> str:
-    """What a cell depends on of the model: its config, and its weights unless from a random
-    init."""
+    """Return a hash of what a cell depends on of the model: its config, and its weights and
+    tokenizer unless from a random init."""
     h = hashlib.sha256(init.encode())
     names = ["config.json"]
     if init == "pretrained":
