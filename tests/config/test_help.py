@@ -33,6 +33,7 @@ def _settings(help_text: str) -> dict[str, str]:
         ("eval-sts", {"task"}),
         ("glue", set()),  # its tasks are a list, not a group
         ("eval-retrieval", set()),
+        ("scorecard", set()),
     ],
 )
 def test_help_lists_the_commands_groups_and_every_setting_with_its_meaning(command, groups):

@@ -1224,6 +1224,8 @@ class ScorecardConfig:
     random_init: bool = True  # a row for the first model's architecture from a random init
     suite: str = "fast"  # fast | full (mlmkit.evaluation.scorecard.SUITES)
     tasks: list[str] = field(default_factory=list)  # a subset of the suite's tasks; empty: all
+    # your own labelled files as columns of their own: [{name, task, overrides, settings, metric}]
+    own_tasks: list[dict[str, Any]] = field(default_factory=list)
     data_dir: str | None = None  # the suite's data, laid out as ../shared/data
     seeds: int = 3  # fine-tuning seeds per task and model
     bootstrap: int = 1000  # bootstrap replicates of each interval

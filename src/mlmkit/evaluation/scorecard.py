@@ -228,7 +228,13 @@ def finetuned_seed(
     tc = task_config(task.task, None)
     overrides = dict(task.overrides)
     overrides["data_dir"] = data_path(data_dir, overrides.get("data_dir"), "task folder")
-    merged = OmegaConf.merge(OmegaConf.structured(tc), overrides)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(tc), overrides)
+    except Exception as exc:  # omegaconf's errors: a key the task lacks, a value of a wrong type
+        raise ConfigError(
+            f"The scorecard's task {task.column!r} takes no such setting ({exc.__class__.__name__}:"
+            f" {str(exc).splitlines()[0]}); fix its overrides (conf/task/{task.task}.yaml)."
+        ) from None
     ft = FinetuneConfig(
         checkpoint=model,
         init=init,
@@ -292,6 +298,41 @@ def masked_lm(
 
     draws = example_draws(task.column, len(hits), replicates)
     return accuracy(hits, None), replicate_scores(accuracy, hits, hits, draws)
+
+
+OWN_KEYS = {"name", "task", "metric", "overrides", "settings"}
+
+
+def own_task(spec: dict[str, Any]) -> SuiteTask:
+    """Return a user's labelled files as a column (``own_tasks``): ``name``, ``task``
+    (conf/task/: files, tokens, ner, pos, ...), ``overrides`` (the task's settings: its files;
+    a ``data_dir`` there is relative to the scorecard's data_dir), ``settings`` (fine-tuning's:
+    epochs, lr, ...), ``metric`` (default: the task's headline)."""
+    from mlmkit.evaluation.glue import task_config
+
+    spec = dict(spec)
+    unknown = sorted(set(spec) - OWN_KEYS)
+    if unknown or "name" not in spec or "task" not in spec:
+        raise ConfigError(
+            f"own_tasks: each entry takes {', '.join(sorted(OWN_KEYS))} (name and task "
+            f"required), got {', '.join(map(str, spec))}; e.g. own_tasks=[{{name: mine, task: "
+            "files, overrides: {train_file: a.csv, eval_file: b.csv}}}]."
+        )
+    try:
+        defaults = task_config(str(spec["task"]), None)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"own_tasks: {spec['task']!r} is not a task of conf/task/; choose files, tokens, "
+            "ner, pos, qa or a GLUE task."
+        ) from None
+    metric = spec.get("metric") or (defaults.metrics or ["accuracy"])[0]
+    return SuiteTask(
+        str(spec["name"]),
+        str(spec["task"]),
+        str(metric),
+        dict(spec.get("overrides") or {}),
+        dict(spec.get("settings") or {}),
+    )
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -431,6 +472,7 @@ def scorecard(cfg, out: Path) -> dict[str, Any]:
                 f"({', '.join(sorted(known))}); choose from those."
             )
         tasks = [t for t in tasks if t.task in cfg.tasks]
+    tasks = [*tasks, *(own_task(spec) for spec in cfg.own_tasks)]
     rows = [Row(m, m, "pretrained") for m in cfg.models]  # labelled as the user named them
     if cfg.random_init:
         rows.insert(0, Row("random init", cfg.models[0], "random"))
