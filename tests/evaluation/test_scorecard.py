@@ -164,3 +164,17 @@ def test_a_scorecard_mistake_is_one_sentence(trained_run, tmp_path, settings, na
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert names in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "scorecard.json").exists()
+
+
+def test_a_scorecard_under_several_processes_is_refused_in_one_sentence(trained_run, tmp_path):
+    import os
+
+    proc = run_cli(
+        "scorecard",
+        f"models=[{trained_run}]",
+        "data_dir=/work",
+        f"hydra.run.dir={tmp_path / 'out'}",
+        env={**os.environ, "WORLD_SIZE": "2"},
+    )
+    assert proc.returncode == 2 and "runs in one process" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out" / "scorecard.json").exists()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -284,11 +285,12 @@ def masked_lm(
     ec.paths.cache_dir = cfg.cache_dir
     blocks = eval_dataset(ec, tokenizer)
     batches = fixed_eval_batches(blocks, tokenizer, ec.masking, batch_size=1)
-    objective = MaskedLM(loaded).eval()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    objective = MaskedLM(loaded).to(device).eval()
     hits: list[tuple[int, int]] = []  # per block: right, chosen
     with torch.no_grad():
         for batch in batches:
-            out = objective(**batch)
+            out = objective(**{k: v.to(device) for k, v in batch.items()})
             valid = out["targets"] != IGNORE_INDEX
             right = (out["logits"].float().argmax(-1) == out["targets"]) & valid
             hits.append((int(right.sum()), int(valid.sum())))
@@ -452,6 +454,11 @@ def bar_chart(path: Path, rows: list[Row], tasks: list[SuiteTask], confidence: f
 def scorecard(cfg, out: Path) -> dict[str, Any]:
     """Score ``cfg.models`` (and the first one's architecture from a random init) on the suite;
     writes scorecard.md, scorecard.json and scorecard.png into ``out``; returns the report."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            "mlmkit scorecard runs in one process (its fine-tunings are small); run it without "
+            "accelerate launch or mlmkit launch."
+        )
     if cfg.suite not in SUITES:
         raise ConfigError(f"suite must be one of {', '.join(SUITES)}, got {cfg.suite!r}.")
     if not cfg.models:
