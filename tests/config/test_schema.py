@@ -20,6 +20,7 @@ OTHER_PRIMARY = (
     "eval_retrieval",
     "eval_pairs",
     "embed",
+    "scorecard",
 )  # conf/<name>.yaml besides config.yaml, each tested below
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in OTHER_GROUPS)
 
@@ -112,6 +113,30 @@ def test_glue_config_composes_and_validates():
             with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
                 overrides = bad if bad == [] else ["checkpoint=x", *bad]
                 to_config(compose(config_name="glue", overrides=overrides), GlueConfig)
+
+
+def test_scorecard_config_composes_and_validates():
+    from mlmkit.config import ScorecardConfig
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            config_name="scorecard",
+            overrides=["models=[a,b]", "own_tasks=[{name: mine, task: files}]", "seeds=5"],
+        )
+    card = to_config(cfg, ScorecardConfig)
+    assert card.models == ["a", "b"] and card.suite == "fast" and card.seeds == 5
+    assert card.own_tasks == [{"name": "mine", "task": "files"}] and card.bootstrap == 1000
+    for bad, message in (
+        (["seeds=0"], "seeds must be at least 1"),
+        (["bootstrap=10"], "bootstrap must be at least 100"),
+        (["confidence=1.0"], "confidence must be in"),
+        (["precision=fp8"], "precision"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+                to_config(compose(config_name="scorecard", overrides=bad), ScorecardConfig)
 
 
 @pytest.mark.parametrize(

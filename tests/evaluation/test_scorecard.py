@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,12 +134,34 @@ def test_scorecard_tables_a_model_against_its_random_init_and_reuses_its_cells(
     assert (tmp_path / "one" / "scorecard.png").stat().st_size > 1000
     assert "6 cells scored, 0 read from the cache" in first.stdout
 
-    # again, into another run dir: every cell from the cache, the same report
+    # again, into the same run dir: refused, the first scorecard left as it was
+    written = (tmp_path / "one" / "scorecard.json").read_bytes()
+    refused = run_cli(*args, f"hydra.run.dir={tmp_path / 'one'}")
+    assert refused.returncode == 2 and "choose a new hydra.run.dir" in refused.stderr
+    assert (tmp_path / "one" / "scorecard.json").read_bytes() == written
+
+    # again, into another run dir, with a copy of the model beside it: every cell from the
+    # cache (the copy's weights are the same), the same figures, and the model against its
+    # copy differs by nothing
+    copy = tmp_path / "copy"
+    shutil.copytree(trained_run / "final", copy)
+    args[1] = f"models=[{trained_run},{copy}]"
     second = run_cli(*args, f"hydra.run.dir={tmp_path / 'two'}")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "0 cells scored, 6 read from the cache" in second.stdout
+    assert "0 cells scored, 9 read from the cache" in second.stdout
     again = json.loads((tmp_path / "two" / "scorecard.json").read_text())
-    assert again["differences"] == report["differences"]
+    assert again["differences"][:2] == report["differences"]
+    itself = [d for d in again["differences"] if d["a"] == str(copy) and d["b"] != "random init"]
+    assert len(itself) == 2
+    assert all(d["difference"] == d["low"] == d["high"] == 0 for d in itself)
+    assert not any(d["separated"] for d in itself)
+
+    # a changed setting is scored anew: another number of replicates
+    args = ["bootstrap=150" if a.startswith("bootstrap=") else a for a in args]
+    third = run_cli(*args, f"hydra.run.dir={tmp_path / 'three'}")
+    assert third.returncode == 0, third.stderr[-3000:]
+    # the model's cells anew; its copy's read back from them
+    assert "6 cells scored, 3 read from the cache" in third.stdout
 
 
 @pytest.mark.parametrize(
@@ -149,6 +173,7 @@ def test_scorecard_tables_a_model_against_its_random_init_and_reuses_its_cells(
         (["models=[]"], "models is empty"),
         (["own_tasks=[{name: x, task: nothing}]"], "'nothing' is not a task of conf/task/"),
         (["own_tasks=[{name: x}]"], "own_tasks: each entry takes"),
+        (["models=[/work]"], "is not a model dir"),
         (["data_dir=/nonexistent"], "point data_dir at a folder"),
     ],
 )
@@ -178,3 +203,42 @@ def test_a_scorecard_under_several_processes_is_refused_in_one_sentence(trained_
     )
     assert proc.returncode == 2 and "runs in one process" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "out" / "scorecard.json").exists()
+
+
+def test_an_own_task_file_that_does_not_parse_is_one_sentence(trained_run, tiny_suite, tmp_path):
+    broken = tmp_path / "broken.conll"
+    broken.write_text("Anna\tB-PER\nlives\n", encoding="utf-8")  # line 2: no tag column
+    proc = run_cli(
+        "scorecard",
+        f"models=[{trained_run}]",
+        f"data_dir={tiny_suite}",
+        "random_init=false",
+        "seeds=1",
+        f"own_tasks=[{{name: mine, task: ner, overrides: {{train_file: {broken}, eval_file: null,"
+        " eval_share: 0.5}}]",
+        f"cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'out'}",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("Error")]
+    assert len(error) == 1 and str(broken) in error[0] and "line 2" in error[0], proc.stderr
+    assert not (tmp_path / "out" / "scorecard.json").exists()
+
+
+def test_a_cell_is_keyed_by_the_data_and_the_settings_it_was_scored_with(tmp_path):
+    from types import SimpleNamespace
+
+    write_tasks(tmp_path / "data")
+    task = sc.SuiteTask("tags", "ner", "f1", {"data_dir": "tags", "train_file": "all.conll"})
+    cfg = SimpleNamespace(bootstrap=200, max_seq_length=32, batch_size=32, precision="no")
+    stamp = sc.data_stamp(task, tmp_path / "data")
+    assert [Path(p).name for p, _, _ in stamp] == ["all.conll"]
+    key = sc.cell_key("m", task, 0, cfg, stamp)
+    assert key == sc.cell_key("m", task, 0, cfg, sc.data_stamp(task, tmp_path / "data"))
+    with open(tmp_path / "data" / "tags" / "all.conll", "a", encoding="utf-8") as f:
+        f.write("\t\nKen\tB-PER\n")  # the data edited: another key
+    assert sc.cell_key("m", task, 0, cfg, sc.data_stamp(task, tmp_path / "data")) != key
+    for changed in ({"batch_size": 16}, {"precision": "bf16"}, {"max_seq_length": 64}):
+        other = SimpleNamespace(**{**vars(cfg), **changed})
+        assert sc.cell_key("m", task, 0, other, stamp) != key, changed
+    assert sc.cell_key("m", task, 1, cfg, stamp) != key

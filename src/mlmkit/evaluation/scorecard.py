@@ -170,15 +170,15 @@ def replicate_scores(score, predictions: list, examples: list, draws: np.ndarray
 
 
 def model_fingerprint(model_dir: Path, init: str) -> str:
-    """Return a hash of what a cell depends on of the model: its config, and its weights and
-    tokenizer unless from a random init."""
+    """Return a hash of what a cell depends on of the model: its config and tokenizer, and its
+    weights unless from a random init."""
     h = hashlib.sha256(init.encode())
-    names = ["config.json"]
+    names = ["config.json", "vocab.txt", "vocab.json", "merges.txt"]
+    names += sorted(p.name for p in model_dir.iterdir() if p.name.startswith(("tokenizer", "spm")))
+    names += sorted(p.name for p in model_dir.iterdir() if p.name.endswith(".model"))
     if init == "pretrained":
         names += sorted(p.name for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
-        names += sorted(p.name for p in model_dir.iterdir() if p.name.startswith("tokenizer"))
-        names += ["vocab.txt", "vocab.json", "merges.txt"]
-    for name in names:
+    for name in dict.fromkeys(names):
         path = model_dir / name
         if path.is_file():
             h.update(name.encode())
@@ -188,14 +188,33 @@ def model_fingerprint(model_dir: Path, init: str) -> str:
     return h.hexdigest()
 
 
-def cell_key(fingerprint: str, task: SuiteTask, seed: int, replicates: int, length: int) -> str:
+def data_stamp(task: SuiteTask, data_dir: Path) -> list[list[Any]]:
+    """Return the path, size and modification time of each file a task reads: another copy or
+    an edited file of the data is scored anew."""
+    folder = task.overrides.get("data_dir")
+    base = data_dir / folder if folder else data_dir
+    paths = sorted(p for p in base.iterdir() if p.is_file()) if folder and base.is_dir() else []
+    for key in ("file", "train_file", "eval_file"):
+        value = task.overrides.get(key)
+        if isinstance(value, str):
+            paths += [p for p in (base / value, Path(value)) if p.is_file()]
+    return [
+        [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in dict.fromkeys(paths)
+    ]
+
+
+def cell_key(fingerprint: str, task: SuiteTask, seed: int, cfg, data: list) -> str:
+    """Return the cache's name of one cell: everything its figure and replicates depend on."""
     spec = {
         "version": SCORECARD_VERSION,
         "model": fingerprint,
         "task": task.key(),
+        "data": data,
         "seed": seed,
-        "replicates": replicates,
-        "max_seq_length": length,
+        "replicates": cfg.bootstrap,
+        "max_seq_length": cfg.max_seq_length,
+        "batch_size": cfg.batch_size,
+        "precision": cfg.precision,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -365,11 +384,9 @@ def score_row(row: Row, tasks: list[SuiteTask], data_dir: Path, cfg, cache: Path
     for task in tasks:
         seeds = [0] if task.task == "mlm" else list(range(cfg.seeds))
         scores, reps = [], []
+        stamp = data_stamp(task, data_dir)
         for seed in seeds:
-            path = (
-                cache
-                / f"{cell_key(fingerprint, task, seed, cfg.bootstrap, cfg.max_seq_length)}.json"
-            )
+            path = cache / f"{cell_key(fingerprint, task, seed, cfg, stamp)}.json"
             if path.is_file():
                 found = json.loads(path.read_text())
                 row.cached += 1
@@ -468,6 +485,9 @@ def scorecard(cfg, out: Path) -> dict[str, Any]:
             "data_dir is not set; point it at the suite's data (a folder laid out as "
             "../shared/data: glue/, tokens/, corpora/)."
         )
+    from mlmkit.finetune.loop import check_new_run_dir
+
+    check_new_run_dir(out, "scorecard")  # an earlier scorecard there stays as it is
     data_dir = Path(cfg.data_dir).expanduser()
     tasks = SUITES[cfg.suite]
     if cfg.tasks:
