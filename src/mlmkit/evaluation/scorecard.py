@@ -26,12 +26,13 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mlmkit.config import FinetuneConfig
 from mlmkit.errors import ConfigError
 
 log = logging.getLogger("mlmkit")
@@ -241,7 +242,6 @@ def finetuned_seed(
     task's baseline."""
     from omegaconf import OmegaConf
 
-    from mlmkit.config import FinetuneConfig
     from mlmkit.evaluation.glue import task_config
     from mlmkit.finetune.loop import finetune_scored
 
@@ -293,13 +293,14 @@ def masked_lm(
     from mlmkit.training.trained_model import load_model_and_tokenizer
     from mlmkit.training.validation import IGNORE_INDEX, fixed_eval_batches
 
-    text = data_path(data_dir, task.overrides["file"], "text")
     loaded, tokenizer, _ = load_model_and_tokenizer(model)
     if init == "random":  # the same architecture, seeded random weights (as eval-sts's)
         torch.manual_seed(0)
         loaded = type(loaded)(loaded.config)
+    length = min(task.overrides["max_seq_length"], cfg.max_seq_length)
+    text = data_path(data_dir, task.overrides["file"], "text")
     ec = EvalConfig(checkpoint=model, files=[text])
-    ec.data.max_seq_length = task.overrides["max_seq_length"]
+    ec.data.max_seq_length = length
     ec.data.max_eval_samples = task.overrides["blocks"]
     ec.paths.cache_dir = cfg.cache_dir
     blocks = eval_dataset(ec, tokenizer)
@@ -322,6 +323,9 @@ def masked_lm(
 
 
 OWN_KEYS = {"name", "task", "metric", "overrides", "settings"}
+# fine-tuning settings the scorecard sets itself, for every task alike
+FIXED_SETTINGS = {"checkpoint", "init", "task", "max_seq_length", "batch_size", "precision", "seed"}
+FIXED_SETTINGS |= {"save_model"}
 
 
 def own_task(spec: dict[str, Any]) -> SuiteTask:
@@ -347,12 +351,20 @@ def own_task(spec: dict[str, Any]) -> SuiteTask:
             "ner, pos, qa or a GLUE task."
         ) from None
     metric = spec.get("metric") or (defaults.metrics or ["accuracy"])[0]
+    settings = dict(spec.get("settings") or {})
+    allowed = {f.name for f in fields(FinetuneConfig)} - FIXED_SETTINGS
+    wrong = sorted(set(settings) - allowed)
+    if wrong:
+        raise ConfigError(
+            f"own_tasks: {spec['name']}'s settings {', '.join(wrong)} are not fine-tuning "
+            f"settings the scorecard takes; choose from {', '.join(sorted(allowed))}."
+        )
     return SuiteTask(
         str(spec["name"]),
         str(spec["task"]),
         str(metric),
         dict(spec.get("overrides") or {}),
-        dict(spec.get("settings") or {}),
+        settings,
     )
 
 
@@ -369,6 +381,21 @@ class Row:
     scored: int = 0  # cells computed now
 
 
+def check_length(model_dir: Path, length: int) -> None:
+    """Refuse a ``max_seq_length`` longer than the model's positions, before any work."""
+    from transformers import AutoConfig
+
+    from mlmkit.model.architectures import architecture
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    positions = architecture(config.model_type).positions(config)
+    if length > positions:
+        raise ConfigError(
+            f"max_seq_length ({length}) is longer than the {positions} positions of {model_dir}; "
+            "lower max_seq_length."
+        )
+
+
 def score_row(row: Row, tasks: list[SuiteTask], data_dir: Path, cfg, cache: Path) -> dict:
     """Fill ``row.cells`` (from the cache where it holds them); returns each task's baseline."""
     from mlmkit.training.trained_model import resolve_model_path
@@ -379,6 +406,7 @@ def score_row(row: Row, tasks: list[SuiteTask], data_dir: Path, cfg, cache: Path
             f"models: {row.model!r} resolves to a checkpoint ({resolved}); score a model dir "
             "or a finished run (its final/), or export the checkpoint first (mlmkit export)."
         )
+    check_length(resolved, cfg.max_seq_length)
     fingerprint = model_fingerprint(resolved, row.init)
     baselines: dict[str, Any] = {}
     for task in tasks:
