@@ -175,6 +175,8 @@ def test_scorecard_tables_a_model_against_its_random_init_and_reuses_its_cells(
         (["own_tasks=[{name: x}]"], "own_tasks: each entry takes"),
         (["own_tasks=[{name: x, task: ner, settings: {epoch: 3}}]"], "x's settings epoch are not"),
         (["max_seq_length=4096"], "lower max_seq_length"),
+        (["own_tasks=[{name: x, task: ner, settings: {epochs: many}}]"], "give numbers"),
+        (["own_tasks=[{name: x, task: ner, settings: {lr: -1}}]"], "must be positive"),
         (["models=[/work]"], "is not a model dir"),
         (["data_dir=/nonexistent"], "point data_dir at a folder"),
     ],

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,12 @@ def finetuned_seed(
     def score(p, e):
         return scored.score(p, e)[task.metric]
 
+    if f"eval_{task.metric}" not in summary:
+        figures = sorted(k.removeprefix("eval_") for k in summary if k.startswith("eval_"))
+        raise ConfigError(
+            f"The scorecard's task {task.column!r} has no figure {task.metric!r}; choose its "
+            f"metric from {', '.join(figures)}."
+        )
     return (
         float(summary[f"eval_{task.metric}"]),
         replicate_scores(score, predictions, scored.eval, draws),
@@ -335,13 +342,23 @@ def own_task(spec: dict[str, Any]) -> SuiteTask:
     epochs, lr, ...), ``metric`` (default: the task's headline)."""
     from mlmkit.evaluation.glue import task_config
 
+    example = (
+        "e.g. own_tasks=[{name: mine, task: files, overrides: {train_file: a.csv, eval_file: "
+        "b.csv}}]"
+    )
+    if not isinstance(spec, Mapping) or not all(
+        isinstance(spec.get(key) or {}, Mapping) for key in ("overrides", "settings")
+    ):
+        raise ConfigError(
+            f"own_tasks: each entry is a mapping whose overrides and settings are mappings, got "
+            f"{spec!r}; {example}."
+        )
     spec = dict(spec)
     unknown = sorted(set(spec) - OWN_KEYS)
     if unknown or "name" not in spec or "task" not in spec:
         raise ConfigError(
             f"own_tasks: each entry takes {', '.join(sorted(OWN_KEYS))} (name and task "
-            f"required), got {', '.join(map(str, spec))}; e.g. own_tasks=[{{name: mine, task: "
-            "files, overrides: {train_file: a.csv, eval_file: b.csv}}}]."
+            f"required), got {', '.join(map(str, spec))}; {example}."
         )
     try:
         defaults = task_config(str(spec["task"]), None)
@@ -359,6 +376,13 @@ def own_task(spec: dict[str, Any]) -> SuiteTask:
             f"own_tasks: {spec['name']}'s settings {', '.join(wrong)} are not fine-tuning "
             f"settings the scorecard takes; choose from {', '.join(sorted(allowed))}."
         )
+    try:  # the values' types and ranges, as mlmkit finetune checks them
+        FinetuneConfig(checkpoint="-", **settings)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"own_tasks: {spec['name']}'s settings {settings} do not make a fine-tuning ({exc}); "
+            "give numbers where numbers are asked, e.g. settings: {epochs: 3, lr: 5e-4}."
+        ) from None
     return SuiteTask(
         str(spec["name"]),
         str(spec["task"]),
