@@ -10,6 +10,8 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,11 +46,41 @@ CONTINUE = [
 
 
 @pytest.fixture(scope="module")
-def bin_dir(tmp_path_factory) -> Path:
-    """``python`` (this interpreter), in a folder for the front of PATH."""
+def zygote(tmp_path_factory):
+    """The zygote's server (tests/zygote.py), started with the tests' environment: the examples'
+    ``python -m mlmkit`` commands are processes forked from it, without an interpreter's imports
+    each. MLMKIT_ZYGOTE=0 starts none: every command a new interpreter."""
+    if os.environ.get("MLMKIT_ZYGOTE") == "0":
+        yield None
+        return
+    socket_path = tmp_path_factory.mktemp("zygote") / "socket"
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "zygote.py"), "serve", str(socket_path)],
+        cwd=ROOT, env={**os.environ, **TEST_ENV}, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout.readline().strip() == "ready", "the zygote did not start"
+        yield socket_path
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def bin_dir(tmp_path_factory, zygote) -> Path:
+    """``python`` for the front of PATH: this interpreter, through the zygote's client for
+    ``-m mlmkit`` commands (tests/zygote.py)."""
     folder = tmp_path_factory.mktemp("bin")
     python = folder / "python"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    if zygote is None:
+        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    else:
+        client = ROOT / "tests" / "zygote.py"
+        python.write_text(
+            f'#!/bin/sh\nMLMKIT_ZYGOTE_SOCKET="{zygote}" MLMKIT_ZYGOTE_PYTHON="{sys.executable}" '
+            f'exec "{sys.executable}" -S "{client}" "$@"\n'
+        )
     python.chmod(0o755)
     return folder
 
