@@ -7,11 +7,13 @@ signals, instead of a new interpreter that spends about 4.5 s importing the same
     python -S zygote.py <args>             the client: the ``python`` an example script finds
                                            first on its PATH
 
-The client runs ``-m mlmkit`` commands in a child of the server and execs the real interpreter
-for anything else (``python - <<EOF``, a script, ``-c``). Only what is read at import time is
-the server's: the server starts with the tests' environment, which the examples' commands share
-(HF_HUB_OFFLINE, TOKENIZERS_PARALLELISM, OMP_NUM_THREADS). ``MLMKIT_ZYGOTE=0`` in the
-environment (or no server) makes every command a new interpreter, as a user's shell starts it.
+The client runs ``python [-u] -m <module> | <script> | -c <code> | - ...`` in a child of the
+server, whose ``sys.executable`` is the client again (so the processes a command starts, a
+benchmark's runs or accelerate's ranks, are forked too), and execs the real interpreter for
+any other flag. Only what is read at import time is the server's: the server starts with the
+tests' environment, which the commands share (HF_HUB_OFFLINE, TOKENIZERS_PARALLELISM,
+OMP_NUM_THREADS). ``MLMKIT_ZYGOTE=0`` in the environment (or no server) makes every command a new
+interpreter, as a user's shell starts it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ PRELOAD = (
     "mlmkit.finetune.loop",
     "mlmkit.evaluation.mlm",
 )
-ENV_SOCKET, ENV_PYTHON = "MLMKIT_ZYGOTE_SOCKET", "MLMKIT_ZYGOTE_PYTHON"
+ENV_SOCKET, ENV_PYTHON, ENV_CLIENT = (
+    "MLMKIT_ZYGOTE_SOCKET",
+    "MLMKIT_ZYGOTE_PYTHON",
+    "MLMKIT_ZYGOTE_CLIENT",
+)
 _HEADER = struct.Struct("!I")
 
 
@@ -138,9 +144,8 @@ def _watch(conn: socket.socket) -> None:
 
 
 def _run_command(request: dict, fds: list[int]) -> None:
-    """In the forked child: become ``python -m mlmkit <args>`` as started by the caller."""
+    """In the forked child: become ``python <args>`` as started by the caller."""
     import atexit
-    import runpy
     import traceback
 
     for target, fd in enumerate(fds):
@@ -149,14 +154,16 @@ def _run_command(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.path[0] = request["cwd"]  # what -m puts first
-    sys.argv = ["-m", *request["args"]]
+    sys.executable = request["python"]  # what the command starts goes through the client too
+    if request["unbuffered"]:
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
     code = 0
     try:
-        runpy.run_module("mlmkit", run_name="__main__", alter_sys=True)
+        _run_main(request["args"], request["cwd"])
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
@@ -174,22 +181,59 @@ def _run_command(request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def _run_main(args: list[str], cwd: str) -> None:
+    """``-m module``, ``-c code``, ``-`` (the code on stdin) or a script, with sys.argv and
+    sys.path[0] as the interpreter sets them."""
+    import runpy
+
+    kind, rest = args[0], args[1:]
+    if kind == "-m":
+        sys.path[0], sys.argv = cwd, ["-m", *rest[1:]]
+        runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
+    elif kind in ("-c", "-"):
+        import types
+
+        code = rest[0] if kind == "-c" else sys.stdin.read()
+        sys.path[0], sys.argv = "", ["-c" if kind == "-c" else "-", *rest[kind == "-c" :]]
+        main = sys.modules["__main__"] = types.ModuleType("__main__")
+        exec(compile(code, "<string>" if kind == "-c" else "<stdin>", "exec"), main.__dict__)
+    else:
+        script = os.path.join(cwd, kind)
+        sys.path[0], sys.argv = os.path.dirname(os.path.realpath(script)), [kind, *rest]
+        runpy.run_path(script, run_name="__main__")
+
+
 # ---- the client -------------------------------------------------------------------------------
 
 
+def _forkable(args: list[str]) -> tuple[bool, list[str]] | None:
+    """``(unbuffered, the rest)`` of an invocation the server runs: ``[-u] -m <module> ...``,
+    ``-c <code> ...``, ``- ...`` or ``<script> ...``; None for any other flag or none."""
+    unbuffered = args[:1] == ["-u"]
+    rest = args[unbuffered:]
+    if not rest or (rest[0] in ("-m", "-c") and len(rest) < 2):
+        return None
+    if rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-"):
+        return None
+    if "--multiprocessing-fork" in rest:  # a spawned worker reads fds the server cannot pass
+        return None
+    return unbuffered, rest
+
+
 def client(args: list[str]) -> None:
-    """``python <args>``: a ``-m mlmkit`` command through the server, anything else exec'd."""
+    """``python <args>``: through the server where it can run them, else the interpreter."""
     python, path = os.environ[ENV_PYTHON], os.environ.get(ENV_SOCKET, "")
-    use = args[:2] == ["-m", "mlmkit"] and os.environ.get("MLMKIT_ZYGOTE", "1") != "0"
-    if not use or not os.path.exists(path):
+    forkable = _forkable(args) if os.environ.get("MLMKIT_ZYGOTE", "1") != "0" else None
+    if forkable is None or not os.path.exists(path):
         os.execv(python, [python, *args])
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError:
         os.execv(python, [python, *args])
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_SOCKET, ENV_PYTHON)}
-    _send(sock, {"args": args[2:], "cwd": os.getcwd(), "env": env}, [0, 1, 2])
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_SOCKET, ENV_PYTHON, ENV_CLIENT)}
+    request = {"args": forkable[1], "unbuffered": forkable[0], "cwd": os.getcwd(), "env": env}
+    _send(sock, {**request, "python": os.environ[ENV_CLIENT]}, [0, 1, 2])
     reply = _receive(sock)
     if reply is None:
         sys.exit("zygote: the server ended before the command started")
@@ -211,6 +255,20 @@ def client(args: list[str]) -> None:
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status))
+
+
+def write_client(folder, socket_path, python: str = sys.executable):
+    """``<folder>/python``: the client, for the front of PATH or in place of sys.executable."""
+    from pathlib import Path
+
+    shim = Path(folder) / "python"
+    here = Path(__file__).resolve()
+    shim.write_text(
+        f'#!/bin/sh\n{ENV_SOCKET}="{socket_path}" {ENV_PYTHON}="{python}" {ENV_CLIENT}="{shim}" '
+        f'exec "{python}" -S "{here}" "$@"\n'
+    )
+    shim.chmod(0o755)
+    return shim
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from conftest import SHARED_DATA, shared_file
 from runs import ROOT, TEST_ENV, TINY, ended_or_killed, free_port, train_steps
+from zygote import write_client
 
 EXAMPLES = ROOT / "examples"
 SLURM_TESTS = (
@@ -69,18 +70,14 @@ def zygote(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bin_dir(tmp_path_factory, zygote) -> Path:
-    """``python`` for the front of PATH: this interpreter, through the zygote's client for
-    ``-m mlmkit`` commands (tests/zygote.py)."""
+    """``python`` for the front of PATH: this interpreter, through the zygote's client
+    (tests/zygote.py) where the zygote runs."""
     folder = tmp_path_factory.mktemp("bin")
+    if zygote is not None:
+        write_client(folder, zygote)
+        return folder
     python = folder / "python"
-    if zygote is None:
-        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    else:
-        client = ROOT / "tests" / "zygote.py"
-        python.write_text(
-            f'#!/bin/sh\nMLMKIT_ZYGOTE_SOCKET="{zygote}" MLMKIT_ZYGOTE_PYTHON="{sys.executable}" '
-            f'exec "{sys.executable}" -S "{client}" "$@"\n'
-        )
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     return folder
 
@@ -122,6 +119,30 @@ def test_every_example_is_tested_here_and_linked_from_the_readme():
     )
     source = Path(__file__).read_text() + SLURM_TESTS.read_text()
     assert all(f'"{s}"' in source for s in SCRIPTS), [s for s in SCRIPTS if f'"{s}"' not in source]
+
+
+def test_a_command_through_the_zygote_ends_as_a_new_interpreters_does(zygote, env, tmp_path):
+    """The examples' ``python``: a ``-m mlmkit`` command forked from the zygote writes the same
+    output and ends with the same status as the same command in a new interpreter, in the
+    caller's working dir and environment; anything else is the interpreter itself."""
+    if zygote is None:
+        pytest.skip("MLMKIT_ZYGOTE=0: every command is a new interpreter already")
+    python = env["PYTHON"]
+    argv = [python, "-m", "mlmkit", "eval", "checkpoint=missing-run", "output=out.json"]
+    forked = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+    new = subprocess.run(
+        argv, cwd=tmp_path, env={**env, "MLMKIT_ZYGOTE": "0"}, capture_output=True, text=True
+    )
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        new.returncode, new.stdout, new.stderr,
+    ) and forked.returncode == 2  # fmt: skip
+    assert "missing-run" in forked.stderr and not (tmp_path / "out.json").exists()
+    script = "import os, sys; print(os.getcwd(), os.environ['SEEN'], sys.stdin.read())"
+    other = subprocess.run(
+        [python, "-c", script], cwd=tmp_path, env={**env, "SEEN": "yes"}, input="in",
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert other.stdout.split() == [str(tmp_path), "yes", "in"], other.stderr
 
 
 # --- local files and continued pretraining (../shared/data) ---------------------------------
