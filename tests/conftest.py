@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import pytest
 # the shared helpers beside this file (runs.py, batches.py) import as top-level modules
 # from the test files in the subfolders too
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import run_train  # noqa: E402
+from runs import TEST_ENV, run_train  # noqa: E402
+from zygote import write_client  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -85,6 +88,38 @@ def fresh_process_state():
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory):
+    """The zygote's server (tests/zygote.py), started with the tests' environment, once per
+    worker: the commands of the examples and benchmarks are processes forked from it, without
+    an interpreter's imports each. MLMKIT_ZYGOTE=0 starts none: every command a new
+    interpreter."""
+    if os.environ.get("MLMKIT_ZYGOTE") == "0":
+        yield None
+        return
+    socket_path = tmp_path_factory.mktemp("zygote") / "socket"
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "zygote.py"), "serve", str(socket_path)],
+        cwd=ROOT, env={**os.environ, **TEST_ENV}, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout.readline().strip() == "ready", "the zygote did not start"
+        yield socket_path
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+@pytest.fixture(scope="session")
+def zygote_python(tmp_path_factory, zygote) -> str:
+    """The interpreter for a test's ``python <script>`` or ``python -m mlmkit``: the zygote's
+    client where the zygote runs, else this interpreter."""
+    if zygote is None:
+        return sys.executable
+    return str(write_client(tmp_path_factory.mktemp("zygote-client"), zygote))
 
 
 @pytest.fixture(scope="session")

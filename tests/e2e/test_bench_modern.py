@@ -8,7 +8,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 from runs import ROOT, TEST_ENV
@@ -19,10 +18,10 @@ ROW = re.compile(
 
 
 @pytest.mark.slow
-def test_modern_benchmark_trains_each_variant_for_the_budget(tmp_path):
+def test_modern_benchmark_trains_each_variant_for_the_budget(tmp_path, zygote_python):
     out = tmp_path / "bench"
     cmd = [
-        sys.executable,
+        zygote_python,
         str(ROOT / "benchmarks" / "modern.py"),
         "--budget",
         "2",

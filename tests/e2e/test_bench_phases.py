@@ -7,17 +7,16 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 from runs import ROOT, TEST_ENV
 
 
 @pytest.mark.slow
-def test_phases_benchmark_scores_each_run_at_both_lengths(tmp_path):
+def test_phases_benchmark_scores_each_run_at_both_lengths(tmp_path, zygote_python):
     out = tmp_path / "bench"
     cmd = [
-        sys.executable,
+        zygote_python,
         str(ROOT / "benchmarks" / "phases.py"),
         "--tokens",
         "40960",

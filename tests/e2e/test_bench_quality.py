@@ -24,10 +24,10 @@ REACH = re.compile(
 
 
 @pytest.mark.slow
-def test_quality_benchmark_runs_both_sides_and_reports_the_time_to_reach(tmp_path):
+def test_quality_benchmark_runs_both_sides_and_reports_the_time_to_reach(tmp_path, zygote_python):
     out = tmp_path / "bench"
     cmd = [
-        sys.executable,
+        zygote_python,
         str(ROOT / "benchmarks" / "quality.py"),
         "--budget",
         "3",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 from runs import ROOT, TEST_ENV
@@ -14,7 +13,9 @@ from runs import ROOT, TEST_ENV
 
 @pytest.mark.slow
 @pytest.mark.parametrize("replace", ["generator", "shuffled"])
-def test_the_plateau_benchmark_prints_each_window_against_its_prior(tmp_path, tokenizer, replace):
+def test_the_plateau_benchmark_prints_each_window_against_its_prior(
+    tmp_path, tokenizer, replace, zygote_python
+):
     from mlmkit.data.sources import builtin_documents
 
     tokenizer.save_pretrained(tmp_path / "tokenizer")
@@ -22,7 +23,7 @@ def test_the_plateau_benchmark_prints_each_window_against_its_prior(tmp_path, to
     data.mkdir()
     (data / "a.txt").write_text("\n".join(builtin_documents())[:200_000], encoding="utf-8")
     cmd = [
-        sys.executable,
+        zygote_python,
         str(ROOT / "benchmarks" / "rtd_plateau.py"),
         *("--tokenizer", str(tmp_path / "tokenizer"), "--data", str(data)),
         *("--steps", "4", "--every", "2", "--batch", "8", "--replace", replace),

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,28 +43,6 @@ CONTINUE = [
     "optim.warmup_steps=2",
     *STEPS,
 ]
-
-
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory):
-    """The zygote's server (tests/zygote.py), started with the tests' environment: the examples'
-    ``python -m mlmkit`` commands are processes forked from it, without an interpreter's imports
-    each. MLMKIT_ZYGOTE=0 starts none: every command a new interpreter."""
-    if os.environ.get("MLMKIT_ZYGOTE") == "0":
-        yield None
-        return
-    socket_path = tmp_path_factory.mktemp("zygote") / "socket"
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "zygote.py"), "serve", str(socket_path)],
-        cwd=ROOT, env={**os.environ, **TEST_ENV}, stdout=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert server.stdout.readline().strip() == "ready", "the zygote did not start"
-        yield socket_path
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
 
 
 @pytest.fixture(scope="module")
