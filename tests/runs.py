@@ -368,13 +368,20 @@ def ended_or_killed(
 
 
 def launch_engine(
-    config: str, run_dir: Path, cache_dir: Path, *overrides: str, model: tuple = tuple(TINY)
+    config: str,
+    run_dir: Path,
+    cache_dir: Path,
+    *overrides: str,
+    model: tuple = tuple(TINY),
+    python: str = sys.executable,
 ) -> subprocess.CompletedProcess:
     """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as
     conf/accelerate/<config>.yaml sets it; ``model``: the settings before ``overrides``
-    (TINY's model from scratch by default)."""
+    (TINY's model from scratch by default); ``python``: the interpreter that launches (the
+    zygote's client: conftest.py's ``zygote_python``)."""
     cmd = [
-        *ACCELERATE,
+        python,
+        *ACCELERATE[1:],
         "--main_process_port",
         free_port(),
         "--config_file",

@@ -123,7 +123,9 @@ def test_a_continued_run_resumes_exactly(continued, text, tmp_path, model_type):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["roberta", "deberta-v2"])
-def test_fsdp_on_two_processes_follows_one_process(continued, text, tmp_path, model_type):
+def test_fsdp_on_two_processes_follows_one_process(
+    continued, text, tmp_path, model_type, zygote_python
+):
     """The continued run again under FSDP2 on two processes of half the batch (one unit per the
     family's encoder layer: RobertaLayer, DebertaV2Layer): the same losses as one process, and
     final/ is the whole model of the family's class. Two processes of DDP are FSDP's
@@ -131,7 +133,10 @@ def test_fsdp_on_two_processes_follows_one_process(continued, text, tmp_path, mo
     folder, one = continued[model_type]
     fsdp = tmp_path / "fsdp"
     settings = (f"model.init_from={folder}", *RUN, f"data.train_files=[{text}]")
-    launch_engine("fsdp", fsdp, tmp_path / "cache", "train.batch_size=2", model=settings)
+    launch_engine(
+        "fsdp", fsdp, tmp_path / "cache", "train.batch_size=2", model=settings,
+        python=zygote_python,
+    )  # fmt: skip
     assert "2 process(es)" in (fsdp / "train.log").read_text()
     a, b = events(one, "train"), events(fsdp, "train")
     assert [e["step"] for e in b] == [1, 2, 3, 4]

@@ -34,11 +34,12 @@ COMMON = [
 
 
 def launch_two(
-    run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False
+    python: str, run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False
 ) -> subprocess.CompletedProcess:
     """Two CPU processes: ``accelerate launch train.py ...``, or with ``as_module``
-    ``accelerate launch -m mlmkit train ...`` (the installed package's way)."""
-    launcher = [str(Path(sys.executable).with_name("accelerate")), "launch"]
+    ``accelerate launch -m mlmkit train ...`` (the installed package's way); ``python`` runs
+    the ``accelerate`` script (the zygote's client, conftest.py's ``zygote_python``)."""
+    launcher = [python, str(Path(sys.executable).with_name("accelerate")), "launch"]
     script = ["-m", "mlmkit", "train"] if as_module else [str(ROOT / "train.py")]
     cmd = [
         *launcher,
@@ -60,12 +61,13 @@ ENGINE_ARGS = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train
 
 
 @pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory, cache_dir) -> Path:
+def ddp_reference(tmp_path_factory, cache_dir, zygote_python) -> Path:
     """``accelerate launch -m mlmkit train`` (the installed package's way) with two CPU
     processes and ENGINE_ARGS, its run dir named by the launch time: the DDP run that the
     one-process, resume, FSDP and DeepSpeed runs are compared with."""
     out = tmp_path_factory.mktemp("ddp") / "outputs"
-    launch_two(Path(f"{out}/${{launch_time:%H-%M-%S}}"), cache_dir, *ENGINE_ARGS, as_module=True)
+    run_dir = Path(f"{out}/${{launch_time:%H-%M-%S}}")
+    launch_two(zygote_python, run_dir, cache_dir, *ENGINE_ARGS, as_module=True)
     runs = list(out.iterdir())
     assert len(runs) == 1, runs  # both ranks resolved the same launch time
     return runs[0]
@@ -82,7 +84,7 @@ def test_two_processes_share_one_run_dir(ddp_reference):
 
 @pytest.mark.slow
 def test_two_processes_follow_one_process_with_the_same_global_batch(
-    tmp_path, cache_dir, ddp_reference
+    tmp_path, cache_dir, ddp_reference, zygote_python
 ):
     """2 processes x batch 8 = 1 process x batch 16: same rows, masks and normalisation."""
     one, two = tmp_path / "one", ddp_reference
@@ -102,7 +104,7 @@ def test_two_processes_follow_one_process_with_the_same_global_batch(
     # The 2-process run resumes from its step-5 checkpoint to the same end (train.py this time).
     resumed = tmp_path / "resumed"
     resume_from_step_5(two, resumed)
-    launch_two(resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
+    launch_two(zygote_python, resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
     assert "Resumed from" in (resumed / "train.log").read_text()
     c = events(resumed, "train")
     assert [e["step"] for e in c] == list(range(1, 11))
@@ -117,11 +119,11 @@ RTD_PARTS = ("final", "final/generator")  # the exported discriminator and gener
 
 
 @pytest.fixture(scope="module")
-def rtd_ddp(tmp_path_factory, cache_dir) -> Path:
+def rtd_ddp(tmp_path_factory, cache_dir, zygote_python) -> Path:
     """objective=rtd on two DDP processes of batch 8: the run the one-process and the FSDP and
     DeepSpeed runs are compared with."""
     run = tmp_path_factory.mktemp("rtd") / "ddp"
-    launch_two(run, cache_dir, *RTD_ARGS, "train.batch_size=8")
+    launch_two(zygote_python, run, cache_dir, *RTD_ARGS, "train.batch_size=8")
     return run
 
 
@@ -147,7 +149,9 @@ def test_rtd_two_processes_follow_one_process_with_the_same_global_batch(
 
 
 @pytest.mark.slow
-def test_rtd_under_fsdp_and_zero3_follows_ddp_and_exports_both_models(tmp_path, cache_dir, rtd_ddp):
+def test_rtd_under_fsdp_and_zero3_follows_ddp_and_exports_both_models(
+    tmp_path, cache_dir, rtd_ddp, zygote_python
+):
     """objective=rtd under FSDP2 and DeepSpeed ZeRO-3, which shard or partition the generator
     with the discriminator: the same figures as DDP, and final/ (the discriminator) and
     final/generator/ the same plain models as DDP's, their embeddings one tensor."""
@@ -159,7 +163,7 @@ def test_rtd_under_fsdp_and_zero3_follows_ddp_and_exports_both_models(tmp_path, 
     ddp = {part: load_file(rtd_ddp / part / "model.safetensors") for part in RTD_PARTS}
     for engine in engines:
         run = tmp_path / engine
-        launch_engine(engine, run, cache_dir, *RTD_ARGS, "train.batch_size=8")
+        launch_engine(engine, run, cache_dir, *RTD_ARGS, "train.batch_size=8", python=zygote_python)
         assert_same_rtd_figures(run, rtd_ddp)
         final = {part: load_file(run / part / "model.safetensors") for part in RTD_PARTS}
         for part, weights in final.items():
@@ -190,7 +194,7 @@ def resume_from_step_5(run: Path, resumed: Path) -> None:
 
 @pytest.mark.slow
 def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
-    tmp_path, cache_dir, ddp_reference
+    tmp_path, cache_dir, ddp_reference, zygote_python
 ):
     """FSDP2 (full shard per BertLayer, sharded state dicts): the same losses as DDP, each rank
     writes its shard, a resumed run continues exactly, and final/ holds the gathered weights."""
@@ -202,8 +206,9 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
     # probed too (through the sharded objective's forward), which leaves the training as it was
     task = write_probe_task(tmp_path / "task")
     launch_engine(
-        "fsdp", fsdp, cache_dir, *ENGINE_ARGS, "probe.every=5", f"probe.task.data_dir={task}"
-    )
+        "fsdp", fsdp, cache_dir, *ENGINE_ARGS, "probe.every=5", f"probe.task.data_dir={task}",
+        python=zygote_python,
+    )  # fmt: skip
     assert_same_losses(ddp, fsdp, rel=1e-4)
     assert [e["step"] for e in events(fsdp, "probe")] == [0, 5, 10]
 
@@ -230,7 +235,9 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
     # Resumed from the sharded step-5 checkpoint, the run ends where it ended.
     resumed = tmp_path / "resumed"
     resume_from_step_5(fsdp, resumed)
-    launch_engine("fsdp", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
+    launch_engine(
+        "fsdp", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto", python=zygote_python
+    )
     assert "Resumed from" in (resumed / "train.log").read_text()
     assert_same_losses(fsdp, resumed, rel=1e-6)
     resumed_final = load_file(resumed / "final" / "model.safetensors")
@@ -240,7 +247,7 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
 
 @pytest.mark.slow
 def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
-    tmp_path, cache_dir, ddp_reference
+    tmp_path, cache_dir, ddp_reference, zygote_python
 ):
     """DeepSpeed ZeRO-2 and ZeRO-3 (DeepSpeed's CPU accelerator): the same losses as DDP, each
     rank writes its partition, ZeRO-3 resumes exactly, and final/ is the plain model."""
@@ -254,7 +261,7 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
     ddp_final = load_file(ddp / "final" / "model.safetensors")
     for stage in (2, 3):
         run = tmp_path / f"zero{stage}"
-        launch_engine(f"deepspeed_zero{stage}", run, cache_dir, *ENGINE_ARGS)
+        launch_engine(f"deepspeed_zero{stage}", run, cache_dir, *ENGINE_ARGS, python=zygote_python)
         assert_same_losses(ddp, run, rel=1e-4)
         files = sorted(
             p.name for p in (run / "checkpoints" / "step_0000010" / "pytorch_model").iterdir()
@@ -270,7 +277,10 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
 
     resumed = tmp_path / "resumed"
     resume_from_step_5(tmp_path / "zero3", resumed)
-    launch_engine("deepspeed_zero3", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto")
+    launch_engine(
+        "deepspeed_zero3", resumed, cache_dir, *ENGINE_ARGS, "train.resume=auto",
+        python=zygote_python,
+    )  # fmt: skip
     assert "Resumed from" in (resumed / "train.log").read_text()
     assert_same_losses(tmp_path / "zero3", resumed, rel=1e-6)
     first, again = (
@@ -282,7 +292,9 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
 
 
 @pytest.mark.slow
-def test_deepspeed_config_micro_batch_other_than_train_batch_size_is_refused(tmp_path, cache_dir):
+def test_deepspeed_config_micro_batch_other_than_train_batch_size_is_refused(
+    tmp_path, cache_dir, zygote_python
+):
     pytest.importorskip(
         "deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')"
     )
@@ -302,7 +314,8 @@ num_processes: 1
 use_cpu: false
 """)
     cmd = [
-        *ACCELERATE,
+        zygote_python,
+        *ACCELERATE[1:],
         "--main_process_port",
         free_port(),
         "--config_file",
