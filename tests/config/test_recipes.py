@@ -83,10 +83,32 @@ def test_rtd_takes_electras_rate_where_the_presets_is_higher_and_says_so():
     cfg, notes = finish(compose_command("config", ["objective=rtd"]), ["objective=rtd"])
     assert compose([]).optim.lr == pytest.approx(3e-3)  # bert-tiny's, tuned for MLM
     assert cfg.optim.lr == pytest.approx(RTD_MAX_LR) == pytest.approx(5e-4)
-    assert len(notes) == 1 and "optim.lr=0.0005" in notes[0] and "instead of 0.003" in notes[0]
+    assert len(notes) == 2 and "optim.lr=0.0005" in notes[0] and "instead of 0.003" in notes[0]
     # the command line wins; a preset's lower rate is kept; MLM runs keep the preset's
     assert compose(["objective=rtd", "optim.lr=2e-3"]).optim.lr == pytest.approx(2e-3)
     assert compose(["objective=rtd", "model=bert-base"]).optim.lr == pytest.approx(1e-4)
     assert compose(["objective=mlm"]).optim.lr == pytest.approx(3e-3)
     cfg, notes = finish(compose_command("config", ["model=bert-base"]), ["model=bert-base"])
     assert notes == []
+
+
+def masking_of(cfg) -> tuple[float, float, float]:
+    m = cfg.masking
+    return m.mlm_probability, m.mask_replace_prob, m.random_replace_prob
+
+
+def test_rtd_takes_electras_masking_unless_the_command_line_or_a_recipe_sets_one(bert_dir):
+    """objective=rtd masks as ELECTRA did (15% chosen, 85% [MASK], the rest kept), not at the
+    default preset's 40% with 80-10-10 (MLM's), and says so; a masking group, any masking
+    setting or a recipe on the command line is the run's own; MLM keeps the default."""
+    from mlmkit.config.compose import compose_command, finish
+
+    cfg, notes = finish(compose_command("config", ["objective=rtd"]), ["objective=rtd"])
+    assert masking_of(cfg) == (0.15, 0.85, 0.0)
+    assert "ELECTRA's masking" in notes[1] and "instead of 0.4" in notes[1]
+    assert masking_of(compose(["objective=mlm"])) == (0.40, 0.8, 0.1)
+    assert masking_of(compose(["objective=rtd", "masking=bert"])) == (0.15, 0.8, 0.1)
+    assert masking_of(compose(["objective=rtd", "masking.mlm_probability=0.3"])) == (0.3, 0.8, 0.1)
+    assert masking_of(compose(["recipe=electra"])) == (0.15, 0.85, 0.0)  # the recipe's own
+    continued = compose(["objective=rtd", f"model.init_from={bert_dir}"])  # a BERT continued
+    assert masking_of(continued) == (0.15, 0.85, 0.0)

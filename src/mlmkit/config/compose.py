@@ -114,10 +114,16 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
 def finish(cfg: DictConfig, overrides: list[str]) -> tuple[Config, list[str]]:
     """Apply the recipes to a composed run config for what ``overrides`` leaves unset, then
     check it: the ``Config`` and the lines the run's log opens with (the recipe taken)."""
-    from mlmkit.config.recipes import apply_continued_pretraining, apply_rtd_rate, recipe_note
+    from mlmkit.config.recipes import (
+        apply_continued_pretraining,
+        apply_rtd_masking,
+        apply_rtd_rate,
+        recipe_note,
+    )
 
     note = recipe_note(apply_continued_pretraining(cfg, overrides), cfg.model.get("init_from"))
-    notes = [line for line in (note, apply_rtd_rate(cfg, overrides)) if line]
+    rtd = (apply_rtd_rate(cfg, overrides), apply_rtd_masking(cfg, overrides))
+    notes = [line for line in (note, *rtd) if line]
     return to_config(cfg), notes
 
 

@@ -22,7 +22,10 @@ With ``objective=rtd`` the peak rate is at most ``RTD_MAX_LR``, 5e-4, ELECTRA-Sm
 al. (2020), Table 6), where the command line leaves ``optim.lr`` unset: the small presets' rates
 are tuned for MLM (bert-tiny's 3e-3), and at 3e-3 a new discriminator's last states collapsed to
 one vector for every token and it learned nothing in 9,508 steps, where at 5e-4 it learned from
-its first thousand (docs/electra.md).
+its first thousand (docs/electra.md). Its masking is ELECTRA's where the command line sets no
+``masking`` group or setting and no recipe: 15% of the tokens chosen (Clark et al. (2020), Table
+6), 85% of them ``[MASK]`` and the rest left as they are, no random tokens (google-research/
+electra's ``pretrain_helpers.mask``), not the default preset's 40% with 80-10-10, which is MLM's.
 
 The settings taken are logged and saved with the run's config, so the run says which
 rate it trained at and why.
@@ -45,6 +48,9 @@ REFERENCE_WIDTH = 768
 WARMUP_FRACTION = 0.06
 MLM_PROBABILITY = 0.15
 RTD_MAX_LR = 5e-4  # ELECTRA-Small's peak rate: Clark et al. (2020), Table 6
+# ELECTRA's masking: 15% chosen (Clark et al. (2020), Table 6), 85% of them [MASK], the rest kept
+# (google-research/electra, pretrain/pretrain_helpers.py)
+RTD_MASKING = {"mlm_probability": 0.15, "mask_replace_prob": 0.85, "random_replace_prob": 0.0}
 
 
 def given_keys(overrides: Iterable[str]) -> set[str]:
@@ -144,4 +150,22 @@ def apply_rtd_rate(cfg: DictConfig, overrides: Iterable[str]) -> str | None:
         f"objective=rtd: optim.lr={RTD_MAX_LR:g} (ELECTRA-Small's) instead of {lr:g}, a rate "
         f"tuned for MLM (at bert-tiny's 3e-3 a new discriminator collapsed: docs/electra.md); "
         f"set optim.lr on the command line to override it."
+    )
+
+
+def apply_rtd_masking(cfg: DictConfig, overrides: Iterable[str]) -> str | None:
+    """With ``objective=rtd``, ELECTRA's masking (``RTD_MASKING``) where ``overrides`` sets no
+    ``masking`` group or setting and no ``recipe`` (a recipe sets its own); returns the log line
+    for it, or None."""
+    keys = given_keys(overrides)
+    if cfg.objective.name != "rtd" or _given("masking", keys) or _given("recipe", keys):
+        return None
+    before = f"{float(cfg.masking.mlm_probability):g}"
+    with open_dict(cfg):
+        for key, value in RTD_MASKING.items():
+            cfg.masking[key] = value
+    return (
+        "objective=rtd: ELECTRA's masking, masking.mlm_probability=0.15 (instead of "
+        f"{before}) with mask_replace_prob=0.85 and random_replace_prob=0 (85% [MASK], the rest "
+        "kept); set masking on the command line to override it."
     )
