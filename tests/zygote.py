@@ -1,19 +1,20 @@
-"""A zygote for the examples' ``python -m mlmkit ...`` commands: one process imports torch,
-transformers, datasets, accelerate and mlmkit once; each command is then a process forked from
-it, with the caller's argv, working dir, environment and standard streams, exit status and
-signals, instead of a new interpreter that spends about 4.5 s importing the same modules.
+"""A zygote for the tests' interpreters: one process imports torch, transformers, datasets,
+accelerate and mlmkit once; each command is then a process forked from it, with the caller's
+argv, working dir, environment and standard streams, exit status and signals, instead of a new
+interpreter that spends about 4.5 s importing the same modules.
 
-    python zygote.py serve <socket>        the server (tests/e2e/test_examples.py starts it)
+    python zygote.py serve <socket>        the server (conftest.py's ``zygote`` starts it)
     python -S zygote.py <args>             the client: the ``python`` an example script finds
-                                           first on its PATH
+                                           first on its PATH (``write_client``)
 
 The client runs ``python [-u] -m <module> | <script> | -c <code> | - ...`` in a child of the
-server, whose ``sys.executable`` is the client again (so the processes a command starts, a
-benchmark's runs or accelerate's ranks, are forked too), and execs the real interpreter for
-any other flag. Only what is read at import time is the server's: the server starts with the
-tests' environment, which the commands share (HF_HUB_OFFLINE, TOKENIZERS_PARALLELISM,
-OMP_NUM_THREADS). ``MLMKIT_ZYGOTE=0`` in the environment (or no server) makes every command a new
-interpreter, as a user's shell starts it.
+server, in a process group of its own, whose ``sys.executable`` is the client again (so the
+processes a command starts, a benchmark's runs or accelerate's ranks, are forked too). The real
+interpreter runs instead for any other flag, a script that is not there, a caller started with
+file descriptors above 2 (a spawned worker, a resource tracker), and an environment that differs
+from the server's in what is read at start-up or import (``STARTUP_PREFIXES``: PYTHON*, HF_*,
+OMP_*, ...). The caller killed, the command's group is killed. ``MLMKIT_ZYGOTE=0`` in the
+environment (or no server) makes every command a new interpreter, as a user's shell starts it.
 """
 
 from __future__ import annotations
@@ -55,24 +56,30 @@ def _send(sock: socket.socket, obj, fds: list[int] = ()) -> None:
         sock.sendall(payload)
 
 
+def _exactly(sock: socket.socket, size: int, data: bytes = b"") -> bytes | None:
+    """``data`` read on to ``size`` bytes; None where the peer has gone first."""
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        if not more:
+            return None
+        data += more
+    return data
+
+
 def _receive(sock: socket.socket, with_fds: bool = False):
-    """One message (and the file descriptors sent with it); None where the peer has gone."""
+    """One message, read to its end and no further (and the file descriptors sent with it);
+    None where the peer has gone."""
     fds: list[int] = []
-    if with_fds:
-        data, ancillary, _, _ = sock.recvmsg(1 << 20, socket.CMSG_LEN(16 * 4))
+    if with_fds:  # the header's first bytes carry the descriptors
+        data, ancillary, _, _ = sock.recvmsg(_HEADER.size, socket.CMSG_LEN(16 * 4))
         for level, kind, raw in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", raw[: len(raw) - len(raw) % 4]))
     else:
-        data = sock.recv(1 << 20)
-    if not data:
-        return (None, fds) if with_fds else None
-    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack(data[:4])[0]:
-        more = sock.recv(1 << 20)
-        if not more:
-            return (None, fds) if with_fds else None
-        data += more
-    obj = json.loads(data[_HEADER.size : _HEADER.size + _HEADER.unpack(data[:4])[0]])
+        data = b""
+    header = _exactly(sock, _HEADER.size, data) if data or not with_fds else None
+    body = _exactly(sock, _HEADER.unpack(header)[0]) if header else None
+    obj = json.loads(body) if body is not None else None
     return (obj, fds) if with_fds else obj
 
 
@@ -83,6 +90,7 @@ def serve(path: str) -> None:
     """Import the modules once, then fork a child per connection and report its end."""
     import importlib
 
+    _STARTED_WITH.update(os.environ)  # before the imports (torch sets TORCHINDUCTOR_CACHE_DIR)
     for name in PRELOAD:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -109,10 +117,38 @@ def _reap() -> None:
             return
 
 
+# what an interpreter or a library reads at start or import: a command whose environment differs
+# from the server's in one of these runs in a new interpreter instead
+STARTUP_PREFIXES = ("PYTHON", "HF_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_", "TOKENIZERS_")
+_STARTED_WITH: dict[str, str] = {}  # the server's environment as it started
+
+
+def _same_startup(env: dict[str, str]) -> bool:
+    """Whether ``env`` holds what the server's started with of STARTUP_PREFIXES (not ``PYTHON``, an
+    example's name for its interpreter, TORCHINDUCTOR_CACHE_DIR, which importing torch sets to its
+    default, nor torchrun's per-rank TORCHELASTIC_*, read later)."""
+
+    def startup(e):
+        return {
+            k: v
+            for k, v in e.items()
+            if k.startswith(STARTUP_PREFIXES)
+            and k not in ("PYTHON", "TORCHINDUCTOR_CACHE_DIR")
+            and not k.startswith("TORCHELASTIC_")
+        }
+
+    return startup(env) == startup(_STARTED_WITH)
+
+
 def _watch(conn: socket.socket) -> None:
+    import threading
+
     request, fds = _receive(conn, with_fds=True)
     if request is None or len(fds) != 3:
         os._exit(1)
+    if not _same_startup(request["env"]):
+        _send(conn, {"exec": True})
+        os._exit(0)
     pid = os.fork()
     if pid == 0:
         conn.close()
@@ -120,22 +156,23 @@ def _watch(conn: socket.socket) -> None:
     for fd in fds:
         os.close(fd)
     _send(conn, {"pid": pid})
-    # the caller gone (killed with its process group) ends the command too
-    import threading
+    ended = threading.Event()
 
-    def caller_gone():
+    def caller_gone():  # the caller killed (with its process group): the command's group too
         try:
             while conn.recv(64):
                 pass
         except OSError:
             pass
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if not ended.is_set():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     threading.Thread(target=caller_gone, daemon=True).start()
     _, status = os.waitpid(pid, 0)
+    ended.set()
     try:
         _send(conn, {"status": status})
     except OSError:
@@ -148,6 +185,7 @@ def _run_command(request: dict, fds: list[int]) -> None:
     import atexit
     import traceback
 
+    os.setsid()  # a group of its own, which the watcher ends with everything it started
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -165,19 +203,29 @@ def _run_command(request: dict, fds: list[int]) -> None:
     try:
         _run_main(request["args"], request["cwd"])
     except SystemExit as exc:
-        if isinstance(exc.code, str):
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:  # the interpreter prints any other object and ends with 1
             print(exc.code, file=sys.stderr)
             code = 1
-        else:
-            code = exc.code or 0
+    except KeyboardInterrupt:  # the interpreter ends by SIGINT itself
+        traceback.print_exc()
+        code = -signal.SIGINT
     except BaseException:
         traceback.print_exc()
         code = 1
     try:
+        import threading
+
+        threading._shutdown()  # non-daemon threads joined, as at an interpreter's end
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
+        if code == -signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            code = 128 + signal.SIGINT
         os._exit(code)
 
 
@@ -215,9 +263,32 @@ def _forkable(args: list[str]) -> tuple[bool, list[str]] | None:
         return None
     if rest[0].startswith("-") and rest[0] not in ("-m", "-c", "-"):
         return None
-    if "--multiprocessing-fork" in rest:  # a spawned worker reads fds the server cannot pass
+    if not rest[0].startswith("-") and not os.path.isfile(rest[0]):
+        return None  # the interpreter's own message and status for a script that is not there
+    if _inherited_descriptors():  # a spawned worker, a resource tracker: fds it cannot pass
         return None
     return unbuffered, rest
+
+
+def _inherited_descriptors() -> list[int]:
+    """The open file descriptors above 2 this process was started with."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.fstat(fd)
+            except OSError:  # the listing's own, closed by now
+                continue
+            found.append(fd)
+    return found
+
+
+def _log(how: str, args: list[str]) -> None:
+    """A line per invocation in the file MLMKIT_ZYGOTE_LOG names, if it names one."""
+    if os.environ.get("MLMKIT_ZYGOTE_LOG"):
+        with open(os.environ["MLMKIT_ZYGOTE_LOG"], "a") as f:
+            f.write(f"{how}: {' '.join(args)[:200]}\n")
 
 
 def client(args: list[str]) -> None:
@@ -225,6 +296,7 @@ def client(args: list[str]) -> None:
     python, path = os.environ[ENV_PYTHON], os.environ.get(ENV_SOCKET, "")
     forkable = _forkable(args) if os.environ.get("MLMKIT_ZYGOTE", "1") != "0" else None
     if forkable is None or not os.path.exists(path):
+        _log("interpreter", args)
         os.execv(python, [python, *args])
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -237,7 +309,12 @@ def client(args: list[str]) -> None:
     reply = _receive(sock)
     if reply is None:
         sys.exit("zygote: the server ended before the command started")
+    if reply.get("exec"):  # an environment that differs from the server's at start-up
+        sock.close()
+        _log("interpreter (environment)", args)
+        os.execv(python, [python, *args])
     pid = reply["pid"]
+    _log("forked", args)
 
     def forward(sig, _frame):
         try:

@@ -110,5 +110,9 @@ def test_rtd_takes_electras_masking_unless_the_command_line_or_a_recipe_sets_one
     assert masking_of(compose(["objective=rtd", "masking=bert"])) == (0.15, 0.8, 0.1)
     assert masking_of(compose(["objective=rtd", "masking.mlm_probability=0.3"])) == (0.3, 0.8, 0.1)
     assert masking_of(compose(["recipe=electra"])) == (0.15, 0.85, 0.0)  # the recipe's own
-    continued = compose(["objective=rtd", f"model.init_from={bert_dir}"])  # a BERT continued
-    assert masking_of(continued) == (0.15, 0.85, 0.0)
+    # a setting that does not choose the masking (doctor's advice, on_device) leaves ELECTRA's
+    assert masking_of(compose(["objective=rtd", "masking.on_device=true"])) == (0.15, 0.85, 0.0)
+    continued = ["objective=rtd", f"model.init_from={bert_dir}"]  # a BERT continued
+    cfg, notes = finish(compose_command("config", continued), continued)
+    assert masking_of(cfg) == (0.15, 0.85, 0.0)
+    assert "masking.mlm_probability=0.15 with" in notes[-1] and "instead of" not in notes[-1]

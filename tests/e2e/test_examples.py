@@ -24,7 +24,11 @@ EXAMPLES = ROOT / "examples"
 SLURM_TESTS = (
     ROOT / "tests" / "slurm" / "test_slurm_jobs.py"
 )  # the SLURM scripts, on a real cluster
-SCRIPTS = sorted(p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("*") if p.is_file())
+SCRIPTS = sorted(
+    p.relative_to(EXAMPLES).as_posix()
+    for p in EXAMPLES.rglob("*")
+    if p.is_file() and "__pycache__" not in p.parts  # bytecode of a helper another test imported
+)
 
 # a few steps of the tiny model, quiet; the scripts' own overrides come first, these last
 STEPS = [
@@ -114,12 +118,18 @@ def test_a_command_through_the_zygote_ends_as_a_new_interpreters_does(zygote, en
         new.returncode, new.stdout, new.stderr,
     ) and forked.returncode == 2  # fmt: skip
     assert "missing-run" in forked.stderr and not (tmp_path / "out.json").exists()
-    script = "import os, sys; print(os.getcwd(), os.environ['SEEN'], sys.stdin.read())"
+    # forked (its sys.executable the client), in the caller's dir and environment, with its stdin
+    script = "import os, sys; print(sys.executable, os.getcwd(), os.environ['SEEN'], input())"
     other = subprocess.run(
-        [python, "-c", script], cwd=tmp_path, env={**env, "SEEN": "yes"}, input="in",
+        [python, "-c", script], cwd=tmp_path, env={**env, "SEEN": "yes"}, input="in\n",
         capture_output=True, text=True,
     )  # fmt: skip
-    assert other.stdout.split() == [str(tmp_path), "yes", "in"], other.stderr
+    assert other.stdout.split() == [python, str(tmp_path), "yes", "in"], other.stderr
+    # an environment that differs in what is read at start-up: the interpreter itself
+    startup = {**env, "PYTHONHASHSEED": "7"}
+    real = subprocess.run([python, "-c", script], cwd=tmp_path, env={**startup, "SEEN": "no"},
+                          input="x\n", capture_output=True, text=True)  # fmt: skip
+    assert real.stdout.split()[0] == sys.executable, real.stderr
 
 
 # --- local files and continued pretraining (../shared/data) ---------------------------------

@@ -153,19 +153,29 @@ def apply_rtd_rate(cfg: DictConfig, overrides: Iterable[str]) -> str | None:
     )
 
 
+# masking settings that do not choose what is masked: given alone, ELECTRA's masking still applies
+MASKING_NOT_CHOSEN = (
+    "masking.on_device",
+    "masking.eval_seed",
+    "masking.eval_mlm_probability",
+    "masking.eval_min_masked_tokens",
+)
+
+
 def apply_rtd_masking(cfg: DictConfig, overrides: Iterable[str]) -> str | None:
     """With ``objective=rtd``, ELECTRA's masking (``RTD_MASKING``) where ``overrides`` sets no
-    ``masking`` group or setting and no ``recipe`` (a recipe sets its own); returns the log line
-    for it, or None."""
-    keys = given_keys(overrides)
+    ``masking`` group or setting that chooses the masking (``MASKING_NOT_CHOSEN`` aside) and no
+    ``recipe`` (a recipe sets its own); returns the log line for it, or None."""
+    keys = given_keys(overrides) - set(MASKING_NOT_CHOSEN)
     if cfg.objective.name != "rtd" or _given("masking", keys) or _given("recipe", keys):
         return None
     before = f"{float(cfg.masking.mlm_probability):g}"
     with open_dict(cfg):
         for key, value in RTD_MASKING.items():
             cfg.masking[key] = value
+    instead = "" if before == "0.15" else f" (instead of {before})"
     return (
-        "objective=rtd: ELECTRA's masking, masking.mlm_probability=0.15 (instead of "
-        f"{before}) with mask_replace_prob=0.85 and random_replace_prob=0 (85% [MASK], the rest "
-        "kept); set masking on the command line to override it."
+        f"objective=rtd: ELECTRA's masking, masking.mlm_probability=0.15{instead} with "
+        "mask_replace_prob=0.85 and random_replace_prob=0 (85% [MASK], the rest kept); set "
+        "masking on the command line to override it."
     )
