@@ -123,10 +123,41 @@ STARTUP_PREFIXES = ("PYTHON", "HF_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_", "
 _STARTED_WITH: dict[str, str] = {}  # the server's environment as it started
 
 
-def _same_startup(env: dict[str, str]) -> bool:
-    """Whether ``env`` holds what the server's started with of STARTUP_PREFIXES (not ``PYTHON``, an
-    example's name for its interpreter, TORCHINDUCTOR_CACHE_DIR, which importing torch sets to its
-    default, nor torchrun's per-rank TORCHELASTIC_*, read later)."""
+def _thread_count(env: dict[str, str]) -> int | None:
+    """OMP_NUM_THREADS where it is a count, which a forked child gives torch with set_num_threads
+    (the server has run no parallel region, so the child's first one starts that many threads)."""
+    value = env.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _added_path(env: dict[str, str]) -> list[str] | None:
+    """PYTHONPATH's entries beyond the server's (accelerate adds its working dir for the ranks),
+    which the child puts on sys.path; None where the server's are not all there or an added one
+    holds a module the server has imported already, which only a new interpreter would take."""
+
+    def entries(e):
+        return [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+    mine, theirs = entries(_STARTED_WITH), entries(env)
+    if [p for p in theirs if p in mine] != mine:
+        return None
+    added = [p for p in theirs if p not in mine]
+    loaded = {name.partition(".")[0] for name in sys.modules}
+    for entry in added:
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        if any(name.partition(".")[0] in loaded for name in names):
+            return None
+    return added
+
+
+def _startup_differences(env: dict[str, str]) -> list[str]:
+    """The names in which ``env`` differs from what the server started with of STARTUP_PREFIXES
+    (not ``PYTHON``, an example's name for its interpreter, TORCHINDUCTOR_CACHE_DIR, which
+    importing torch sets to its default, torchrun's per-rank TORCHELASTIC_* and TORCH_NCCL_*, read
+    later, nor a thread count or added PYTHONPATH entries, which the child sets)."""
 
     def startup(e):
         return {
@@ -134,10 +165,15 @@ def _same_startup(env: dict[str, str]) -> bool:
             for k, v in e.items()
             if k.startswith(STARTUP_PREFIXES)
             and k not in ("PYTHON", "TORCHINDUCTOR_CACHE_DIR")
-            and not k.startswith("TORCHELASTIC_")
+            and not k.startswith(("TORCHELASTIC_", "TORCH_NCCL_"))
         }
 
-    return startup(env) == startup(_STARTED_WITH)
+    mine, theirs = startup(_STARTED_WITH), startup(env)
+    for name, honoured in (("OMP_NUM_THREADS", _thread_count), ("PYTHONPATH", _added_path)):
+        if honoured(env) is not None:  # which the child sets itself
+            mine.pop(name, None)
+            theirs.pop(name, None)
+    return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
 
 
 def _watch(conn: socket.socket) -> None:
@@ -146,8 +182,9 @@ def _watch(conn: socket.socket) -> None:
     request, fds = _receive(conn, with_fds=True)
     if request is None or len(fds) != 3:
         os._exit(1)
-    if not _same_startup(request["env"]):
-        _send(conn, {"exec": True})
+    differences = _startup_differences(request["env"])
+    if differences:
+        _send(conn, {"exec": differences})
         os._exit(0)
     pid = os.fork()
     if pid == 0:
@@ -192,6 +229,12 @@ def _run_command(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    sys.path[1:1] = _added_path(request["env"]) or []
+    threads = _thread_count(request["env"])
+    if threads and _STARTED_WITH.get("OMP_NUM_THREADS") != str(threads):
+        import torch
+
+        torch.set_num_threads(threads)
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -311,7 +354,7 @@ def client(args: list[str]) -> None:
         sys.exit("zygote: the server ended before the command started")
     if reply.get("exec"):  # an environment that differs from the server's at start-up
         sock.close()
-        _log("interpreter (environment)", args)
+        _log(f"interpreter (environment: {' '.join(reply['exec'])})", args)
         os.execv(python, [python, *args])
     pid = reply["pid"]
     _log("forked", args)

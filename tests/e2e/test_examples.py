@@ -130,6 +130,24 @@ def test_a_command_through_the_zygote_ends_as_a_new_interpreters_does(zygote, en
     real = subprocess.run([python, "-c", script], cwd=tmp_path, env={**startup, "SEEN": "no"},
                           input="x\n", capture_output=True, text=True)  # fmt: skip
     assert real.stdout.split()[0] == sys.executable, real.stderr
+    # a rank's environment (a thread count, accelerate's working dir added to PYTHONPATH): forked,
+    # with that many threads and the added dir on sys.path; a dir that would shadow a module the
+    # zygote has imported (torch): the interpreter
+    (tmp_path / "added").mkdir()
+    (tmp_path / "added" / "rank_helper.py").write_text("WHERE = 'added'\n")
+    (tmp_path / "shadow" / "torch").mkdir(parents=True)
+    script = (
+        "import sys, torch, rank_helper; print(sys.executable, torch.get_num_threads(), "
+        "rank_helper.WHERE)"
+    )
+    paths = [p for p in (env.get("PYTHONPATH"), str(tmp_path / "added")) if p]
+    rank = {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
+    ran = subprocess.run([python, "-c", script], env=rank, capture_output=True, text=True)
+    assert ran.stdout.split() == [python, "1", "added"], ran.stderr
+    shadow = {**rank, "PYTHONPATH": os.pathsep.join([*paths, str(tmp_path / "shadow")])}
+    ran = subprocess.run([python, "-c", "import sys; print(sys.executable)"], env=shadow,
+                         capture_output=True, text=True)  # fmt: skip
+    assert ran.stdout.split() == [sys.executable], ran.stderr
 
 
 # --- local files and continued pretraining (../shared/data) ---------------------------------
