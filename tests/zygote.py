@@ -153,11 +153,21 @@ def _added_path(env: dict[str, str]) -> list[str] | None:
     return added
 
 
+PROGRESS_BARS = ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS")
+
+
+def _progress_bars(env: dict[str, str], name: str) -> bool:
+    """Whether ``env`` turns progress bars off with ``name`` (one of PROGRESS_BARS, which the
+    libraries read at import and the child sets through their own switches)."""
+    return env.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+
+
 def _startup_differences(env: dict[str, str]) -> list[str]:
     """The names in which ``env`` differs from what the server started with of STARTUP_PREFIXES
     (not ``PYTHON``, an example's name for its interpreter, TORCHINDUCTOR_CACHE_DIR, which
     importing torch sets to its default, torchrun's per-rank TORCHELASTIC_* and TORCH_NCCL_*, read
-    later, nor a thread count or added PYTHONPATH entries, which the child sets)."""
+    later, nor a thread count, added PYTHONPATH entries or the progress-bar switches, which the
+    child sets)."""
 
     def startup(e):
         return {
@@ -169,10 +179,19 @@ def _startup_differences(env: dict[str, str]) -> list[str]:
         }
 
     mine, theirs = startup(_STARTED_WITH), startup(env)
-    for name, honoured in (("OMP_NUM_THREADS", _thread_count), ("PYTHONPATH", _added_path)):
-        if honoured(env) is not None:  # which the child sets itself
-            mine.pop(name, None)
-            theirs.pop(name, None)
+    honoured = [  # bars the server's start turned off stay off for good
+        name
+        for name in PROGRESS_BARS
+        if _progress_bars(env, name) or not _progress_bars(_STARTED_WITH, name)
+    ]
+    honoured += [
+        name
+        for name, found in (("OMP_NUM_THREADS", _thread_count), ("PYTHONPATH", _added_path))
+        if found(env) is not None
+    ]
+    for name in honoured:  # which the child sets itself
+        mine.pop(name, None)
+        theirs.pop(name, None)
     return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
 
 
@@ -217,6 +236,22 @@ def _watch(conn: socket.socket) -> None:
     os._exit(0)
 
 
+def _set_progress_bars(env: dict[str, str]) -> None:
+    """The datasets and huggingface_hub progress bars on or off as ``env`` asks."""
+    import datasets
+    import huggingface_hub.utils
+
+    switches = {
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": datasets,
+        "HF_HUB_DISABLE_PROGRESS_BARS": huggingface_hub.utils,
+    }
+    for name, library in switches.items():
+        if _progress_bars(env, name):
+            library.disable_progress_bars()
+        elif not _progress_bars(_STARTED_WITH, name):
+            library.enable_progress_bars()
+
+
 def _run_command(request: dict, fds: list[int]) -> None:
     """In the forked child: become ``python <args>`` as started by the caller."""
     import atexit
@@ -235,6 +270,7 @@ def _run_command(request: dict, fds: list[int]) -> None:
         import torch
 
         torch.set_num_threads(threads)
+    _set_progress_bars(request["env"])
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
