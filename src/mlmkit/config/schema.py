@@ -1124,9 +1124,15 @@ class FinetuneConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     max_seq_length: int = 128  # longer inputs are truncated
     batch_size: int = 32
-    epochs: float = 3.0  # passes over the training set (fractions allowed)
+    # passes over the training set (fractions allowed); null: from the data's size, enough for
+    # mlmkit.finetune.loop.AUTO_STEPS optimizer steps, within AUTO_EPOCHS
+    epochs: float | None = None
     max_train_samples: int | None = None  # use the first N training examples
-    lr: float = 1e-4
+    lr: float | None = None  # null: by the encoder's width (mlmkit.finetune.loop.auto_lr)
+    # the epoch with the best headline figure on the evaluation set is kept (its weights saved,
+    # its figures reported), else the last
+    keep_best: bool = True
+    patience: int | None = 5  # stop after this many epochs without a better figure; null: never
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1  # share of the steps with linear warmup, then linear decay
     classifier_dropout: float = 0.1  # dropout before the classification layer
@@ -1145,8 +1151,15 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         check_model_source(self.checkpoint, self.init, "fine-tune")
         _check(
-            self.batch_size >= 1 and self.epochs > 0 and self.lr > 0,
-            "batch_size, epochs and lr must be positive.",
+            self.batch_size >= 1
+            and (self.epochs is None or self.epochs > 0)
+            and (self.lr is None or self.lr > 0),
+            "batch_size, epochs and lr must be positive (epochs and lr: or null, chosen from "
+            "the data and the model).",
+        )
+        _check(
+            self.patience is None or self.patience >= 1,
+            f"patience must be at least 1 epoch (or null: never stop early), got {self.patience}.",
         )
         _check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio must be in [0, 1).")
         _check(

@@ -205,6 +205,8 @@ def finetune_run(
         precision=cfg.precision,
         seed=seed,
         save_model=True,
+        keep_best=False,  # the protocols' figures are their last epoch's, at fixed epochs
+        patience=None,
     )
     summary = finetune(ft, out)
     return {

@@ -8,10 +8,12 @@
 The task (``mlmkit.finetune.task.Task``: a reader, a head, a decoder/scorer) reads its
 examples, names its labels in the model's config and turns examples into features; the loop
 trains the model (``mlmkit.finetune.model.build_model``: the task's head on the checkpoint's
-encoder) for ``epochs`` with AdamW and a linear schedule, and after every epoch runs the
-evaluation features through it, has the task decode and score them and logs the figures
-(``metrics.jsonl``'s ``eval`` events, with the training's tokens/s). At the end it writes
-``<run dir>/results.json``, the last epoch's predictions (``eval_predictions.jsonl``) and the
+encoder) for ``epochs`` (null: from the data's size) with AdamW at ``lr`` (null: by the
+encoder's width) and a linear schedule, and after every epoch runs the evaluation features through
+it, has the task decode and score them and logs the figures (``metrics.jsonl``'s ``eval`` events,
+with the training's tokens/s). The epoch with the best headline figure is kept (``keep_best``),
+and ``patience`` epochs without a better one end the training. At the end it writes
+``<run dir>/results.json``, the kept epoch's predictions (``eval_predictions.jsonl``) and
 model (a plain model dir, its labels in ``id2label``) to ``<run dir>/model``, which
 ``mlmkit predict`` and transformers' pipelines serve. Settings: conf/finetune.yaml and
 conf/task/.
@@ -135,12 +137,20 @@ def figures_line(figures: dict[str, Any]) -> str:
     return " | ".join(f"{k} {v:.4f}" for k, v in figures.items() if isinstance(v, float))
 
 
-def fit(run: Run, total: int) -> tuple[int, dict[str, Any], list[Any]]:
+def fit(
+    run: Run, total: int, keep_best: bool = True, patience: int | None = None
+) -> tuple[int, dict[str, Any], list[Any]]:
     """``total`` optimizer steps, the evaluation set scored after every epoch (and the last
-    step); returns the steps taken, the last ``eval`` event and the predictions it scored."""
+    step); returns the steps taken, the kept ``eval`` event and the predictions it scored.
+    ``keep_best``: the epoch with the best headline figure is kept (its weights put back at the
+    end), else the last; ``patience``: the training stops after that many epochs without a
+    better headline figure."""
     step, epoch = 0, 0
-    results: dict[str, Any] = {}
+    last: dict[str, Any] = {}
     predictions: list[Any] = []
+    best: tuple[float, dict[str, Any], list[Any], dict[str, torch.Tensor]] | None = None
+    since_best = 0
+    headline = f"eval_{run.task.headline}"
     run.model.train()
     while step < total:
         started = time.perf_counter()
@@ -148,7 +158,7 @@ def fit(run: Run, total: int) -> tuple[int, dict[str, Any], list[Any]]:
         seconds = time.perf_counter() - started
         epoch += 1
         figures, predictions = evaluate(run)
-        results = {
+        last = {
             "event": "eval",
             "step": step,
             "epoch": epoch,
@@ -156,16 +166,43 @@ def fit(run: Run, total: int) -> tuple[int, dict[str, Any], list[Any]]:
             "tokens_per_s": tokens / max(seconds, 1e-9),
             **{f"eval_{k}": v for k, v in figures.items()},
         }
-        run.metrics.write(results)
+        run.metrics.write(last)
         log.info(
             "epoch %d | step %d | train loss %.4f | %.0f tokens/s | %s",
             epoch,
             step,
             train_loss,
-            results["tokens_per_s"],
+            last["tokens_per_s"],
             figures_line(figures),
         )
-    return step, results, predictions
+        score = float(last.get(headline, float("nan")))
+        if best is None or score > best[0]:  # a NaN figure is never better
+            weights = {}
+            if keep_best and step < total:  # the last epoch's weights are in the model already
+                model = unwrap(run.accelerator, run.model)
+                weights = {
+                    k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
+                }
+            best, since_best = (score, last, predictions, weights), 0
+        else:
+            since_best += 1
+            if patience is not None and since_best >= patience and step < total:
+                log.info(
+                    "Stopping after epoch %d: %s has not improved on epoch %d's %.4f for %d "
+                    "epoch(s) (patience=%d)",
+                    epoch, headline, best[1]["epoch"], best[0], since_best, patience,
+                )  # fmt: skip
+                break
+    if not keep_best or best is None or best[1] is last:
+        return step, {**last, "epochs": epoch}, predictions
+    score, kept, predictions, weights = best
+    unwrap(run.accelerator, run.model).load_state_dict(weights)
+    log.info(
+        "Kept epoch %d of %d, the best %s (%.4f; the last epoch's: %.4f); keep_best=false keeps "
+        "the last",
+        kept["epoch"], epoch, headline, score, float(last.get(headline, float("nan"))),
+    )  # fmt: skip
+    return step, {**kept, "epochs": epoch}, predictions
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -224,14 +261,57 @@ def data_loaders(
     return train_loader, eval_loader
 
 
+# Defaults where ``epochs`` or ``lr`` is null (docs/finetune.md, "Defaults", has the
+# measurements): enough passes for AUTO_STEPS optimizer steps, within AUTO_EPOCHS; a learning rate
+# by the encoder's width, the first of AUTO_LRS whose width is at least the model's.
+AUTO_STEPS = 1000
+AUTO_EPOCHS = (3, 20)
+AUTO_LRS = ((128, 1e-3), (256, 3e-4), (512, 1e-4), (None, 3e-5))
+PROBE_LR = 1e-3  # freeze_encoder=true: the pooler and classifier alone
+
+
+def auto_lr(width: int, frozen: bool = False) -> float:
+    """Return the learning rate of ``lr: null`` for an encoder ``width`` wide."""
+    if frozen:
+        return PROBE_LR
+    return next(lr for w, lr in AUTO_LRS if w is None or width <= w)
+
+
+def resolve_schedule(
+    cfg: FinetuneConfig, width: int, steps_per_epoch: int
+) -> tuple[float, float, list[str]]:
+    """``(epochs, lr)`` of ``cfg`` where set, else chosen from the data and the model; with a
+    phrase for each chosen one, for the log."""
+    chosen = []
+    epochs = cfg.epochs
+    if epochs is None:
+        low, high = AUTO_EPOCHS
+        epochs = float(min(high, max(low, math.ceil(AUTO_STEPS / steps_per_epoch))))
+        chosen.append(
+            f"epochs {epochs:g} (at least {AUTO_STEPS:,} steps within {low} to {high} epochs; "
+            "epochs=N sets them)"
+        )
+    lr = cfg.lr
+    if lr is None:
+        lr = auto_lr(width, cfg.freeze_encoder)
+        why = "a frozen encoder" if cfg.freeze_encoder else f"an encoder {width} wide"
+        chosen.append(f"lr {lr:g} (for {why}; lr=X sets it)")
+    return epochs, lr, chosen
+
+
 def optimizer_and_schedule(
     cfg: FinetuneConfig, model, accelerator, train_examples: int
 ) -> tuple[Any, Any, int]:
     """Return the optimizer, its linear schedule with warmup, and the number of steps."""
     steps_per_epoch = math.ceil(train_examples / (cfg.batch_size * accelerator.num_processes))
-    total = max(1, round(cfg.epochs * steps_per_epoch))
+    epochs, lr, chosen = resolve_schedule(
+        cfg, int(getattr(model.config, "hidden_size", 768)), steps_per_epoch
+    )
+    if chosen:
+        log.info("Chose %s", "; ".join(chosen))
+    total = max(1, round(epochs * steps_per_epoch))
     optim = OptimConfig(
-        lr=cfg.lr,
+        lr=lr,
         weight_decay=cfg.weight_decay,
         beta2=0.999,
         eps=1e-8,
@@ -262,6 +342,8 @@ def summarize(
         "init": cfg.init,
         **({"pooling": task.pooling} if isinstance(task, SequenceTask) else {}),
         "steps": steps,
+        "epoch": results.get("epoch"),  # the kept one (keep_best: the best on the dev set)
+        "epochs": results.get("epochs"),  # those trained (patience: fewer than planned)
         "train_examples": sizes[0],
         "eval_examples": sizes[1],
         "seconds": round(time.perf_counter() - started, 1),
@@ -349,7 +431,7 @@ def finetune_scored(
     t0 = time.perf_counter()
     cache = FrozenEncoderCache(unwrap(accelerator, model)) if cfg.freeze_encoder else None
     try:
-        step, results, predictions = fit(run, total)
+        step, results, predictions = fit(run, total, cfg.keep_best, cfg.patience)
     finally:
         if cache is not None:
             cache.close()
