@@ -288,8 +288,8 @@ def resolve_schedule(
         low, high = AUTO_EPOCHS
         epochs = float(min(high, max(low, math.ceil(AUTO_STEPS / steps_per_epoch))))
         chosen.append(
-            f"epochs {epochs:g} (at least {AUTO_STEPS:,} steps within {low} to {high} epochs; "
-            "epochs=N sets them)"
+            f"epochs {epochs:g} (passes for {AUTO_STEPS:,} optimizer steps, within {low} to "
+            f"{high} epochs; epochs=N sets them)"
         )
     lr = cfg.lr
     if lr is None:
