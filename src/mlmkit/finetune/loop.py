@@ -261,7 +261,7 @@ def data_loaders(
     return train_loader, eval_loader
 
 
-# Defaults where ``epochs`` or ``lr`` is null (docs/finetune.md, "Defaults", has the
+# Defaults where ``epochs`` or ``lr`` is null (docs/benchmarks.md, "Fine-tuning defaults", has the
 # measurements): enough passes for AUTO_STEPS optimizer steps, within AUTO_EPOCHS; a learning rate
 # by the encoder's width, the first of AUTO_LRS whose width is at least the model's.
 AUTO_STEPS = 1000
