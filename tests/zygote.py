@@ -13,7 +13,8 @@ processes a command starts, a benchmark's runs or accelerate's ranks, are forked
 interpreter runs instead for any other flag, a script that is not there, a caller started with
 file descriptors above 2 (a spawned worker, a resource tracker), and an environment that differs
 from the server's in what is read at start-up or import (``STARTUP_PREFIXES``: PYTHON*, HF_*,
-OMP_*, ...). The caller killed, the command's group is killed. ``MLMKIT_ZYGOTE=0`` in the
+OMP_*, ...), beyond what the child sets itself (a thread count, added PYTHONPATH dirs, the
+progress-bar switches). The caller killed, the command's group is killed. ``MLMKIT_ZYGOTE=0`` in the
 environment (or no server) makes every command a new interpreter, as a user's shell starts it.
 """
 
