@@ -60,6 +60,19 @@ def script_the_accuracy(monkeypatch, figures: list[float]) -> list[tuple[dict, l
     return seen
 
 
+def finetune_probe(trained_run, tmp_path, n_train: int, n_dev: int, *settings: str):
+    """``mlmkit finetune`` of the fixture run on a small probe task, into ``tmp_path / "ft"``."""
+    return run_finetune(
+        f"checkpoint={trained_run}",
+        f"task.data_dir={write_probe_task(tmp_path / 'task', n_train=n_train, n_dev=n_dev)}",
+        "batch_size=8",
+        "max_seq_length=32",
+        "precision=no",
+        f"hydra.run.dir={tmp_path / 'ft'}",
+        *settings,
+    )
+
+
 @pytest.mark.slow
 def test_the_best_epoch_is_kept_and_patience_ends_the_training(trained_run, tmp_path, monkeypatch):
     """The dev figures are scripted (the real evaluation runs, its accuracy replaced): the second
@@ -67,16 +80,7 @@ def test_the_best_epoch_is_kept_and_patience_ends_the_training(trained_run, tmp_
     saved model, results.json and eval_predictions.jsonl are the second epoch's."""
     seen = script_the_accuracy(monkeypatch, [0.5, 0.9, 0.6, 0.9, 0.95])  # equal is no better
     out = tmp_path / "ft"
-    proc = run_finetune(
-        f"checkpoint={trained_run}",
-        f"task.data_dir={write_probe_task(tmp_path / 'task', n_train=32, n_dev=16)}",
-        "epochs=10",
-        "patience=2",
-        "batch_size=8",
-        "max_seq_length=32",
-        "precision=no",
-        f"hydra.run.dir={out}",
-    )
+    proc = finetune_probe(trained_run, tmp_path, 32, 16, "epochs=10", "patience=2")
     result = json.loads((out / "results.json").read_text())
     assert (result["epoch"], result["epochs"], result["eval_accuracy"]) == (2, 4, 0.9)
     assert result["steps"] == 16 and len(seen) == 4
@@ -100,17 +104,9 @@ def test_the_best_epoch_is_kept_and_patience_ends_the_training(trained_run, tmp_
 def test_keep_best_false_keeps_the_last_epoch(trained_run, tmp_path, monkeypatch):
     script_the_accuracy(monkeypatch, [0.8, 0.4, 0.3])
     out = tmp_path / "ft"
-    run_finetune(
-        f"checkpoint={trained_run}",
-        f"task.data_dir={write_probe_task(tmp_path / 'task', n_train=16, n_dev=8)}",
-        "epochs=3",
-        "keep_best=false",
-        "patience=null",
-        "batch_size=8",
-        "max_seq_length=32",
-        "precision=no",
+    finetune_probe(
+        trained_run, tmp_path, 16, 8, "epochs=3", "keep_best=false", "patience=null",
         "save_model=false",
-        f"hydra.run.dir={out}",
-    )
+    )  # fmt: skip
     result = json.loads((out / "results.json").read_text())
     assert (result["epoch"], result["epochs"], result["eval_accuracy"]) == (3, 3, 0.3)
