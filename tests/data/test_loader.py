@@ -125,15 +125,17 @@ class _Recorded:
         return self.dataset[indices]
 
 
-def _stream(tokenizer, rows, log, workers=1):
+def _stream(tokenizer, rows, log, workers=1, rank=0, world=1, batch_size=4):
     from mlmkit.data.loader import training_stream
 
     cfg = SimpleNamespace(
-        train=SimpleNamespace(batch_size=4, seed=5),
+        train=SimpleNamespace(batch_size=batch_size, seed=5),
         data=SimpleNamespace(streaming=False),
         workers=lambda device_type: workers,
     )
-    accelerator = SimpleNamespace(device=torch.device("cpu"), process_index=0, num_processes=1)
+    accelerator = SimpleNamespace(
+        device=torch.device("cpu"), process_index=rank, num_processes=world
+    )
     collator = MLMCollator(tokenizer, mlm_probability=0.3, seed=0)
     return training_stream(cfg, collator, _Recorded(rows, log), accelerator)
 
@@ -169,6 +171,54 @@ def test_workers_persist_across_epochs_and_a_resume_is_exact(tokenizer, tmp_path
     stream.load_state_dict(state, world=1, saved_world=1)  # back, mid-epoch, with batches in flight
     assert _same([next(stream) for _ in range(9)], tail)
     assert set(log.read_text().split()) == pids
+
+
+def _masked_rows(batches) -> list[tuple]:
+    """Each row of ``batches`` with its masks: (ids before masking, positions chosen)."""
+    out = []
+    for b in batches:
+        original = b["labels"].where(b["labels"] != IGNORE_INDEX, b["input_ids"])
+        chosen = b["labels"] != IGNORE_INDEX
+        out += [(tuple(original[i].tolist()), tuple(chosen[i].tolist())) for i in range(chosen.size(0))]
+    return out
+
+
+@pytest.mark.parametrize(("world", "batch_size"), [(1, 4), (3, 4), (2, 6), (3, 3)])
+def test_a_resume_on_another_split_goes_on_at_the_next_sample(
+    tokenizer, tmp_path, world, batch_size
+):
+    """An epoch of 60 rows read by 2 processes x 4, cut after 3 micro-batches each (24 rows),
+    then read on by ``world`` processes x ``batch_size``: the rows of the epoch are each read
+    once, with the masks an uninterrupted run gives them, and the next epoch starts over."""
+    rows = [
+        [tokenizer.cls_token_id, *range(10 + i, 20 + i), tokenizer.sep_token_id] for i in range(60)
+    ]
+    whole = _masked_rows(
+        next(_stream(tokenizer, rows, tmp_path / "log", workers=0, batch_size=60)) for _ in range(1)
+    )
+    head, states = [], []
+    for rank in range(2):
+        stream = _stream(tokenizer, rows, tmp_path / "log", workers=0, rank=rank, world=2)
+        head += _masked_rows(next(stream) for _ in range(3))
+        states.append(stream.state_dict())
+    assert states[0] == {"epoch": 0, "start": 0, "offset": 3, "batch_size": 4}
+    tail, tails = [], []
+    for rank in range(world):
+        stream = _stream(
+            tokenizer,
+            rows,
+            tmp_path / "log",
+            workers=0,
+            rank=rank,
+            world=world,
+            batch_size=batch_size,
+        )
+        stream.load_state_dict(states[rank % 2], world=world, saved_world=2)
+        tail += _masked_rows(next(stream) for _ in range(36 // (world * batch_size)))
+        tails.append(stream)
+    assert sorted(head + tail) == sorted(whole)  # every row once, masked alike
+    nxt = _masked_rows([next(tails[0])])  # the next epoch: from its start, by this split
+    assert nxt and tails[0].epoch == 1 and tails[0].start == 0
 
 
 def test_without_workers_the_loader_reads_in_the_training_process(tokenizer, tmp_path):

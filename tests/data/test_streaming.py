@@ -78,7 +78,8 @@ def test_resume_in_stream_gives_the_batches_of_an_uninterrupted_run(tokenizer, w
     first, head = _batches(cfg, tokenizer, workers, n=9)
     state = first.state_dict()
     assert state["consumed"] == 9
-    assert max(s["window"] for s in state["shards"]) >= 1  # resumes inside a later window
+    # resumes inside a later window of some shard
+    assert max(s["window"] for r in state["readers"] for s in r["shards"].values()) >= 1
     _, tail = _batches(cfg, tokenizer, workers, state=state, n=12)
     for a, b in zip(whole, head + tail, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"])  # same rows, same masks
@@ -90,12 +91,109 @@ def test_resume_in_stream_gives_the_batches_of_an_uninterrupted_run(tokenizer, w
         assert all(b["input_ids"].size(1) % 8 == 0 for b in whole)
 
 
-def test_resume_needs_the_same_worker_count(tokenizer):
+def _rows_of(batches) -> list[tuple[int, ...]]:
+    """The rows of ``batches`` as they were before masking."""
+    out = []
+    for b in batches:
+        original = b["labels"].where(b["labels"] != -100, b["input_ids"])
+        out.extend(_rows({"input_ids": original, "attention_mask": b.get("attention_mask")}))
+    return out
+
+
+def _ranks(cfg, tokenizer, world: int, workers: int, n: int, states=None, batch_size: int = 4):
+    """``n`` batches of each of ``world`` ranks (from the ranks' ``states`` of a checkpoint),
+    and the ranks' positions after them."""
+    streams, rows = [], []
+    for rank in range(world):
+        dataset = streaming.StreamingBlocks(
+            cfg, tokenizer, batch_size, rank, world, workers, seed=3, skip_first=0
+        )
+        collate = MLMCollator(tokenizer, 0.15)
+        stream = streaming.StreamingBatches(dataset, collate, workers, torch.device("cpu"))
+        if states is not None:
+            stream.load_ranks(json.loads(json.dumps(states)), rank)  # as a checkpoint stores it
+        rows += _rows_of([next(stream) for _ in range(n)])
+        streams.append(stream)
+    return rows, [s.state_dict() for s in streams]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [((2, 0), (1, 0)), ((2, 0), (3, 0)), ((1, 2), (2, 0)), ((2, 2), (3, 2))],
+    ids=["2to1", "2to3", "workers2to0", "2x2to3x2"],
+)
+def test_resume_on_other_readers_reads_what_an_uninterrupted_run_reads(
+    tmp_path, tokenizer, before, after
+):
+    """Checkpointed by N processes x W workers, resumed on M x V: the shards are dealt out again,
+    and the rows read in all equal an uninterrupted run's (none skipped, none repeated). Equal
+    sets need every shard to have advanced alike at the cut: a global batch that each reader's
+    shards divide, and as many batches from each worker (an even cut)."""
+    path = _unique_lines(tmp_path, 2000)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        txt_sample_by="line",
+        streaming=True,
+        shuffle_buffer=8,
+        max_seq_length=64,
+        packing="line_by_line",
+        stream_shards=12,
+    )
+    # 48 rows per step, in all: 12 steps, cut after 6
+    (w0, k0), (w1, k1) = before, after
+    whole, _ = _ranks(cfg, tokenizer, w0, k0, n=12, batch_size=48 // w0)
+    head, states = _ranks(cfg, tokenizer, w0, k0, n=6, batch_size=48 // w0)
+    tail, _ = _ranks(cfg, tokenizer, w1, k1, n=6, states=states, batch_size=48 // w1)
+    assert len(whole) == len(head) + len(tail) == 12 * 48
+    assert len(set(head + tail)) == len(head + tail)  # no row twice
+    assert sorted(head + tail) == sorted(whole)  # the rows of the uninterrupted run
+
+
+def test_resume_on_more_readers_than_shards_is_one_sentence(tmp_path, tokenizer):
+    path = _unique_lines(tmp_path, 200)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        txt_sample_by="line",
+        streaming=True,
+        shuffle_buffer=8,
+        stream_shards=2,
+    )
+    _, states = _ranks(cfg, tokenizer, 2, 0, n=2)
+    with pytest.raises(ConfigError, match="fewer than the 3 readers.*data.stream_shards"):
+        _ranks(cfg, tokenizer, 3, 0, n=1, states=states)
+    with pytest.raises(ConfigError, match="data.stream_shards=2 is fewer than the 4 readers"):
+        _ranks(cfg, tokenizer, 2, 2, n=1)
+
+
+def test_a_position_written_before_stream_shards_continues_exactly(tokenizer):
+    """A checkpoint of a reader per shard (the form before data.stream_shards) reads on as the
+    same stream: rewritten in today's form, with that layout, it continues the same batches."""
     path = shared_file("corpora/tinyshakespeare/input.txt")
-    cfg = DataConfig(source="files", train_files=[str(path)], streaming=True, shuffle_buffer=8)
-    first, _ = _batches(cfg, tokenizer, 0, n=2)
-    with pytest.raises(ConfigError, match="train.num_workers=0"):
-        _batches(cfg, tokenizer, 2, state=first.state_dict(), n=1)
+    cfg = DataConfig(
+        source="files",
+        train_files=[str(path)],
+        streaming=True,
+        shuffle_buffer=8,
+        max_seq_length=32,
+        stream_shards=1,
+    )
+    _, whole = _batches(cfg, tokenizer, 0, n=8)
+    first, _ = _batches(cfg, tokenizer, 0, n=3)
+    now = first.state_dict()
+    assert now["layout"] == {"shards": 1, "window": 8, "tokenize_docs": streaming.TOKENIZE_DOCS}
+    reader = now["readers"][0]
+    old = {  # the same position as the earlier form held it
+        "streaming": True,
+        "consumed": now["consumed"],
+        "workers": 1,
+        "epoch": now["epoch"],
+        "shards": [{**reader["shards"]["0"], "batches": reader["batches"]}],
+    }
+    _, tail = _batches(cfg, tokenizer, 0, state=old, n=5)
+    for a, b in zip(whole[3:], tail, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
 
 
 def test_shards_by_rank_and_worker_cover_an_epoch_without_overlap(tmp_path, tokenizer):
@@ -276,8 +374,9 @@ def test_parquet_and_csv_streams_in_workers_lose_nothing_and_resume(tmp_path, to
 
 
 def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
-    """A dataset dir stands in for the Hub: 4 Arrow files, 2 ranks x 2 workers, each reader
-    opens only its own file; together one epoch, nothing twice; resume inside a file."""
+    """A dataset dir stands in for the Hub: 4 Arrow files, 4 stream shards read by 2 ranks x 2
+    workers, each reader opens only its own file; together one epoch, nothing twice; resume
+    inside a file."""
     import datasets
 
     rows = [f"entry {i} of the hub set" for i in range(160)]
@@ -289,11 +388,12 @@ def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
         shuffle_buffer=1,
         max_seq_length=32,
         packing="line_by_line",
+        stream_shards=4,
     )
     reader = streaming.ShardBlocks(cfg, tokenizer, 1, 4, seed=0)
     it = reader.blocks()
     next(it)
-    assert reader.stream.presharded  # 4 files for 4 readers: split by files
+    assert reader.docs.stream.presharded  # 4 files for 4 shards: split by files
     expected = {
         tuple([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id])
         for ids in streaming.encode(tokenizer, rows)
@@ -315,7 +415,8 @@ def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
     # 3 readers do not divide 4 files: round robin over documents instead
     reader = streaming.ShardBlocks(cfg, tokenizer, 0, 3, seed=0)
     next(reader.blocks())
-    assert not reader.stream.presharded
+    assert not reader.docs.stream.presharded
+    assert streaming.hub_split_by_files(cfg, 4) and not streaming.hub_split_by_files(cfg, 8)
 
 
 TINY = [
@@ -384,7 +485,7 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
     assert_same_losses(losses(cut), losses(whole))
     state = json.loads((whole / "checkpoints" / "step_0000006" / "loop_state.json").read_text())
     assert state["stream"]["ranks"][0]["consumed"] == 6
-    # a different worker count cannot continue the stream: one sentence, exit 2
+    # another worker count deals the stream's shards out again and goes on
     proc = run_cli(
         *common,
         f"hydra.run.dir={cut}",
@@ -392,4 +493,8 @@ def test_streaming_training_resumes_where_the_stream_was(tmp_path):
         "train.num_workers=0",
         "train.max_steps=14",
     )
-    assert proc.returncode == 2 and "train.num_workers=2" in proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "read by 1 process(es) x 2 worker(s) at the checkpoint, are dealt out to 1 x 1" in (
+        proc.stderr
+    )
+    assert [s for s, _ in losses(cut)][-1] == 14

@@ -326,6 +326,9 @@ class DataConfig:
     # cache, RAM bounded by shuffle_buffer); resumes at the position it reached.
     streaming: bool = False
     shuffle_buffer: int = 10_000  # streaming: blocks shuffled together (1: no shuffling)
+    # streaming: the stream's shards, fixed for the run; a resume on any number of processes
+    # and workers deals them out again (null: 12 per process x dataloader worker at the start)
+    stream_shards: int | None = None
     # streaming without a validation set: the first this many documents are held out
     stream_validation_docs: int = 1000
 
@@ -391,6 +394,10 @@ class DataConfig:
             "data.num_proc must be at least 1 (or null for automatic).",
         )
         _check(self.shuffle_buffer >= 1, "data.shuffle_buffer must be at least 1.")
+        _check(
+            self.stream_shards is None or self.stream_shards >= 1,
+            "data.stream_shards must be at least 1 (or null).",
+        )
         _check(self.stream_validation_docs >= 1, "data.stream_validation_docs must be at least 1.")
 
 

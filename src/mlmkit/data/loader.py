@@ -88,7 +88,9 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     """Batches of (index, mask seed) for one rank: a seeded permutation per epoch, by rank.
 
     Rank r of w takes batches r, r + w, r + 2w, ... of the epoch's permutation, so ranks
-    never overlap; ``skip`` batches at the start of the epoch are passed over (resume).
+    never overlap; ``skip`` batches at the start of the epoch are passed over (resume), after
+    ``start`` samples taken by a run of another split (a resume on another number of
+    processes or batch size goes on at the very next sample).
     Each row carries its own mask seed, a function of (seed, epoch, position in the
     epoch's order), so its masks are the same whichever dataloader worker collates it,
     after a resume, and for any split of a global batch: 2 processes x batch b draw the
@@ -99,16 +101,17 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         self.n, self.batch_size, self.rank, self.world, self.seed = n, batch_size, rank, world, seed
         self.epoch = 0
         self.skip = 0
+        self.start = 0  # samples of the epoch taken before these batches (by another split)
 
     def __len__(self) -> int:
-        return self.n // (self.batch_size * self.world)
+        return (self.n - self.start) // (self.batch_size * self.world)
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         perm = torch.randperm(self.n, generator=g)
         base = (self.seed * 1_000_003 + self.epoch) * 1_000_003
         for b in range(self.skip, len(self)):
-            start = (b * self.world + self.rank) * self.batch_size
+            start = self.start + (b * self.world + self.rank) * self.batch_size
             rows = perm[start : start + self.batch_size].tolist()
             yield [(i, (base + start + j) % 2**63) for j, i in enumerate(rows)]
 
@@ -134,18 +137,18 @@ class KeyedRows(torch.utils.data.Dataset):
 class BatchStream:
     """Endless micro-batches over epochs of a packed dataset, moved to the device."""
 
-    def __init__(
-        self, loader: DataLoader, device: torch.device, epoch: int = 0, offset: int = 0
-    ) -> None:
+    def __init__(self, loader: DataLoader, device: torch.device) -> None:
         self.loader = loader
         self.sampler: EpochBatchSampler = loader.batch_sampler
         self.device = device
-        self.epoch = epoch
-        self.offset = offset  # micro-batches already taken in this epoch
+        self.epoch = 0
+        self.start = 0  # samples of this epoch taken before this split of the batch
+        self.offset = 0  # micro-batches of this rank taken since
         self._it = None
 
     def _start_epoch(self) -> None:
-        self.sampler.epoch, self.sampler.skip = self.epoch, self.offset
+        self.sampler.epoch, self.sampler.start = self.epoch, self.start
+        self.sampler.skip = self.offset
         # the loader's generator only seeds workers; reseeding it per epoch keeps worker
         # seeds reproducible without touching torch's global RNG (which dropout uses)
         self.loader.generator.manual_seed(self.sampler.seed * 100_003 + self.epoch)
@@ -157,36 +160,44 @@ class BatchStream:
         try:
             batch = next(self._it)
         except StopIteration:
-            self.epoch, self.offset = self.epoch + 1, 0
+            self.epoch, self.start, self.offset = self.epoch + 1, 0, 0
             self._start_epoch()
             batch = next(self._it)
         self.offset += 1
         return to_device(batch, self.device)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset, "batch_size": self.sampler.batch_size}
+        return {
+            "epoch": self.epoch,
+            "start": self.start,
+            "offset": self.offset,
+            "batch_size": self.sampler.batch_size,
+        }
 
     def load_state_dict(self, state: dict[str, Any], world: int, saved_world: int) -> None:
         """Continue where ``state`` stood; with another number of processes or another
-        batch size the position in the epoch is kept by samples seen."""
+        batch size, at the epoch's next sample: none skipped, none repeated."""
         if state.get("streaming"):
             raise ConfigError(
                 "The checkpoint was written with data.streaming=true; resume with the same setting."
             )
-        offset, batch_size = state["offset"], self.sampler.batch_size
+        batch_size = self.sampler.batch_size
         saved_batch = state.get("batch_size", batch_size)
+        self.epoch, self.start, self.offset = state["epoch"], state.get("start", 0), state["offset"]
         if (saved_world, saved_batch) != (world, batch_size):
-            offset = offset * saved_world * saved_batch // (world * batch_size)
-            log.warning(
-                "Resuming with %d process(es) x %d sequences per micro-batch from a "
-                "checkpoint written with %d x %d: the data position is kept by samples seen, "
-                "but the run will not match an uninterrupted one exactly.",
+            self.start += self.offset * saved_world * saved_batch
+            self.offset = 0
+            log.info(
+                "Resuming with %d process(es) x %d sequences per micro-batch from a checkpoint "
+                "written with %d x %d: the epoch goes on at its sample %d, in batches split "
+                "another way.",
                 world,
                 batch_size,
                 saved_world,
                 saved_batch,
+                self.start,
             )
-        self.epoch, self.offset, self._it = state["epoch"], offset, None
+        self._it = None
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:

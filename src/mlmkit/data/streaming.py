@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -356,8 +357,55 @@ class DocStream:
 # ----------------------------------------------------------------------------------------
 
 
+def _key(position: dict[str, Any] | None) -> tuple[int, int]:
+    """(epoch, index of the next document) of a ``DocStream`` position (None: the start)."""
+    return (0, 0) if position is None else (int(position["epoch"]), int(position["index"]))
+
+
+class SharedDocs:
+    """One reading of the document stream, dealt to the shards of one reader.
+
+    Document ``i`` of an epoch belongs to shard ``i % shards`` (or to the one shard the source
+    serves, when the source gives a shard only its own files: ``DocStream.presharded``). Each
+    shard takes its documents from its own position (``starts``); what is read ahead for one
+    shard waits in that shard's queue, with the stream position after it, so that every shard
+    knows where it stands however far the others have gone.
+    """
+
+    def __init__(self, stream: DocStream, shards: int, starts: dict[int, Any]) -> None:
+        self.stream, self.shards = stream, shards
+        self.queues: dict[int, deque] = {v: deque() for v in starts}
+        self.start = {v: _key(p) for v, p in starts.items()}
+        first = min(starts.values(), key=_key)
+        self._docs = stream.docs(first)
+        self._epoch = _key(first)[0]
+
+    def take(self, shard: int) -> tuple[int, int, str, dict[str, Any]]:
+        """The shard's next (epoch, index, document, stream position after it)."""
+        queue, epochs = self.queues[shard], 0
+        while not queue:
+            i, doc = next(self._docs)
+            epoch = self.stream.state["epoch"]
+            if epoch != self._epoch:
+                self._epoch, epochs = epoch, epochs + 1
+                if epochs > 1:  # a whole epoch read without one document for this shard
+                    raise DataError(
+                        f"The corpus has too few documents for {self.shards} stream shards; "
+                        "add text, or lower data.stream_shards or train.num_workers."
+                    )
+            owner = shard if self.stream.presharded else i % self.shards
+            if owner in self.queues and (epoch, i) >= self.start[owner]:
+                self.queues[owner].append((epoch, i, doc, self.stream.position()))
+        return queue.popleft()
+
+
 class ShardBlocks:
-    """Blocks of shard ``shard`` of ``shards``: tokenized, packed and window-shuffled."""
+    """Blocks of shard ``shard`` of ``shards``: tokenized, packed and window-shuffled.
+
+    ``docs``: the reading it takes its documents from, shared with the reader's other shards
+    (its own reading of the stream by default); ``window``: blocks shuffled together
+    (``data.shuffle_buffer`` by default); ``tokenize_docs``: documents tokenized together.
+    """
 
     def __init__(
         self,
@@ -368,17 +416,17 @@ class ShardBlocks:
         seed: int,
         skip_first: int = 0,
         split: str = "train",
+        docs: SharedDocs | None = None,
+        window: int | None = None,
+        tokenize_docs: int | None = None,
     ) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.shard, self.shards, self.seed = shard, shards, seed
-        self.stream = DocStream(cfg, split, skip_first, (shard, shards))
-        self.state: dict[str, Any] = {
-            "docs": None,
-            "carry": [],
-            "window": 0,
-            "emitted": 0,
-            "batches": 0,
-        }
+        self.skip_first, self.split, self.docs = skip_first, split, docs
+        self.window = window or cfg.shuffle_buffer
+        self.tokenize_docs = tokenize_docs or TOKENIZE_DOCS
+        self.state: dict[str, Any] = {"docs": None, "carry": [], "window": 0, "emitted": 0}
+        self._epoch = _key(None)[0]
 
     def _pack(self, texts: list[str], carry: list[int]) -> tuple[list, list[int]]:
         ids = encode(self.tokenizer, texts)
@@ -388,41 +436,32 @@ class ShardBlocks:
         blocks, carry = pack_concat(ids, cls_id, sep_id, self.cfg.max_seq_length, carry)
         return list(blocks), carry
 
-    def _fill(self, docs: Iterator[tuple[int, str]], carry: list[int]) -> tuple[list, list[int]]:
-        """At least ``shuffle_buffer`` blocks (whole tokenizing batches), and the carry after."""
+    def _fill(self, carry: list[int]) -> tuple[list, list[int], dict[str, Any]]:
+        """At least ``window`` blocks (whole tokenizing batches), the carry after them and the
+        stream position after their last document."""
         window: list = []
         texts: list[str] = []
-        epoch_seen = None
-        own_in_epoch, whole = 0, False
-        for i, doc in docs:
-            if self.stream.state["epoch"] != epoch_seen:
-                if whole and own_in_epoch == 0:
-                    raise DataError(
-                        f"The corpus has too few documents for {self.shards} readers (processes x "
-                        "dataloader workers); add text or lower train.num_workers."
-                    )
-                epoch_seen, own_in_epoch = self.stream.state["epoch"], 0
-                whole = i < self.shards  # this epoch is read from (nearly) its start
-            if not self.stream.presharded and i % self.shards != self.shard:
-                continue
-            own_in_epoch += 1
+        while True:
+            self._epoch, _, doc, position = self.docs.take(self.shard)
             texts.append(doc)
-            if len(texts) == TOKENIZE_DOCS:
+            if len(texts) == self.tokenize_docs:
                 blocks, carry = self._pack(texts, carry)
                 window.extend(blocks)
                 texts = []
-                if len(window) >= self.cfg.shuffle_buffer:
-                    return window, carry
-        raise AssertionError("the document stream never ends")
+                if len(window) >= self.window:
+                    return window, carry, position
 
     def blocks(self) -> Iterator[Any]:
         """Blocks without end, from ``self.state`` on; ``self.state`` follows each block."""
         st = self.state
-        docs = self.stream.docs(st["docs"])
+        self._epoch = _key(st["docs"])[0]
+        if self.docs is None:
+            stream = DocStream(self.cfg, self.split, self.skip_first, (self.shard, self.shards))
+            self.docs = SharedDocs(stream, self.shards, {self.shard: st["docs"]})
         carry = list(st["carry"])
         while True:
-            window, carry = self._fill(docs, carry)
-            if self.cfg.shuffle_buffer > 1:
+            window, carry, position = self._fill(carry)
+            if self.window > 1:
                 order = np.random.default_rng([self.seed, self.shard, st["window"]]).permutation(
                     len(window)
                 )
@@ -432,23 +471,39 @@ class ShardBlocks:
                 st["emitted"] = j + 1
                 yield window[order[j]]
             # the next window starts where this one stopped reading
-            st.update(
-                docs=self.stream.position(),
-                carry=list(map(int, carry)),
-                window=st["window"] + 1,
-                emitted=0,
-            )
+            st.update(docs=position, carry=list(map(int, carry)), window=st["window"] + 1, emitted=0)
 
     def epoch(self) -> int:
-        return int(self.stream.state["epoch"])
+        return int(self._epoch)
 
 
 def mask_seed(seed: int, shard: int, batch: int) -> int:
     return (((seed * 1_000_003 + 7) * 1_000_003 + batch) * 8_191 + shard) % 2**63
 
 
+SHARDS_PER_READER = 12  # data.stream_shards=null: shards per reader at the run's start
+
+
+def hub_split_by_files(cfg: DataConfig, shards: int) -> bool:
+    """True when the training stream is one hub dataset whose files divide among ``shards``
+    (each shard then downloads only its own files)."""
+    specs = stream_sources(cfg, "train")
+    if len(specs) != 1 or specs[0][0].kind != "hub":
+        return False
+    src = specs[0][0]
+    ds = load_hub(src.name, src.config, src.split, src.text_column, streaming=True)
+    return ds.num_shards % shards == 0
+
+
 class StreamingBlocks(torch.utils.data.IterableDataset):
-    """Endless batches of one rank; each dataloader worker is a shard of its own.
+    """Endless batches of one rank; each dataloader worker is a reader of its own.
+
+    The stream is cut into ``layout["shards"]`` shards, fixed for the run
+    (``data.stream_shards``; by default 12 per reader at the start). Reader ``r`` of ``R``
+    (processes x workers) reads shards ``r, r + R, ...``, takes a batch's rows from them in
+    turn, and reads the stream once for all of them (``SharedDocs``). A shard's position does
+    not depend on who reads it, so a run resumed on another number of readers deals the same
+    shards out again: every document of the epoch is still read once.
 
     A worker plays the role ``(worker id + rotation) % workers``: after a resume the
     dataloader asks worker 0 first, while the next batch was due from role
@@ -469,29 +524,80 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         self.cfg, self.tokenizer, self.batch_size = cfg, tokenizer, batch_size
         self.rank, self.world, self.workers, self.seed = rank, world, max(1, workers), seed
         self.skip_first = skip_first
+        readers = world * self.workers
+        shards = cfg.stream_shards or SHARDS_PER_READER * readers
+        if shards < readers:
+            raise ConfigError(
+                f"data.stream_shards={shards} is fewer than the {readers} readers of the stream "
+                "(processes x dataloader workers); raise data.stream_shards."
+            )
+        self.layout = {
+            "shards": shards,
+            # the windows of all of a reader's shards hold data.shuffle_buffer blocks together
+            "window": -(-cfg.shuffle_buffer * readers // shards),
+            "tokenize_docs": -(-TOKENIZE_DOCS * readers // shards),
+        }
         self.states: list[dict | None] = [None] * self.workers
         self.rotation = 0
+
+    @property
+    def readers(self) -> int:
+        return self.world * self.workers
+
+    def owned(self, reader: int) -> list[int]:
+        return list(range(reader, self.layout["shards"], self.readers))
+
+    def _readings(self, owned: list[int], starts: dict[int, Any]) -> dict[int, SharedDocs]:
+        """The readings of the stream the shards take their documents from: one for all,
+        or one each where each shard downloads only its own files."""
+        shards = self.layout["shards"]
+
+        def stream(shard: tuple[int, int] | None) -> DocStream:
+            return DocStream(self.cfg, "train", self.skip_first, shard)
+
+        if len(owned) == 1 or hub_split_by_files(self.cfg, shards):
+            return {v: SharedDocs(stream((v, shards)), shards, {v: starts[v]}) for v in owned}
+        shared = SharedDocs(stream(None), shards, starts)
+        return dict.fromkeys(owned, shared)
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         role = ((info.id if info else 0) + self.rotation) % self.workers
-        shard = self.rank * self.workers + role
-        reader = ShardBlocks(
-            self.cfg, self.tokenizer, shard, self.world * self.workers, self.seed, self.skip_first
-        )
-        if self.states[role] is not None:
-            reader.state = json.loads(json.dumps(self.states[role]))
-        blocks = reader.blocks()
+        reader = self.rank * self.workers + role
+        owned = self.owned(reader)
+        state = json.loads(json.dumps(self.states[role] or new_reader_state()))
+        saved = state["shards"]
+        readings = self._readings(owned, {v: (saved.get(str(v)) or {}).get("docs") for v in owned})
+        shards: dict[int, ShardBlocks] = {}
+        for v in owned:
+            shards[v] = ShardBlocks(
+                self.cfg, self.tokenizer, v, self.layout["shards"], self.seed, self.skip_first,
+                docs=readings[v], window=self.layout["window"],
+                tokenize_docs=self.layout["tokenize_docs"],
+            )  # fmt: skip
+            if str(v) in saved:
+                shards[v].state = saved[str(v)]
+        blocks = {v: shards[v].blocks() for v in owned}
         while True:
-            rows = [next(blocks) for _ in range(self.batch_size)]
-            reader.state["batches"] += 1
+            rows = []
+            for _ in range(self.batch_size):
+                rows.append(next(blocks[owned[state["next"] % len(owned)]]))
+                state["next"] += 1
+            state["batches"] += 1
+            state["shards"] = {str(v): shards[v].state for v in owned}
             yield {
                 "rows": rows,
-                "mask_seed": mask_seed(self.seed, shard, reader.state["batches"]),
+                "mask_seed": mask_seed(self.seed, reader, state["batches"]),
                 "role": role,
-                "state": json.loads(json.dumps(reader.state)),
-                "epoch": reader.epoch(),
+                "state": json.loads(json.dumps(state)),
+                "epoch": min(shards[v].epoch() for v in owned),
             }
+
+
+def new_reader_state() -> dict[str, Any]:
+    """A reader that has handed out nothing: its shards' states, the next shard's turn, and its
+    batches (their mask seeds)."""
+    return {"shards": {}, "next": 0, "batches": 0}
 
 
 class StreamCollate:
@@ -568,33 +674,101 @@ class StreamingBatches:
             "consumed": self.consumed,
             "workers": self.dataset.workers,
             "epoch": self.epoch,
-            "shards": self.dataset.states,
+            "layout": self.dataset.layout,
+            "readers": self.dataset.states,
         }
 
-    def load_state_dict(
-        self, state: dict[str, Any], world: int | None = None, saved_world: int | None = None
-    ) -> None:
-        """Continue where this rank's ``state`` stood; the stream's shards are split by
-        process, so a streaming run resumes with the number of processes that wrote it."""
-        if saved_world is not None and saved_world != world:
-            raise ConfigError(
-                f"The checkpoint's stream was read by {saved_world} process(es); "
-                f"resume a streaming run with {saved_world} processes."
-            )
-        if not state.get("streaming"):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state``, this rank's own position, stood (``load_ranks``: from the
+        positions of all the ranks of a checkpoint)."""
+        dataset = self.dataset
+        state = upgrade(state, dataset.rank, dataset.world, dataset.cfg.shuffle_buffer)
+        if state["workers"] != dataset.workers:  # dealt out again: one process's whole stream
+            self.load_ranks([state], 0)
+            return
+        dataset.layout, dataset.states = dict(state["layout"]), list(state["readers"])
+        self.consumed, self.epoch, self._it = state["consumed"], state.get("epoch", 0), None
+
+    def load_ranks(self, ranks: list[dict[str, Any]], rank: int) -> None:
+        """Continue from the positions of all the ranks that wrote a checkpoint: this rank's
+        own where the processes and workers are as they were, else the stream's shards dealt
+        out again to the readers there are now."""
+        if not all(r.get("streaming") for r in ranks):
             raise ConfigError(
                 "The checkpoint was written by a map-mode run; resume it with "
                 "data.streaming=false, or start a new run."
             )
-        if state["workers"] != self.dataset.workers:
+        buffer = self.dataset.cfg.shuffle_buffer
+        ranks = [upgrade(r, i, len(ranks), buffer) for i, r in enumerate(ranks)]
+        dataset = self.dataset
+        dataset.layout = dict(ranks[0]["layout"])
+        self.epoch = min(r.get("epoch", 0) for r in ranks)
+        if (len(ranks), ranks[0]["workers"]) == (dataset.world, dataset.workers):
+            self.load_state_dict(ranks[rank])
+            return
+        shards: dict[str, Any] = {}
+        batches = 0
+        for r in ranks:
+            for reader in r["readers"]:
+                if reader is not None:
+                    shards.update(reader["shards"])
+                    batches += reader["batches"]
+        total, readers = dataset.layout["shards"], dataset.readers
+        if total < readers:
             raise ConfigError(
-                f"The checkpoint's stream was read by {state['workers']} dataloader worker(s) per "
-                "process; resume with "
-                f"train.num_workers={state['workers'] if state['workers'] > 1 else 0}."
+                f"The checkpoint's stream has {total} shards, fewer than the {readers} readers "
+                "(processes x dataloader workers) it would have now; resume with fewer processes "
+                "or a lower train.num_workers, or start the run with a higher data.stream_shards."
             )
-        self.consumed, self.epoch = state["consumed"], state.get("epoch", 0)
-        self.dataset.states = list(state["shards"])
+        if rank == 0:
+            log.info(
+                "The stream's %d shards, read by %d process(es) x %d worker(s) at the checkpoint, "
+                "are dealt out to %d x %d now: each shard goes on where it stood.",
+                total, len(ranks), ranks[0]["workers"], dataset.world, dataset.workers,
+            )  # fmt: skip
+            if total % readers:
+                log.warning(
+                    "%d stream shards do not divide evenly among %d readers: readers with more "
+                    "shards take each of them more slowly (no document is skipped or repeated); "
+                    "a data.stream_shards that every reader count divides avoids this.",
+                    total,
+                    readers,
+                )
+        dataset.states = []
+        for role in range(dataset.workers):
+            owned = dataset.owned(dataset.rank * dataset.workers + role)
+            state = new_reader_state()
+            state["shards"] = {str(v): shards[str(v)] for v in owned if str(v) in shards}
+            state["batches"] = batches  # masks drawn from seeds no reader has used
+            dataset.states.append(state)
+        self.consumed = 0
         self._it = None
+
+
+def upgrade(rank_state: dict[str, Any], rank: int, world: int, shuffle_buffer: int) -> dict:
+    """Rank ``rank`` of ``world``'s stream position as written before the stream had shards of
+    its own (a shard per reader, ``data.shuffle_buffer`` blocks per window), in today's form:
+    the same stream, continued exactly."""
+    if "layout" in rank_state:
+        return rank_state
+    workers = rank_state["workers"]
+    readers: list[dict | None] = []
+    for role, old in enumerate(rank_state["shards"]):
+        if old is None:
+            readers.append(None)
+            continue
+        shard = {k: old[k] for k in ("docs", "carry", "window", "emitted")}
+        reader = rank * workers + role
+        readers.append({"shards": {str(reader): shard}, "next": 0, "batches": old["batches"]})
+    return {
+        **rank_state,
+        "layout": {
+            "shards": world * workers,
+            "window": shuffle_buffer,
+            "tokenize_docs": TOKENIZE_DOCS,
+        },
+        "readers": readers,
+    }
 
 
 # ----------------------------------------------------------------------------------------

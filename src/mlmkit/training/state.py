@@ -70,10 +70,8 @@ class TrainState:
                 f"The checkpoint was written with data.streaming="
                 f"{str(not self.streaming).lower()}; resume with the same setting."
             )
-        if self.streaming:
-            if saved_world != self.world:
-                self.stream.load_state_dict({}, self.world, saved_world)  # refuses, one sentence
-            self.stream.load_state_dict(stream_state["ranks"][self.rank])
+        if self.streaming:  # the ranks' positions: dealt out again on another process count
+            self.stream.load_ranks(stream_state["ranks"], self.rank)
         else:
             self.stream.load_state_dict(stream_state, self.world, saved_world)
         collator_states = state.get("collator", [])

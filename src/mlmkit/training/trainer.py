@@ -307,6 +307,7 @@ class Trainer:
                 )
             self.metrics.truncate_after(self.state.step)
             log.info("Resumed from %s at step %d", self.resume_from, self.state.step)
+            self.log_batch_change(restored)
             if self.changed:
                 log.info(
                     "Settings changed since the checkpoint, applied: %s", "; ".join(self.changed)
@@ -331,6 +332,24 @@ class Trainer:
             )
             if self.probe is not None:  # the random init, for the curve to start from
                 self.run_probe()
+
+    def log_batch_change(self, restored: dict[str, Any]) -> None:
+        """One line where the checkpoint's run took another global batch than this one takes
+        (another number of processes with train.grad_accum_steps fixed)."""
+        saved, now = restored.get("global_batch_size"), self.global_batch()
+        if restored.get("world_size") == self.accelerator.num_processes or saved in (None, now):
+            return
+        log.warning(
+            "The global batch is now %d sequences (%d process(es) x %d x %d accumulation "
+            "step(s)), where the checkpoint's run took %d; set train.global_batch_size=%d to "
+            "keep it.",
+            now,
+            self.accelerator.num_processes,
+            self.cfg.train.batch_size,
+            self.accum,
+            saved,
+            saved,
+        )
 
     def open_run_dir(self) -> None:
         """From here on the run writes into its run dir (``setup.open_run_dir``; once)."""
@@ -513,6 +532,7 @@ class Trainer:
     def save(self) -> None:
         loop_state = {
             **self.state.state_dict(),
+            "global_batch_size": self.global_batch(),
             "settings": asdict(self.run_cfg),
             **self.data_identity,
             **({"phases": self.plan.state_dict()} if self.plan is not None else {}),
