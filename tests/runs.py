@@ -34,17 +34,22 @@ TINY = [
 
 
 # accelerate launch's options for two processes on one machine, full precision, no compiler
-TWO_PROCESSES = [
-    "--multi_gpu",
-    "--num_processes",
-    "2",
-    "--num_machines",
-    "1",
-    "--mixed_precision",
-    "no",
-    "--dynamo_backend",
-    "no",
-]
+def processes(n: int) -> list[str]:
+    """``accelerate launch`` options for ``n`` CPU processes on this machine (gloo)."""
+    return [
+        "--multi_gpu",
+        "--num_processes",
+        str(n),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+
+
+TWO_PROCESSES = processes(2)
 
 # the smallest run that trains, evaluates, checkpoints and exports (4 steps of 4 blocks of 32)
 SMALLEST = [
@@ -374,6 +379,8 @@ def launch_engine(
     *overrides: str,
     model: tuple = tuple(TINY),
     python: str = sys.executable,
+    n: int = 2,
+    check: bool = True,
 ) -> subprocess.CompletedProcess:
     """Two CPU processes under accelerate's FSDP or DeepSpeed engine, as
     conf/accelerate/<config>.yaml sets it; ``model``: the settings before ``overrides``
@@ -387,7 +394,7 @@ def launch_engine(
         "--config_file",
         str(ROOT / "conf" / "accelerate" / f"{config}.yaml"),
         "--num_processes",
-        "2",
+        str(n),
         "--mixed_precision",
         "no",
         str(ROOT / "tests" / "engine_on_cpu.py"),
@@ -396,4 +403,4 @@ def launch_engine(
         f"hydra.run.dir={run_dir}",
         *overrides,
     ]
-    return run_launch(cmd, timeout=300)
+    return run_launch(cmd, timeout=300, check=check)

@@ -179,7 +179,9 @@ def _masked_rows(batches) -> list[tuple]:
     for b in batches:
         original = b["labels"].where(b["labels"] != IGNORE_INDEX, b["input_ids"])
         chosen = b["labels"] != IGNORE_INDEX
-        out += [(tuple(original[i].tolist()), tuple(chosen[i].tolist())) for i in range(chosen.size(0))]
+        out += [
+            (tuple(original[i].tolist()), tuple(chosen[i].tolist())) for i in range(chosen.size(0))
+        ]
     return out
 
 

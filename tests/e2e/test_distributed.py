@@ -4,6 +4,7 @@ FSDP and DeepSpeed engines (sharded checkpoints, export of the full model)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -14,10 +15,10 @@ from runs import (
     ACCELERATE,
     ROOT,
     TINY,
-    TWO_PROCESSES,
     events,
     free_port,
     launch_engine,
+    processes,
     run_launch,
     run_train,
     write_probe_task,
@@ -34,9 +35,14 @@ COMMON = [
 
 
 def launch_two(
-    python: str, run_dir: Path, cache_dir: Path, *overrides: str, as_module: bool = False
+    python: str,
+    run_dir: Path,
+    cache_dir: Path,
+    *overrides: str,
+    as_module: bool = False,
+    n: int = 2,
 ) -> subprocess.CompletedProcess:
-    """Two CPU processes: ``accelerate launch train.py ...``, or with ``as_module``
+    """Two CPU processes (``n``): ``accelerate launch train.py ...``, or with ``as_module``
     ``accelerate launch -m mlmkit train ...`` (the installed package's way); ``python`` runs
     the ``accelerate`` script (the zygote's client, conftest.py's ``zygote_python``)."""
     launcher = [python, str(Path(sys.executable).with_name("accelerate")), "launch"]
@@ -45,7 +51,7 @@ def launch_two(
         *launcher,
         "--main_process_port",
         free_port(),
-        *TWO_PROCESSES,
+        *processes(n),
         *script,
         *TINY,
         f"paths.cache_dir={cache_dir}",
@@ -186,6 +192,21 @@ def assert_same_losses(a: Path, b: Path, rel: float) -> None:
     )
 
 
+def assert_resumed_on_another_split(run: Path, resumed: Path, written: str) -> None:
+    """``resumed``, the continuation of ``run``'s step-5 checkpoint on another number of
+    processes with the same global batch, read on at the epoch's next sample (the same rows,
+    the same masks): the same losses and weights as ``run``."""
+    import torch
+    from safetensors.torch import load_file
+
+    text = (resumed / "train.log").read_text()
+    assert f"{written}: the epoch goes on at its sample 80" in text
+    assert_same_losses(run, resumed, rel=1e-4)
+    a, b = (load_file(r / "final" / "model.safetensors") for r in (run, resumed))
+    for name, tensor in a.items():
+        assert torch.allclose(tensor, b[name], rtol=1e-4, atol=1e-5), name
+
+
 def resume_from_step_5(run: Path, resumed: Path) -> None:
     shutil.copytree(run, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_0000010")
@@ -244,6 +265,16 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
     for name, tensor in final.items():
         assert torch.allclose(tensor, resumed_final[name], rtol=1e-5, atol=1e-6), name
 
+    # Resumed on 4 processes of batch 4 (the same global batch): the sharded state is resharded
+    # (torch's distributed checkpoint), the epoch goes on at its next sample, the run as before.
+    four = tmp_path / "four"
+    resume_from_step_5(fsdp, four)
+    launch_engine(
+        "fsdp", four, cache_dir, *ENGINE_ARGS, "train.batch_size=4", "train.resume=auto",
+        python=zygote_python, n=4,
+    )  # fmt: skip
+    assert_resumed_on_another_split(fsdp, four, "written with 2 x 8")
+
 
 @pytest.mark.slow
 def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
@@ -290,6 +321,21 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
     for name, tensor in first.items():
         assert torch.allclose(tensor, again[name], rtol=1e-5, atol=1e-6), name
 
+    # On another number of processes (the same global batch), each stage's partitioned state
+    # goes through DeepSpeed's universal checkpoint and the run goes on as before.
+    for stage, n in ((2, 1), (3, 4)):
+        run, other = tmp_path / f"zero{stage}", tmp_path / f"zero{stage}_on_{n}"
+        resume_from_step_5(run, other)
+        launch_engine(
+            f"deepspeed_zero{stage}", other, cache_dir, *ENGINE_ARGS, "train.resume=auto",
+            f"train.batch_size={16 // n}", python=zygote_python, n=n,
+        )  # fmt: skip
+        assert_resumed_on_another_split(run, other, "written with 2 x 8")
+        assert (
+            "converting its ZeRO state to DeepSpeed's universal form"
+            in (other / "train.log").read_text()
+        )
+
 
 @pytest.mark.slow
 def test_deepspeed_config_micro_batch_other_than_train_batch_size_is_refused(
@@ -333,3 +379,92 @@ use_cpu: false
         "The DeepSpeed config sets train_micro_batch_size_per_gpu=4 but train.batch_size=8; "
         "make them equal, or set the DeepSpeed one to auto."
     ) in proc.stderr
+
+
+# -- resumed on another number of processes ------------------------------------------------------
+
+
+def loop_state(run: Path, step: int) -> dict:
+    return json.loads((run / "checkpoints" / f"step_{step:07d}" / "loop_state.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_two_process_checkpoint_resumes_on_one_process_at_the_next_sample(
+    tmp_path, cache_dir, ddp_reference
+):
+    """Map mode: the 2-process run's step-5 checkpoint, resumed by one process taking the same
+    global batch in 2 micro-batches, reads on from the epoch's next sample: the same rows with
+    the same masks as the 2 processes read, so the same losses, and the same position at the
+    end."""
+    resumed = tmp_path / "one"
+    resume_from_step_5(ddp_reference, resumed)
+    run_train(resumed, cache_dir, *ENGINE_ARGS, "train.global_batch_size=16", "train.resume=auto")
+    text = (resumed / "train.log").read_text()
+    assert "written with 2 x 8: the epoch goes on at its sample 80" in text
+    assert "The global batch is now" not in text
+    assert_same_losses(ddp_reference, resumed, rel=1e-4)
+
+    def read(run: Path) -> int:  # samples of the epoch read by the step-10 checkpoint
+        state = loop_state(run, 10)
+        stream, world = state["stream"], state["world_size"]
+        return stream["start"] + stream["offset"] * world * stream["batch_size"]
+
+    assert read(resumed) == read(ddp_reference) == 160
+
+
+ELASTIC_ARGS = [
+    *COMMON,
+    "data.streaming=true",
+    "data.stream_shards=6",
+    "data.shuffle_buffer=16",
+    "data.stream_validation_docs=50",
+    "data.max_eval_samples=16",
+    "train.batch_size=2",
+    "train.global_batch_size=12",
+    "train.num_workers=0",
+]
+
+
+def shard_positions(run: Path, step: int) -> dict:
+    """Where each stream shard stood at the step's checkpoint, whichever reader read it."""
+    shards: dict = {}
+    for rank in loop_state(run, step)["stream"]["ranks"]:
+        for reader in rank["readers"]:
+            shards.update(reader["shards"] if reader else {})
+    return shards
+
+
+@pytest.mark.slow
+def test_a_streaming_checkpoint_resumes_on_three_and_on_one_process(
+    tmp_path, cache_dir, zygote_python
+):
+    """A streaming run of 2 processes with 6 stream shards, checkpointed at step 5, goes on with
+    3 processes and with 1 (the global batch of 12 kept by accumulation): every shard ends where
+    the uninterrupted run's ends (the same documents read, none twice), and the losses go on as
+    its, within the masks' noise."""
+    whole = tmp_path / "two"
+    launch_two(zygote_python, whole, cache_dir, *ELASTIC_ARGS)
+    expected = shard_positions(whole, 10)
+    assert sorted(expected, key=int) == [str(v) for v in range(6)]
+    three, one = tmp_path / "three", tmp_path / "one"
+    resume_from_step_5(whole, three)
+    resume_from_step_5(whole, one)
+    launch_two(zygote_python, three, cache_dir, *ELASTIC_ARGS, "train.resume=auto", n=3)
+    run_train(one, cache_dir, *ELASTIC_ARGS, "train.resume=auto")
+    for run, n in ((three, 3), (one, 1)):
+        text = (run / "train.log").read_text()
+        assert (
+            f"read by 2 process(es) x 1 worker(s) at the checkpoint, are dealt out to {n} x 1"
+            in (text)
+        )
+        assert shard_positions(run, 10) == expected
+        a, b = events(whole, "train"), events(run, "train")
+        assert [e["step"] for e in b] == list(range(1, 11))
+        for x, y in zip(a[5:], b[5:]):
+            assert y["global_batch_size"] == 12
+            assert y["loss"] == pytest.approx(x["loss"], rel=0.05), (
+                y["step"],
+                x["loss"],
+                y["loss"],
+            )
+        assert (run / "final" / "model.safetensors").is_file()

@@ -381,7 +381,7 @@ class SharedDocs:
         self._epoch = _key(first)[0]
 
     def take(self, shard: int) -> tuple[int, int, str, dict[str, Any]]:
-        """The shard's next (epoch, index, document, stream position after it)."""
+        """Return the shard's next (epoch, index, document, stream position after it)."""
         queue, epochs = self.queues[shard], 0
         while not queue:
             i, doc = next(self._docs)
@@ -471,7 +471,9 @@ class ShardBlocks:
                 st["emitted"] = j + 1
                 yield window[order[j]]
             # the next window starts where this one stopped reading
-            st.update(docs=position, carry=list(map(int, carry)), window=st["window"] + 1, emitted=0)
+            st.update(
+                docs=position, carry=list(map(int, carry)), window=st["window"] + 1, emitted=0
+            )
 
     def epoch(self) -> int:
         return int(self._epoch)
@@ -485,8 +487,8 @@ SHARDS_PER_READER = 12  # data.stream_shards=null: shards per reader at the run'
 
 
 def hub_split_by_files(cfg: DataConfig, shards: int) -> bool:
-    """True when the training stream is one hub dataset whose files divide among ``shards``
-    (each shard then downloads only its own files)."""
+    """Return whether the training stream is one hub dataset whose files divide among
+    ``shards`` (each shard then downloads only its own files)."""
     specs = stream_sources(cfg, "train")
     if len(specs) != 1 or specs[0][0].kind != "hub":
         return False
@@ -548,8 +550,8 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         return list(range(reader, self.layout["shards"], self.readers))
 
     def _readings(self, owned: list[int], starts: dict[int, Any]) -> dict[int, SharedDocs]:
-        """The readings of the stream the shards take their documents from: one for all,
-        or one each where each shard downloads only its own files."""
+        """Return the readings of the stream the shards take their documents from: one for
+        all, or one each where each shard downloads only its own files."""
         shards = self.layout["shards"]
 
         def stream(shard: tuple[int, int] | None) -> DocStream:
@@ -595,8 +597,8 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 
 
 def new_reader_state() -> dict[str, Any]:
-    """A reader that has handed out nothing: its shards' states, the next shard's turn, and its
-    batches (their mask seeds)."""
+    """Return the state of a reader that has handed out nothing: its shards' states, the next
+    shard's turn, and its batches (their mask seeds)."""
     return {"shards": {}, "next": 0, "batches": 0}
 
 

@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +127,20 @@ def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
             from accelerate.utils.other import load as safe_load
 
             safe_load(rng_file)
-        accelerator.load_state(str(path))
-        if not rng_file.exists():
+        saved_world = loop_state.get("world_size", accelerator.num_processes)
+        if saved_world != accelerator.num_processes and _is_deepspeed(accelerator):
+            with universal_checkpoint(accelerator, path, saved_world):
+                accelerator.load_state(str(path))
+        else:
+            accelerator.load_state(str(path))
+        if saved_world != accelerator.num_processes:
+            if not rng_file.exists():
+                log.info(
+                    "The checkpoint was written by %d process(es): this process starts its "
+                    "random numbers afresh.",
+                    saved_world,
+                )
+        elif not rng_file.exists():
             log.warning(
                 "The checkpoint %s has no %s, so the resumed run draws other random numbers "
                 "than an uninterrupted run would (exact resume is lost); continuing.",
@@ -139,6 +153,88 @@ def load_checkpoint(accelerator, path: Path) -> dict[str, Any]:
             f"Could not load checkpoint {str(path)!r}: {load_failure(exc)}; "
             "point train.resume at another checkpoint or start a new run."
         ) from None
+
+
+def _is_deepspeed(accelerator) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+UNIVERSAL = "universal"  # a DeepSpeed checkpoint's universal form, beside its ZeRO state
+
+
+@contextmanager
+def universal_checkpoint(accelerator, path: Path, saved_world: int) -> Iterator[None]:
+    """Load the DeepSpeed checkpoint ``path``, written by ``saved_world`` processes, on this
+    run's number of processes: its ZeRO state, partitioned for the processes that wrote it, is
+    converted once into DeepSpeed's universal checkpoint (``path/universal``, one file per
+    parameter) and loaded from there, repartitioned."""
+    root = path / UNIVERSAL
+    if accelerator.is_main_process and not (root / "latest_universal").is_file():
+        log.info(
+            "The checkpoint was written by %d DeepSpeed process(es); converting its ZeRO state "
+            "to DeepSpeed's universal form (%s) to load it on %d.",
+            saved_world,
+            root,
+            accelerator.num_processes,
+        )
+        to_universal(path / "pytorch_model", root)
+    accelerator.wait_for_everyone()
+    engine = accelerator.deepspeed_engine_wrapped.engine
+    load = engine.load_checkpoint
+
+    def load_universal(load_dir, tag=None, **kwargs):  # accelerate names the ZeRO state's folder
+        return load(str(root), tag, **kwargs)
+
+    # ZeRO-3's universal load gives every parameter group the first group's settings: the
+    # settings that tell the groups apart (biases and norms take no weight decay) are put back
+    groups = engine.optimizer.param_groups
+    own = {
+        key: [g[key] for g in groups]
+        for key in groups[0]
+        if key != "params" and any(g.get(key) != groups[0][key] for g in groups)
+    }
+    engine._config.load_universal_checkpoint = True
+    engine.load_checkpoint = load_universal
+    try:
+        yield
+    finally:
+        del engine.load_checkpoint
+        engine._config.load_universal_checkpoint = False
+        for key, values in own.items():
+            for group, value in zip(engine.optimizer.param_groups, values):
+                group[key] = value
+        # and it gives every group one step counter, which each group's step would advance
+        inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+        for state in inner.state.values():
+            if hasattr(state.get("step"), "clone"):
+                state["step"] = state["step"].clone()
+
+
+def to_universal(zero_dir: Path, root: Path) -> None:
+    """Write DeepSpeed's universal form of the ZeRO state in ``zero_dir`` to
+    ``root/<zero_dir's name>`` (with ``root/latest_universal``), whole or not at all."""
+    import contextlib
+    import io
+    from argparse import Namespace
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    args = Namespace(
+        input_folder=str(zero_dir),
+        output_folder=str(partial / zero_dir.name),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,  # the version key ZeRO-1/2 checkpoints lack
+    )
+    with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+        ds_to_universal.main(args)
+    os.replace(partial, root)
 
 
 def check_loop_state(state: Any) -> None:
