@@ -16,6 +16,9 @@ from mlmkit.errors import ConfigError, MLMKitError, Preempted, first_line
 # Under ``mlmkit launch`` each rank reports how it ended (status, sentence) in a file of this
 # folder, and the launcher prints each distinct sentence once and exits with the status.
 LAUNCH_DIR_ENV = "MLMKIT_LAUNCH_DIR"
+# torchrun's elastic agent restarts the ranks (another attempt): each attempt reports in a
+# folder of its own, and the launcher reads the last one
+ATTEMPT_ENV = "TORCHELASTIC_RESTART_COUNT"
 PEER_GONE = 3  # the exit status of a rank that stopped because another process ended
 INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C
 # how torch.distributed's collectives fail when another process has ended (gloo, NCCL); not
@@ -118,14 +121,24 @@ def launched_rank() -> str | None:
     return rank
 
 
+def attempt_folder() -> Path | None:
+    """Return the folder of this attempt's ranks under ``mlmkit launch`` (None without it)."""
+    folder = os.environ.get(LAUNCH_DIR_ENV)
+    if not folder:
+        return None
+    path = Path(folder) / f"attempt-{int(os.environ.get(ATTEMPT_ENV) or 0):04d}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def tell(status: int, line: str | None, every_rank: bool = True) -> None:
     """How this process ends: ``line`` on stderr, or, under ``mlmkit launch``, both in this
     rank's file for the launcher to print once. Without the launcher ``every_rank=False``
     keeps a line all ranks would print alike (a preemption) to the main process."""
-    folder, rank = os.environ.get(LAUNCH_DIR_ENV), launched_rank()
-    if folder and rank is not None:
+    rank = launched_rank()
+    if rank is not None and os.environ.get(LAUNCH_DIR_ENV):
         try:
-            path = Path(folder) / f"rank-{rank}.json"
+            path = attempt_folder() / f"rank-{rank}.json"
             path.write_text(json.dumps({"status": status, "line": line, "pid": os.getpid()}))
             return
         except OSError:

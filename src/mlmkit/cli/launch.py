@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mlmkit.cli.errors import LAUNCH_DIR_ENV, PEER_GONE, launched_rank
+from mlmkit.cli.errors import LAUNCH_DIR_ENV, PEER_GONE, attempt_folder, launched_rank
 from mlmkit.errors import ConfigError, Preempted
 
 FORWARDED = ("SIGTERM", "SIGUSR1", "SIGUSR2")
@@ -62,10 +62,16 @@ def split_command(args: list[str], commands) -> tuple[list[str], list[str]]:
     )
 
 
+def last_attempt(folder: Path) -> Path:
+    """Return the folder of the ranks' last attempt (``cli.errors.attempt_folder``)."""
+    attempts = sorted(folder.glob("attempt-*"))
+    return attempts[-1] if attempts else folder
+
+
 def outcomes(folder: Path) -> dict[int, dict]:
-    """Rank -> how it ended, for the ranks that said so."""
+    """Rank -> how it ended, for the ranks of the last attempt that said so."""
     found = {}
-    for path in folder.glob("rank-*.json"):
+    for path in last_attempt(folder).glob("rank-*.json"):
         try:
             found[int(path.stem.split("-", 1)[1])] = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -90,7 +96,7 @@ def _forward_signals(folder: Path) -> None:
     """Send the signals this launcher gets on to every rank that has written its pid."""
 
     def forward(signum, frame):
-        for path in folder.glob("pid-*"):
+        for path in last_attempt(folder).glob("pid-*"):
             try:
                 os.kill(int(path.read_text()), signum)
             except (OSError, ValueError):
@@ -116,30 +122,60 @@ def _ignore_user_signals() -> None:
 
 def record_pid() -> None:
     """In a rank under ``mlmkit launch``: write this process's pid for the launcher's signals."""
-    folder, rank = os.environ.get(LAUNCH_DIR_ENV), launched_rank()
-    if folder and rank is not None:
+    rank = launched_rank()
+    if rank is not None and os.environ.get(LAUNCH_DIR_ENV):
         try:
-            (Path(folder) / f"pid-{rank}").write_text(str(os.getpid()))
+            (attempt_folder() / f"pid-{rank}").write_text(str(os.getpid()))
         except OSError:
             pass
+
+
+def elastic(options: list[str]) -> bool:
+    """Return whether the options are torchrun's elastic ones (``--nnodes MIN:MAX``)."""
+    for i, option in enumerate(options):
+        if option == "--nnodes" and ":" in "".join(options[i + 1 : i + 2]):
+            return True
+        if option.startswith("--nnodes=") and ":" in option:
+            return True
+    return False
+
+
+def torchrun_options(options: list[str], command: list[str]) -> list[str]:
+    """torchrun's options for an elastic launch: the user's, with a c10d rendezvous and 3
+    restarts unless they say otherwise. The restarted processes continue the run from its last
+    checkpoint, so a training command must say where and how (one sentence otherwise)."""
+    if command[0] == "train":
+        settings = " ".join(command[1:])
+        if "train.resume=auto" not in settings or "hydra.run.dir=" not in settings:
+            raise ConfigError(
+                "An elastic launch (--nnodes MIN:MAX) restarts its processes from the run's last "
+                "checkpoint: add train.resume=auto and hydra.run.dir=<a folder every node sees>."
+            )
+    named = {o.split("=", 1)[0] for o in options if o.startswith("--")}
+    return [
+        *options,
+        *([] if "--rdzv_backend" in named else ["--rdzv_backend", "c10d"]),
+        *([] if "--max_restarts" in named else ["--max_restarts", "3"]),
+    ]
 
 
 def main(args: list[str]) -> int:
     from mlmkit.cli import COMMANDS
 
     options, command = split_command(args, COMMANDS)
+    if elastic(options):  # torchrun's elastic agent: restarts on the processes there are
+        launcher = [sys.executable, "-m", "torch.distributed.run"]
+        launcher += [*torchrun_options(options, command), "-m", "mlmkit", *command]
+    else:
+        launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+        launcher += [*options, "-m", "mlmkit", *command]
     with tempfile.TemporaryDirectory(prefix="mlmkit-launch-") as tmp:
         folder = Path(tmp)
         env = {**os.environ, LAUNCH_DIR_ENV: tmp}
-        launcher = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            *options,
-            "-m",
-            "mlmkit",
-            *command,
-        ]
+        if elastic(options):
+            # the agents' shared TCP store: a node that joins a running job waits forever for an
+            # address only a new rank 0 writes (pytorch/pytorch#123678); each round its own
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         proc = subprocess.Popen(
             launcher,
             env=env,
@@ -161,9 +197,9 @@ def main(args: list[str]) -> int:
 
 
 def rank_pids(folder: Path) -> dict[int, str]:
-    """Rank -> the pid it wrote (``record_pid``)."""
+    """Rank -> the pid it wrote (``record_pid``), in the last attempt."""
     found = {}
-    for path in folder.glob("pid-*"):
+    for path in last_attempt(folder).glob("pid-*"):
         try:
             found[int(path.name.split("-", 1)[1])] = path.read_text().strip()
         except (OSError, ValueError):

@@ -1,0 +1,110 @@
+"""Under torchrun's elastic agent (``mlmkit launch --nnodes MIN:MAX``), two agents on this
+machine stand for two nodes: a node that joins is used at the agent's next restart, a node that
+is lost ends the others' step, and each restart continues the run from its last checkpoint on
+the processes there are. The process tree is what is tested, so the agents are real launches."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runs import ROOT, TEST_ENV, TINY, events, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (the agent, its ranks and theirs)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def wait_for(what: str, check, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"waited {timeout} s for {what}")
+        time.sleep(0.2)
+
+
+def test_a_node_that_joins_and_a_node_that_is_lost_each_restart_the_run_from_its_checkpoint(
+    tmp_path, cache_dir
+):
+    run, port = tmp_path / "run", free_port()
+    env = {**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "mlmkit", "launch",
+        "--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_endpoint", f"localhost:{port}",
+        "--rdzv_conf", "last_call_timeout=2", "--monitor_interval", "0.5",
+        "train", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}",
+        "train.resume=auto", "train.max_steps=1200", "train.save_every=20",
+        "train.eval_every=1000", "train.log_every=20", "train.precision=no", "logger=none",
+    ]  # fmt: skip
+    log = run / "train.log"
+
+    def started(n: int) -> int:  # attempts that started with n processes so far
+        text = log.read_text() if log.exists() else ""
+        return len(re.findall(rf"Run dir .* \| {n} process\(es\)", text))
+
+    def agent(name: str) -> subprocess.Popen:
+        out = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    first = agent("first")
+    try:
+        # alone (the rendezvous needs one node), it trains and checkpoints on one process
+        wait_for("a checkpoint of the first node", lambda: (run / "checkpoints").is_dir() and any(
+            (run / "checkpoints").glob("step_*")))  # fmt: skip
+        second = agent("second")
+        # the agents restart on the two nodes: from the first one's checkpoint, on 2 processes
+        wait_for("the restart on two nodes", lambda: started(2) == 1 and "Resumed from" in (
+            log.read_text()))  # fmt: skip
+        steps = train_steps(run)
+        wait_for("a checkpoint of the two nodes", lambda: len(train_steps(run)) > len(steps) + 2)
+        for pid in descendants(second.pid):  # the second node is lost: its agent and its rank
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        second.wait()
+        assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        for proc in (first,):
+            if proc.poll() is None:
+                for pid in descendants(proc.pid):
+                    os.kill(pid, signal.SIGKILL)
+    text = log.read_text()
+    assert started(1) == 2 and started(2) == 1, text  # 1, then 2, then 1 process(es)
+    assert len(re.findall(r"Resumed from \S+ at step \d+", text)) == 2
+    assert "from a checkpoint written with 2 x 8: the epoch goes on at its sample" in text
+    assert (run / "final" / "model.safetensors").is_file()
+    logged = [e["step"] for e in events(run, "train")]
+    assert logged == sorted(set(logged)) and logged[-1] == 1200  # each step once, to the end
+    # the launcher's own output: the ranks' lines, none of torch's failure reports
+    out = (tmp_path / "first.log").read_text()
+    assert "Traceback" not in out and "ChildFailedError" not in out, out[-3000:]
+
+
+def train_steps(run: Path) -> list[int]:
+    return [e["step"] for e in events(run, "train")] if (run / "metrics.jsonl").exists() else []
