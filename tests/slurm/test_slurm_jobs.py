@@ -242,6 +242,41 @@ def test_train_sbatch_trains_on_two_nodes_through_the_multi_node_config(slurm, t
 
 
 @pytest.mark.slow
+def test_a_job_requeued_onto_fewer_nodes_goes_on_from_its_checkpoint(slurm, tmp_path, cache_dir):
+    """A job of two nodes (one rank each) stopped with a checkpoint and requeued held
+    (``scontrol requeuehold``: SIGTERM to its processes), changed to one node while it waits
+    and released, comes back on one process: it resumes from the two ranks' checkpoint, reads
+    on at the epoch's next sample, and finishes the run."""
+    if len(slurm.nodes) < 2:
+        slurm.not_here(
+            "this machine's name does not resolve to an address of its own, so the cluster has one "
+            "node"
+        )
+    job = submit(
+        tmp_path, "--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", *TINY,
+        f"paths.cache_dir={cache_dir}", "train.max_steps=600", "train.save_every=20",
+        env=job_env(ACCELERATE_CONFIG="multi_node"),
+    )  # fmt: skip
+    run = tmp_path / "outputs" / f"slurm-{job}"
+    wait_for_training(slurm, job, run)
+    slurm.run("scontrol", "requeuehold", job)
+    slurm.wait_for(job, ("PENDING",), timeout=60)
+    slurm.run("scontrol", "update", f"JobId={job}", "NumTasks=1")
+    slurm.run("scontrol", "update", f"JobId={job}", "NumNodes=1")
+    slurm.run("scontrol", "release", job)
+    fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), timeout=300)
+    log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["NumNodes"] == "1", log[-5000:]
+    text = (run / "train.log").read_text()
+    assert "| 2 process(es) on cpu |" in text and "| 1 process(es) on cpu |" in text
+    assert "Stopped by SIGTERM at step " in log
+    assert re.search(r"written with 2 x 8: the epoch goes on at its sample \d+", text), text
+    logged = [e["step"] for e in events(run)]
+    assert logged == sorted(set(logged)) and logged[-1] == 600  # each step once, to the end
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
 def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_dir):
     """``bash examples/slurm/submitit.sh optim.lr=1e-3,3e-3``: Hydra's submitit_slurm launcher
     submits a job per value (an array), waits for them, and each trains in its run dir."""
