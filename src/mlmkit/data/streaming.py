@@ -367,21 +367,26 @@ class SharedDocs:
 
     Document ``i`` of an epoch belongs to shard ``i % shards`` (or to the one shard the source
     serves, when the source gives a shard only its own files: ``DocStream.presharded``). Each
-    shard takes its documents from its own position (``starts``); what is read ahead for one
-    shard waits in that shard's queue, with the stream position after it, so that every shard
-    knows where it stands however far the others have gone.
+    shard takes its documents from its own position (``starts``, where its windows start); what
+    is read ahead for one shard waits in that shard's queue, with the stream position after it
+    at the end of each tokenizing batch of ``every`` documents (where a window can end), so that
+    every shard knows where it stands however far the others have gone.
     """
 
-    def __init__(self, stream: DocStream, shards: int, starts: dict[int, Any]) -> None:
-        self.stream, self.shards = stream, shards
+    def __init__(
+        self, stream: DocStream, shards: int, starts: dict[int, Any], every: int = 1
+    ) -> None:
+        self.stream, self.shards, self.every = stream, shards, every
         self.queues: dict[int, deque] = {v: deque() for v in starts}
         self.start = {v: _key(p) for v, p in starts.items()}
+        self.dealt = dict.fromkeys(starts, 0)  # documents dealt to each shard
         first = min(starts.values(), key=_key)
         self._docs = stream.docs(first)
         self._epoch = _key(first)[0]
 
     def take(self, shard: int) -> tuple[int, int, str, dict[str, Any]]:
-        """Return the shard's next (epoch, index, document, stream position after it)."""
+        """Return the shard's next (epoch, index, document, stream position after it: None
+        within a tokenizing batch)."""
         queue, epochs = self.queues[shard], 0
         while not queue:
             i, doc = next(self._docs)
@@ -395,7 +400,11 @@ class SharedDocs:
                     )
             owner = shard if self.stream.presharded else i % self.shards
             if owner in self.queues and (epoch, i) >= self.start[owner]:
-                self.queues[owner].append((epoch, i, doc, self.stream.position()))
+                self.dealt[owner] += 1
+                # a shard's window ends with a tokenizing batch of ``every`` documents: only
+                # there is the position asked for
+                last = self.dealt[owner] % self.every == 0
+                self.queues[owner].append((epoch, i, doc, self.stream.position() if last else None))
         return queue.popleft()
 
 
@@ -457,7 +466,9 @@ class ShardBlocks:
         self._epoch = _key(st["docs"])[0]
         if self.docs is None:
             stream = DocStream(self.cfg, self.split, self.skip_first, (self.shard, self.shards))
-            self.docs = SharedDocs(stream, self.shards, {self.shard: st["docs"]})
+            self.docs = SharedDocs(
+                stream, self.shards, {self.shard: st["docs"]}, self.tokenize_docs
+            )
         carry = list(st["carry"])
         while True:
             window, carry, position = self._fill(carry)
@@ -557,9 +568,12 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         def stream(shard: tuple[int, int] | None) -> DocStream:
             return DocStream(self.cfg, "train", self.skip_first, shard)
 
+        every = self.layout["tokenize_docs"]
         if len(owned) == 1 or hub_split_by_files(self.cfg, shards):
-            return {v: SharedDocs(stream((v, shards)), shards, {v: starts[v]}) for v in owned}
-        shared = SharedDocs(stream(None), shards, starts)
+            return {
+                v: SharedDocs(stream((v, shards)), shards, {v: starts[v]}, every) for v in owned
+            }
+        shared = SharedDocs(stream(None), shards, starts, every)
         return dict.fromkeys(owned, shared)
 
     def __iter__(self):
