@@ -34,11 +34,10 @@ from mlmkit.model.objective import Objective
 from mlmkit.model.rtd import ReplacedTokenDetection, build_generator, load_discriminator_head
 from mlmkit.training import lock as run_lock
 from mlmkit.training.budget import Budget
-from mlmkit.training.checkpoint_files import resolve_resume
+from mlmkit.training.checkpointer import Checkpointer
 from mlmkit.training.optim import build_optimizer, build_scheduler
 from mlmkit.training.perf import ThroughputMeter, model_matmul_shapes, stored_reference_rate
 from mlmkit.training.phases import BatchRamp, PhasePlan
-from mlmkit.training.resume_checks import check_model_shape
 from mlmkit.training.runtime import (
     apply_speed_settings,
     checkpoint_activations,
@@ -149,23 +148,10 @@ def open_run_dir(run_dir: Path, model=None, tokenizer=None) -> None:
         save_run_model_spec(run_dir, model, tokenizer)  # config and tokenizer: any checkpoint loads
 
 
-def resume_point(run_dir: Path, resume: str | None) -> Path | None:
-    """Decide the checkpoint to start from before any expensive work; a run dir that
-    already holds a run is refused unless the run is resumed."""
-    ckpt_dir = run_dir / "checkpoints"
-    resume_from = resolve_resume(resume, ckpt_dir)
-    previous = [p for p in (run_dir / "metrics.jsonl", ckpt_dir, run_dir / "final") if p.exists()]
-    if resume_from is None and previous and resume != "auto":
-        raise ConfigError(
-            f"The run dir {str(run_dir)!r} already holds a run ({previous[0].name}); set "
-            "train.resume=auto to continue it, or choose a new hydra.run.dir."
-        )
-    return resume_from
-
-
-def start(cfg: Config, run_dir: Path) -> tuple[Accelerator, Path, str, Path | None]:
-    """(accelerator, the shared run dir, precision, checkpoint to resume from): the run
-    dir checked and logging to it, speed settings applied (``runtime``), seeds set."""
+def start(cfg: Config, run_dir: Path) -> tuple[Accelerator, Path, str, Checkpointer]:
+    """(accelerator, the shared run dir, precision, the run's checkpoints): the run dir checked
+    and logging to it, the checkpoint to resume from found (``Checkpointer``), speed settings
+    applied (``runtime``), seeds set."""
     tc = cfg.train
     use_cpu = runs_on_cpu()  # several CPU processes talk over gloo
     state = PartialState(cpu=use_cpu)
@@ -175,7 +161,7 @@ def start(cfg: Config, run_dir: Path) -> tuple[Accelerator, Path, str, Path | No
         run_lock.acquire(run_dir)  # before anything is written: one run at a time
     state.wait_for_everyone()
     setup_logging(run_dir, state.is_main_process)
-    resume_from = resume_point(run_dir, tc.resume)
+    checkpoints = Checkpointer(run_dir, tc.resume)  # before any expensive work
     apply_speed_settings(state.device.type, tc.reuse_cpu_memory)
     precision = resolve_precision(tc.precision, use_cpu=state.device.type == "cpu")
     log_with, project = tracker_setup(cfg.logger, run_dir)
@@ -194,7 +180,7 @@ def start(cfg: Config, run_dir: Path) -> tuple[Accelerator, Path, str, Path | No
         accelerator.device.type,
         precision,
     )
-    return accelerator, run_dir, precision, resume_from
+    return accelerator, run_dir, precision, checkpoints
 
 
 @dataclass
@@ -380,7 +366,7 @@ def build_run_model(
     accelerator: Accelerator,
     precision: str,
     tokenizer,
-    resume_from: Path | None = None,
+    checkpoints: Checkpointer | None = None,
     token_counts: Any = None,
     run_cfg: Config | None = None,
 ) -> RunModel:
@@ -417,7 +403,7 @@ def build_run_model(
     if (
         cfg.model.output_bias_init == "unigram"
         and token_counts is not None
-        and resume_from is None
+        and (checkpoints is None or checkpoints.resume_from is None)
         and not cfg.model.init_from
     ):
         init_output_bias(model, token_counts)
@@ -429,9 +415,8 @@ def build_run_model(
         count_parameters(model, embeddings=False) / 1e6,
         model.config._attn_implementation,
     )
-    source = resume_from.parent.parent / RUN_MODEL_DIR if resume_from is not None else None
-    if source is not None and (source / "config.json").is_file():  # the checkpoint's own run
-        check_model_shape(source, model.config, resume_from)
+    if checkpoints is not None:  # a resumed run's model has its checkpoint's shape
+        checkpoints.check_model(model.config)
     if cfg.train.gradient_checkpointing:  # before compile, which traces the checkpointed layers
         checkpoint_activations(model, accelerator)
     if cfg.train.compile:

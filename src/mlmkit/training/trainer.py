@@ -30,8 +30,7 @@ from mlmkit.errors import Preempted
 from mlmkit.model.architectures import set_rope_theta
 from mlmkit.model.documents import isolation_sep_id
 from mlmkit.model.rtd import generator_weights
-from mlmkit.training import resume_checks, setup
-from mlmkit.training.checkpoint_files import load_checkpoint, load_latest, save_checkpoint
+from mlmkit.training import setup
 from mlmkit.training.metrics_log import MetricsLog
 from mlmkit.training.perf import peak_memory_gb
 from mlmkit.training.phases import begun_phases, phase_changes
@@ -41,7 +40,6 @@ from mlmkit.training.signals import StopSignals
 from mlmkit.training.state import TrainState
 from mlmkit.training.step import SkipCount, StepResult
 from mlmkit.training.tracking import log_event, start_trackers
-from mlmkit.training.trained_model import RUN_MODEL_DIR
 from mlmkit.training.validation import evaluate, fixed_eval_batches, majority_baseline
 
 log = logging.getLogger("mlmkit")
@@ -97,8 +95,7 @@ class Trainer:
         )
         self.opened = False
         self.skips = SkipCount()  # steps skipped as non-finite, counted on the device
-        self.accelerator, self.run_dir, precision, self.resume_from = setup.start(cfg, run_dir)
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.accelerator, self.run_dir, precision, self.checkpoints = setup.start(cfg, run_dir)
         for note in notes:
             log.info(note)
         saved = self._check_resume()
@@ -119,12 +116,8 @@ class Trainer:
         """Return the checkpoint's loop state ({} for a new run), its settings checked against this
         run's before anything in the run dir is written; the phase the run continues in."""
         cfg = self.run_cfg
-        saved = resume_checks.saved_loop_state(self.resume_from) if self.resume_from else {}
-        self.changed = (
-            resume_checks.check_settings(cfg, saved.get("settings"), self.resume_from)
-            if saved
-            else []
-        )
+        saved = self.checkpoints.saved
+        self.checkpoints.check_settings(cfg)
         starts = begun_phases(cfg, saved.get("phases") if saved else None, self.resume_from)
         self.cfg = cfg.phase_configs()[max(len(starts), 1) - 1] if cfg.phases else cfg
         # before the data: an engine's refusal costs no tokenizing
@@ -135,14 +128,8 @@ class Trainer:
         """Prepare the tokenizer and data of the current phase; a resume's data must be the
         checkpoint's."""
         # the tokenizer of the checkpoint's own run (another run dir's, with an explicit path)
-        run_tokenizer = self.resume_from.parent.parent / RUN_MODEL_DIR if self.resume_from else None
-        data = setup.prepare_data(
-            self.cfg,
-            self.accelerator,
-            run_tokenizer if run_tokenizer and run_tokenizer.is_dir() else None,
-        )
-        if saved:
-            resume_checks.check_data(saved, data.corpus, data.train_blocks, self.resume_from)
+        data = setup.prepare_data(self.cfg, self.accelerator, self.checkpoints.run_tokenizer())
+        self.checkpoints.check_data(data.corpus, data.train_blocks)
         self.tokenizer = data.tokenizer
         return data
 
@@ -164,7 +151,7 @@ class Trainer:
         and the loop's state, prepared by the accelerator."""
         acc = self.accelerator
         model = setup.build_run_model(
-            self.cfg, acc, precision, self.tokenizer, self.resume_from, counts, run_cfg=self.run_cfg
+            self.cfg, acc, precision, self.tokenizer, self.checkpoints, counts, run_cfg=self.run_cfg
         )
         self.model, self.meter = (
             model.model,
@@ -287,39 +274,19 @@ class Trainer:
 
     def resume(self) -> None:
         """Restore the checkpoint chosen at setup (none: a new run, whose baseline is logged)."""
-        tc = self.cfg.train
         if self.resume_from is None:
             self.open_run_dir()
             self.metrics.truncate_after(-1)  # resume=auto without a checkpoint: the run starts over
         else:
-            if tc.resume == "auto":  # a damaged latest checkpoint falls back to the one before
-                self.resume_from, restored = load_latest(
-                    self.accelerator, self.ckpt_dir, self.resume_from
-                )
-            else:
-                restored = load_checkpoint(self.accelerator, self.resume_from)
-            self.state.load_state_dict(restored)
+            restored = self.checkpoints.load(self.accelerator, self.state)
             self.open_run_dir()  # the checkpoint restored: every check has passed
-            if tc.resume != "auto" and self.accelerator.is_main_process:
-                # an older checkpoint than the latest: the later continuation is abandoned
-                resume_checks.retire_later(
-                    self.run_dir, self.resume_from, self.metrics.events_after(self.state.step)
-                )
+            later = self.metrics.events_after(self.state.step)
+            self.checkpoints.settle(
+                self.accelerator, self.state.step, later, self.optimizer, self.scheduler,
+                self.cfg.optim,
+            )  # fmt: skip
             self.metrics.truncate_after(self.state.step)
-            log.info("Resumed from %s at step %d", self.resume_from, self.state.step)
             self.log_batch_change(restored)
-            if self.changed:
-                log.info(
-                    "Settings changed since the checkpoint, applied: %s", "; ".join(self.changed)
-                )
-            if any(change.startswith("optim.") for change in self.changed):
-                inner = getattr(self.scheduler, "scheduler", self.scheduler)
-                resume_checks.apply_optim_settings(
-                    self.optimizer,
-                    self.scheduler,
-                    self.cfg.optim,
-                    inner.lr_lambdas[0](inner.last_epoch),
-                )
         start_trackers(self.accelerator, self.cfg.logger, self.run_dir, asdict(self.run_cfg))
         if self.resume_from is None:
             if self.plan is not None:
@@ -332,6 +299,11 @@ class Trainer:
             )
             if self.probe is not None:  # the random init, for the curve to start from
                 self.run_probe()
+
+    @property
+    def resume_from(self) -> Path | None:
+        """The checkpoint the run continues from (None: a new run)."""
+        return self.checkpoints.resume_from
 
     def log_batch_change(self, restored: dict[str, Any]) -> None:
         """One line where the checkpoint's run took another global batch than this one takes
@@ -537,10 +509,9 @@ class Trainer:
             **self.data_identity,
             **({"phases": self.plan.state_dict()} if self.plan is not None else {}),
         }
-        path = save_checkpoint(
-            self.accelerator, self.ckpt_dir, self.state.step, loop_state, self.cfg.train.keep_last
+        self.checkpoints.save(
+            self.accelerator, self.state.step, loop_state, self.cfg.train.keep_last
         )
-        log.info("Saved checkpoint %s", path)
 
     def final_state(self, last_eval: dict[str, Any]) -> tuple | None:
         """``(plain model, its full weights, summary, generator)`` for ``final/`` on the main
