@@ -25,7 +25,7 @@ FLOOR  ?= .venv-floor
 WHEELS ?= .whl
 WHEELS_NEWEST ?= .whl-newest
 
-.PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-checkpointing bench-continue bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory tokenizer clean
+.PHONY: venv slurm floor-env gpu-rehearsal test-floor train test test-long test-fast lint bench bench-quality bench-modern bench-phases bench-gpu gpu-wheels gpu-check bench-scaling bench-head bench-checkpointing bench-continue bench-kernels bench-masking bench-processes bench-vocab-init eval plot finetune sweep-table bench-data bench-data-memory bench-stream-resume tokenizer clean
 
 venv: $(STAMP)
 
@@ -197,6 +197,9 @@ bench-data: venv  ## tokenize+pack speed, run_mlm's way vs mlmkit, MB/s side by 
 
 bench-data-memory: venv  ## peak RSS: map mode on 200 MB, streaming on growing corpora
 	$(BIN)/python benchmarks/data_memory.py $(ARGS)
+
+bench-stream-resume: venv  ## streaming: time to resume at 10% and 90% of 200 MB, the shards' reading cost
+	$(BIN)/python benchmarks/stream_resume.py $(ARGS)
 
 tokenizer: venv  ## train a tokenizer, e.g. make tokenizer ARGS="data=files data.train_files=[a.txt] tokenizer.algorithm=bpe out=tok/"
 	$(BIN)/python -m mlmkit tokenizer $(ARGS)
