@@ -108,3 +108,37 @@ def test_a_node_that_joins_and_a_node_that_is_lost_each_restart_the_run_from_its
 
 def train_steps(run: Path) -> list[int]:
     return [e["step"] for e in events(run, "train")] if (run / "metrics.jsonl").exists() else []
+
+
+def test_a_schedulers_warning_stops_an_elastic_launch_without_a_restart(tmp_path, cache_dir):
+    """SIGUSR1 (SLURM's warning) to ``mlmkit launch --nnodes 1:2``: the rank saves a checkpoint,
+    ends its agent (which would otherwise restart it) and the launch exits 75, for the job to be
+    requeued."""
+    run = tmp_path / "run"
+    env = {**os.environ, **TEST_ENV, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "mlmkit", "launch", "--nnodes", "1:2", "--nproc_per_node", "1",
+        "--rdzv_endpoint", f"localhost:{free_port()}", "--rdzv_conf", "last_call_timeout=1",
+        "train", *TINY, f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}",
+        "train.resume=auto", "train.max_steps=100000", "train.save_every=100000",
+        "train.eval_every=100000", "train.precision=no", "logger=none",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for("a training step", lambda: bool(train_steps(run)))
+        os.kill(proc.pid, signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            for pid in descendants(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 75, out[-3000:]
+    (checkpoint,) = (run / "checkpoints").glob("step_*")
+    assert out.strip().splitlines()[-1] == (
+        f"Stopped by SIGUSR1 at step {int(checkpoint.name[5:])} after saving a checkpoint; "
+        "continue with train.resume=auto in the same hydra.run.dir."
+    )
+    assert (run / "train.log").read_text().count("Run dir ") == 1  # not restarted

@@ -276,6 +276,109 @@ def test_a_job_requeued_onto_fewer_nodes_goes_on_from_its_checkpoint(slurm, tmp_
     assert (run / "final" / "model.safetensors").is_file()
 
 
+def _proc_children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    return children
+
+
+def _tree(pid: int) -> list[int]:
+    children, found, todo = _proc_children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def _node_launchers(job: str) -> dict[str, int]:
+    """SLURM_NODEID -> the pid of that node's ``mlmkit launch`` in the job."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            env = dict(
+                kv.split(b"=", 1)
+                for kv in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                if b"=" in kv
+            )
+        except OSError:
+            continue
+        if cmd[1:4] == [b"-m", b"mlmkit", b"launch"] and env.get(b"SLURM_JOB_ID") == job.encode():
+            found[env[b"SLURM_NODEID"].decode()] = int(entry)
+    return found
+
+
+def _listener(port: int) -> int | None:
+    """The pid listening on ``port`` (the elastic agents' rendezvous store)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            parts = line.split()
+            if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                link = os.readlink(f"/proc/{entry}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_an_elastic_job_goes_on_without_a_node_it_loses(slurm, tmp_path, cache_dir):
+    """``MIN_NODES=1`` and two nodes: the script runs torchrun's elastic agent on each node; one
+    node's launcher, agent and rank killed (the node lost), the other agent restarts its rank
+    alone from the last checkpoint and the job completes."""
+    if len(slurm.nodes) < 2:
+        slurm.not_here(
+            "this machine's name does not resolve to an address of its own, so the cluster has one "
+            "node"
+        )
+    # the survivor's agent waits 2 s, not 30, for more nodes before it restarts
+    env = job_env(MIN_NODES="1", ELASTIC_OPTIONS="--rdzv_conf last_call_timeout=2")
+    job = submit(
+        tmp_path, "--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", *TINY,
+        f"paths.cache_dir={cache_dir}", "train.max_steps=300", "train.save_every=20", env=env,
+    )  # fmt: skip
+    run = tmp_path / "outputs" / f"slurm-{job}"
+    wait_for_training(slurm, job, run)
+    deadline = time.monotonic() + 120
+    while not list((run / "checkpoints").glob("step_*")):  # the two nodes' first checkpoint
+        assert time.monotonic() < deadline, "no checkpoint in 120 s"
+        time.sleep(0.2)
+    launchers = _node_launchers(job)
+    assert sorted(launchers) == ["0", "1"], launchers
+    host = _listener(int(env["MAIN_PORT"]))
+    # the node that does not hold the rendezvous store is lost (torch's agents cannot outlive
+    # the node that holds it)
+    lost = next(n for n, pid in launchers.items() if host not in _tree(pid))
+    for pid in _tree(launchers[lost]):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    fields = slurm.wait_for(job, ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), timeout=300)
+    log = (tmp_path / "logs" / f"mlmkit-{job}.out").read_text()
+    assert fields["JobState"] == "COMPLETED", log[-5000:]
+    text = (run / "train.log").read_text()
+    assert "| 2 process(es) on cpu |" in text and "| 1 process(es) on cpu |" in text, text
+    assert "from a checkpoint written with 2 x 8: the epoch goes on at its sample" in text
+    logged = [e["step"] for e in events(run)]
+    assert logged == sorted(set(logged)) and logged[-1] == 300
+    assert (run / "final" / "model.safetensors").is_file()
+
+
 @pytest.mark.slow
 def test_submitit_script_runs_a_two_job_sweep_on_slurm(slurm, tmp_path, cache_dir):
     """``bash examples/slurm/submitit.sh optim.lr=1e-3,3e-3``: Hydra's submitit_slurm launcher

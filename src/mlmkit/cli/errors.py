@@ -46,6 +46,7 @@ def report_errors(fn: Callable[[], int | None]) -> int:
     except Preempted as exc:
         tell(Preempted.exit_code, str(exc), every_rank=False)
         leave_process_group()
+        _end_elastic_agent(exc.signum)
         _hand_back_signal(exc.signum)
         return Preempted.exit_code
     except MLMKitError as exc:
@@ -207,6 +208,20 @@ def hydra_error_sentence(exc: BaseException) -> str:
     if exc.__cause__ is not None:
         text = f"{text}: {first_line(exc.__cause__)}"
     return text + "."
+
+
+def _end_elastic_agent(signum: int | None) -> None:
+    """After the checkpoint of a scheduler's stop (SIGUSR1, SIGUSR2), end the torchrun agent
+    that started this rank where it would restart it (``--max_restarts``): the job is to stop
+    and be requeued, not to go on until it is killed. The agent's own SIGTERM (a node joined or
+    was lost) is left to the agent, which restarts the ranks."""
+    user_signals = {getattr(signal, name, None) for name in ("SIGUSR1", "SIGUSR2")} - {None}
+    if signum not in user_signals or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) < 1:
+        return
+    try:
+        os.kill(os.getppid(), signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def _hand_back_signal(signum: int | None) -> None:
