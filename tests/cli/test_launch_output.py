@@ -198,3 +198,33 @@ def test_a_rank_of_several_ends_with_its_status_and_its_log_but_no_teardown(tmp_
     assert proc.returncode == 7, proc.stderr
     assert log.read_text() == "Done: 10 steps\n"
     assert proc.stdout == ("said " if world_size == "2" else "said teardown\n")
+
+
+def test_an_elastic_launch_is_torchruns_and_says_what_a_restart_needs(tmp_path, monkeypatch):
+    """``--nnodes MIN:MAX`` is torchrun's elastic agent (a c10d rendezvous and restarts unless
+    given); a training command that could not continue after a restart is one sentence, before
+    any process starts; the ranks of each attempt report in a folder of their own, and the
+    launcher reads the last one."""
+    from mlmkit.cli import errors
+    from mlmkit.cli.launch import elastic, last_attempt, main, outcomes, torchrun_options
+    from mlmkit.errors import ConfigError
+
+    assert elastic(["--nnodes", "1:2"]) and elastic(["--nnodes=2:4", "--nproc_per_node", "8"])
+    assert not elastic(["--num_machines", "2"]) and not elastic(["--nnodes", "2"])
+    train = ["train", "train.resume=auto", "hydra.run.dir=/shared/run"]
+    assert torchrun_options(["--nnodes", "1:2"], train) == [
+        "--nnodes", "1:2", "--rdzv_backend", "c10d", "--max_restarts", "3",
+    ]  # fmt: skip
+    mine = ["--nnodes=1:2", "--rdzv_backend=static", "--max_restarts", "9"]
+    assert torchrun_options(mine, train) == mine
+    for command in (["train"], ["train", "train.resume=auto"], ["train", "hydra.run.dir=x"]):
+        with pytest.raises(ConfigError, match="add train.resume=auto and hydra.run.dir="):
+            main(["--nnodes", "1:2", *command])
+
+    monkeypatch.setenv(errors.LAUNCH_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    for attempt, status in ((0, 3), (1, 0)):  # a peer lost, then the restart that finished
+        monkeypatch.setenv(errors.ATTEMPT_ENV, str(attempt))
+        errors.tell(status, None)
+    assert last_attempt(tmp_path).name == "attempt-0001"
+    assert outcomes(tmp_path) == {0: {"status": 0, "line": None, "pid": os.getpid()}}
