@@ -62,8 +62,10 @@ def launch_two(
 
 
 # Five evaluation batches over two ranks: the rank with fewer must still take part in every
-# forward, which under FSDP and ZeRO-3 gathers the weights from all ranks.
-ENGINE_ARGS = [*COMMON, "train.batch_size=8", "data.max_eval_samples=40", "train.eval_every=5"]
+# forward, which under FSDP and ZeRO-3 gathers the weights from all ranks. A global batch of 24:
+# 2 processes x 12 here, 1 x 24 and 3 x 8 for the resumes on another number of processes.
+ENGINE_ARGS = [*COMMON, "train.batch_size=12", "data.max_eval_samples=60", "train.eval_every=5"]
+GLOBAL = 24
 
 
 @pytest.fixture(scope="module")
@@ -92,15 +94,15 @@ def test_two_processes_share_one_run_dir(ddp_reference):
 def test_two_processes_follow_one_process_with_the_same_global_batch(
     tmp_path, cache_dir, ddp_reference, zygote_python
 ):
-    """2 processes x batch 8 = 1 process x batch 16: same rows, masks and normalisation."""
+    """2 processes x batch 12 = 1 process x batch 24: same rows, masks and normalisation."""
     one, two = tmp_path / "one", ddp_reference
-    run_train(one, cache_dir, *ENGINE_ARGS, "train.batch_size=16")
+    run_train(one, cache_dir, *ENGINE_ARGS, f"train.batch_size={GLOBAL}")
     a, b = events(one, "train"), events(two, "train")
     assert [e["step"] for e in a] == [e["step"] for e in b] == list(range(1, 11))
     for x, y in zip(a, b):
         assert (
             x["tokens_seen"] == y["tokens_seen"]
-            and x["global_batch_size"] == y["global_batch_size"] == 16
+            and x["global_batch_size"] == y["global_batch_size"] == GLOBAL
         )
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-4), (x["step"], x["loss"], y["loss"])
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-3)
@@ -200,7 +202,7 @@ def assert_resumed_on_another_split(run: Path, resumed: Path, written: str) -> N
     from safetensors.torch import load_file
 
     text = (resumed / "train.log").read_text()
-    assert f"{written}: the epoch goes on at its sample 80" in text
+    assert f"{written}: the epoch goes on at its sample {5 * GLOBAL}" in text
     assert_same_losses(run, resumed, rel=1e-4)
     a, b = (load_file(r / "final" / "model.safetensors") for r in (run, resumed))
     for name, tensor in a.items():
@@ -218,7 +220,8 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
     tmp_path, cache_dir, ddp_reference, zygote_python
 ):
     """FSDP2 (full shard per BertLayer, sharded state dicts): the same losses as DDP, each rank
-    writes its shard, a resumed run continues exactly, and final/ holds the gathered weights."""
+    writes its shard, a resumed run continues exactly (on 2 processes, and on 3 and 1 with the
+    same global batch), and final/ holds the gathered weights."""
     import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -265,15 +268,16 @@ def test_fsdp_shards_checkpoints_resumes_and_exports_the_full_model(
     for name, tensor in final.items():
         assert torch.allclose(tensor, resumed_final[name], rtol=1e-5, atol=1e-6), name
 
-    # Resumed on 4 processes of batch 4 (the same global batch): the sharded state is resharded
+    # Resumed on 3 processes and on 1 (the same global batch): the sharded state is resharded
     # (torch's distributed checkpoint), the epoch goes on at its next sample, the run as before.
-    four = tmp_path / "four"
-    resume_from_step_5(fsdp, four)
-    launch_engine(
-        "fsdp", four, cache_dir, *ENGINE_ARGS, "train.batch_size=4", "train.resume=auto",
-        python=zygote_python, n=4,
-    )  # fmt: skip
-    assert_resumed_on_another_split(fsdp, four, "written with 2 x 8")
+    for n in (3, 1):
+        other = tmp_path / f"on_{n}"
+        resume_from_step_5(fsdp, other)
+        launch_engine(
+            "fsdp", other, cache_dir, *ENGINE_ARGS, f"train.batch_size={GLOBAL // n}",
+            "train.resume=auto", python=zygote_python, n=n,
+        )  # fmt: skip
+        assert_resumed_on_another_split(fsdp, other, "written with 2 x 12")
 
 
 @pytest.mark.slow
@@ -281,7 +285,9 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
     tmp_path, cache_dir, ddp_reference, zygote_python
 ):
     """DeepSpeed ZeRO-2 and ZeRO-3 (DeepSpeed's CPU accelerator): the same losses as DDP, each
-    rank writes its partition, ZeRO-3 resumes exactly, and final/ is the plain model."""
+    rank writes its partition, ZeRO-3 resumes exactly, each resumes on 1 and on 3 processes
+    (through DeepSpeed's universal checkpoint) as the run went on, and final/ is the plain
+    model."""
     pytest.importorskip(
         "deepspeed", reason="the dev extra installs deepspeed (pip install -e '.[dev]')"
     )
@@ -323,14 +329,14 @@ def test_deepspeed_zero2_and_zero3_follow_ddp_resume_and_export_the_full_model(
 
     # On another number of processes (the same global batch), each stage's partitioned state
     # goes through DeepSpeed's universal checkpoint and the run goes on as before.
-    for stage, n in ((2, 1), (3, 4)):
+    for stage, n in ((2, 1), (2, 3), (3, 3), (3, 1)):
         run, other = tmp_path / f"zero{stage}", tmp_path / f"zero{stage}_on_{n}"
         resume_from_step_5(run, other)
         launch_engine(
             f"deepspeed_zero{stage}", other, cache_dir, *ENGINE_ARGS, "train.resume=auto",
-            f"train.batch_size={16 // n}", python=zygote_python, n=n,
+            f"train.batch_size={GLOBAL // n}", python=zygote_python, n=n,
         )  # fmt: skip
-        assert_resumed_on_another_split(run, other, "written with 2 x 8")
+        assert_resumed_on_another_split(run, other, "written with 2 x 12")
         assert (
             "converting its ZeRO state to DeepSpeed's universal form"
             in (other / "train.log").read_text()
@@ -398,9 +404,11 @@ def test_a_two_process_checkpoint_resumes_on_one_process_at_the_next_sample(
     end."""
     resumed = tmp_path / "one"
     resume_from_step_5(ddp_reference, resumed)
-    run_train(resumed, cache_dir, *ENGINE_ARGS, "train.global_batch_size=16", "train.resume=auto")
+    run_train(
+        resumed, cache_dir, *ENGINE_ARGS, f"train.global_batch_size={GLOBAL}", "train.resume=auto"
+    )
     text = (resumed / "train.log").read_text()
-    assert "written with 2 x 8: the epoch goes on at its sample 80" in text
+    assert f"written with 2 x 12: the epoch goes on at its sample {5 * GLOBAL}" in text
     assert "The global batch is now" not in text
     assert_same_losses(ddp_reference, resumed, rel=1e-4)
 
@@ -409,7 +417,7 @@ def test_a_two_process_checkpoint_resumes_on_one_process_at_the_next_sample(
         stream, world = state["stream"], state["world_size"]
         return stream["start"] + stream["offset"] * world * stream["batch_size"]
 
-    assert read(resumed) == read(ddp_reference) == 160
+    assert read(resumed) == read(ddp_reference) == 10 * GLOBAL
 
 
 ELASTIC_ARGS = [
