@@ -123,7 +123,9 @@ def main() -> None:
                 times[share].append(time.perf_counter() - t0)
         for share, seconds in times.items():
             where = "the start" if share == 0 else f"{share:.0%} of the documents"
-            print(f"  from {where:<22} {statistics.median(seconds):6.2f} s (median of {args.rounds})")
+            print(
+                f"  from {where:<22} {statistics.median(seconds):6.2f} s (median of {args.rounds})"
+            )
 
         print(f"\nreading: blocks per second over the first {args.blocks:,} blocks")
         one = DataConfig(**{**cfg.__dict__, "stream_shards": 1})
