@@ -166,6 +166,37 @@ def qa_run(trained_run, tmp_path_factory):
     return out, proc
 
 
+def test_the_kept_epochs_threshold_is_the_one_saved(trained_run, tmp_path, monkeypatch):
+    """``keep_best`` keeping the first of two epochs of a QA run (its F1 scripted higher, each
+    epoch's tuned threshold set apart): the saved config's null threshold is the first epoch's,
+    the one its predictions and figures were chosen with."""
+    from mlmkit.finetune import loop
+
+    real, scripted = loop.evaluate, iter([(90.0, 1.5), (10.0, 7.5)])
+
+    def evaluate(run):
+        figures, predictions = real(run)
+        figures["f1"], run.task.threshold = next(scripted)
+        figures["null_threshold"] = run.task.threshold
+        return figures, predictions
+
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    folder = tmp_path / "qa"
+    folder.mkdir()
+    (folder / "train.json").write_text(json.dumps(capitals(6, 0)))
+    (folder / "dev.json").write_text(json.dumps(capitals(2, 1)))
+    run_finetune(
+        f"checkpoint={trained_run}", "task=qa", f"task.data_dir={folder}",
+        "task.train_file=train.json", "task.eval_file=dev.json", "task.tune_null_threshold=true",
+        "epochs=2", "batch_size=8", "max_seq_length=48", "task.doc_stride=16", "precision=no",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    result = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert (result["epoch"], result["epochs"], result["eval_null_threshold"]) == (1, 2, 1.5)
+    config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert config["mlmkit_task"]["null_threshold"] == 1.5
+
+
 def test_qa_fine_tunes_and_scores_as_the_squad_script(qa_run):
     out, proc = qa_run
     result = json.loads((out / "results.json").read_text())

@@ -197,6 +197,7 @@ def fit(
         return step, {**last, "epochs": epoch}, predictions
     score, kept, predictions, weights = best
     unwrap(run.accelerator, run.model).load_state_dict(weights)
+    run.task.keep({k.removeprefix("eval_"): v for k, v in kept.items() if k.startswith("eval_")})
     log.info(
         "Kept epoch %d of %d, the best %s (%.4f; the last epoch's: %.4f); keep_best=false keeps "
         "the last",

@@ -142,6 +142,11 @@ class SpanTask(Task):
         figures = squad_scores(self.eval, [""] * len(self.eval))
         return {"baseline": '"no answer" to every question', **figures}
 
+    def keep(self, figures: dict[str, Any]) -> None:
+        """Take back the kept epoch's threshold: its predictions were chosen with it."""
+        if "null_threshold" in figures:
+            self.threshold = figures["null_threshold"]
+
     def finish(self, model) -> None:
         """Record the threshold the predictions used in the saved config (``mlmkit predict``)."""
         model.config.mlmkit_task = {**model.config.mlmkit_task, "null_threshold": self.threshold}

@@ -102,6 +102,10 @@ class Task:
         """Fields of results.json beyond the loop's (the label set)."""
         return {}
 
+    def keep(self, figures: dict[str, Any]) -> None:
+        """Go back to what the evaluation settled at the epoch kept (``keep_best``), given its
+        figures (nothing by default)."""
+
     def finish(self, model) -> None:
         """Record in the model's config what the evaluation settled (nothing by default)."""
 
