@@ -32,6 +32,7 @@ LONGEST_FILES = [
     "tests/e2e/test_examples.py",
     "tests/slurm/test_slurm_jobs.py",
     "tests/e2e/test_distributed.py",
+    "tests/e2e/test_elastic.py",
     "tests/e2e/test_reliability.py",
     "tests/e2e/test_gpu_check.py",
     "tests/data/test_installs.py",
