@@ -140,6 +140,9 @@ def test_the_modern_protocol_starts_rte_from_mnli_and_scores_mnli_on_both_dev_se
         "seeds=[0,1]",
         "epochs=1",
         "max_train_samples=8",
+        # fp32: the mismatched figure is scored by mlmkit predict in fp32, and a model trained on
+        # 8 examples has near ties that bf16's evaluation may break the other way
+        "precision=no",
         f"hydra.run.dir={tmp_path / 'glue'}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
