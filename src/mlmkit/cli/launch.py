@@ -19,8 +19,14 @@ on to every rank, which saves a checkpoint and exits with status 75; accelerate'
 launcher ignores SIGUSR1 and SIGUSR2, which would end it (SLURM signals every process of a
 job step).
 
+With ``--nnodes MIN:MAX`` (torchrun's elastic options) the launcher is torchrun's elastic agent
+instead, ``torchrun ... -m mlmkit <command>``, which restarts the ranks when a node is lost or
+joins; each restart's ranks report in a folder of their own and the launcher reads the last.
+
     mlmkit launch --multi_gpu --num_processes 8 train model=bert-base
     mlmkit launch --config_file ddp.yaml train model=bert-base train.max_time=24h
+    mlmkit launch --nnodes 1:4 --nproc_per_node 8 --rdzv_endpoint node0:29400 train \
+        model=bert-base train.resume=auto hydra.run.dir=/shared/runs/base
 """
 
 from __future__ import annotations
