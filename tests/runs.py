@@ -352,6 +352,25 @@ def run_launch(cmd: list[str], timeout: int, check: bool = True) -> subprocess.C
     return proc
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
 def ended_or_killed(
     cmd: list[str], timeout: float, what: str, cwd: Path, env: dict
 ) -> subprocess.CompletedProcess:

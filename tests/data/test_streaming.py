@@ -27,6 +27,13 @@ def _unique_lines(tmp_path, n: int, name: str = "lines.txt"):
     return path
 
 
+def _lines(path, **settings) -> DataConfig:
+    """A stream of ``path`` with a document per line, and ``settings``."""
+    return DataConfig(
+        source="files", train_files=[str(path)], txt_sample_by="line", streaming=True, **settings
+    )
+
+
 def _rows(batch) -> list[tuple[int, ...]]:
     ids, mask = batch["input_ids"], batch.get("attention_mask")
     out = []
@@ -130,11 +137,8 @@ def test_resume_on_other_readers_reads_what_an_uninterrupted_run_reads(
     sets need every shard to have advanced alike at the cut: a global batch that each reader's
     shards divide, and as many batches from each worker (an even cut)."""
     path = _unique_lines(tmp_path, 2000)
-    cfg = DataConfig(
-        source="files",
-        train_files=[str(path)],
-        txt_sample_by="line",
-        streaming=True,
+    cfg = _lines(
+        path,
         shuffle_buffer=8,
         max_seq_length=64,
         packing="line_by_line",
@@ -152,14 +156,7 @@ def test_resume_on_other_readers_reads_what_an_uninterrupted_run_reads(
 
 def test_resume_on_more_readers_than_shards_is_one_sentence(tmp_path, tokenizer):
     path = _unique_lines(tmp_path, 200)
-    cfg = DataConfig(
-        source="files",
-        train_files=[str(path)],
-        txt_sample_by="line",
-        streaming=True,
-        shuffle_buffer=8,
-        stream_shards=2,
-    )
+    cfg = _lines(path, shuffle_buffer=8, stream_shards=2)
     _, states = _ranks(cfg, tokenizer, 2, 0, n=2)
     with pytest.raises(ConfigError, match="fewer than the 3 readers.*data.stream_shards"):
         _ranks(cfg, tokenizer, 3, 0, n=1, states=states)
@@ -198,15 +195,7 @@ def test_a_position_written_before_stream_shards_continues_exactly(tokenizer):
 
 def test_shards_by_rank_and_worker_cover_an_epoch_without_overlap(tmp_path, tokenizer):
     path = _unique_lines(tmp_path, 203)
-    cfg = DataConfig(
-        source="files",
-        train_files=[str(path)],
-        txt_sample_by="line",
-        streaming=True,
-        shuffle_buffer=1,
-        max_seq_length=64,
-        packing="line_by_line",
-    )
+    cfg = _lines(path, shuffle_buffer=1, max_seq_length=64, packing="line_by_line")
     # one reader of the whole stream: one row per line, in order
     it = streaming.ShardBlocks(cfg, tokenizer, 0, 1, seed=0).blocks()
     everything = [tuple(next(it)) for _ in range(203)]
@@ -220,35 +209,18 @@ def test_shards_by_rank_and_worker_cover_an_epoch_without_overlap(tmp_path, toke
     assert sorted(sum(per_shard, [])) == sorted(everything)
 
     # through real dataloader workers, shuffled: 2 ranks x 2 workers never share a row
-    cfg = DataConfig(
-        source="files",
-        train_files=[str(path)],
-        txt_sample_by="line",
-        streaming=True,
-        shuffle_buffer=16,
-        max_seq_length=64,
-        packing="line_by_line",
-    )
+    cfg = _lines(path, shuffle_buffer=16, max_seq_length=64, packing="line_by_line")
     seen: list[tuple] = []
     for rank in range(2):
         _, batches = _batches(cfg, tokenizer, 2, rank=rank, world=2, n=6, batch_size=4)
-        for b in batches:
-            original = b["labels"].where(b["labels"] != -100, b["input_ids"])
-            seen.extend(_rows({"input_ids": original, "attention_mask": b["attention_mask"]}))
+        seen.extend(_rows_of(batches))
     assert len(seen) == 48 and len(set(seen)) == 48
     assert set(seen) <= set(everything)
 
 
 def test_concatenate_stream_loses_no_text_between_tokenizing_batches(tmp_path, tokenizer):
     path = _unique_lines(tmp_path, 100)
-    cfg = DataConfig(
-        source="files",
-        train_files=[str(path)],
-        txt_sample_by="line",
-        streaming=True,
-        shuffle_buffer=1,
-        max_seq_length=16,
-    )
+    cfg = _lines(path, shuffle_buffer=1, max_seq_length=16)
     reader = streaming.ShardBlocks(cfg, tokenizer, 0, 1, seed=0)
     it = reader.blocks()
     blocks = [next(it) for _ in range(40)]
@@ -295,15 +267,7 @@ def test_weighted_mix_of_sources_interleaves_by_weight(tmp_path, tokenizer):
 
 def test_held_out_validation_documents_are_not_trained_on(tmp_path, tokenizer):
     path = _unique_lines(tmp_path, 300)
-    cfg = DataConfig(
-        source="files",
-        train_files=[str(path)],
-        txt_sample_by="line",
-        streaming=True,
-        packing="line_by_line",
-        stream_validation_docs=40,
-        shuffle_buffer=8,
-    )
+    cfg = _lines(path, packing="line_by_line", stream_validation_docs=40, shuffle_buffer=8)
     train, val, baseline = streaming.setup_streaming(cfg, tokenizer, 4, 0, 1, 0, 0)
     val_rows = {tuple(r) for r in val["input_ids"]}
     assert len(val_rows) == 40
@@ -357,9 +321,7 @@ def test_parquet_and_csv_streams_in_workers_lose_nothing_and_resume(tmp_path, to
     )
     stream, batches = _batches(cfg, tokenizer, 2, n=30, batch_size=4)  # 120 rows: one epoch
     seen = []
-    for b in batches:
-        original = b["labels"].where(b["labels"] != -100, b["input_ids"])
-        seen.extend(_rows({"input_ids": original, "attention_mask": b["attention_mask"]}))
+    seen.extend(_rows_of(batches))
     expected = {
         tuple([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id])
         for ids in streaming.encode(tokenizer, rows)
@@ -401,9 +363,7 @@ def test_a_hub_stream_with_enough_files_is_split_by_files(tmp_path, tokenizer):
     seen = []
     for rank in range(2):
         _, batches = _batches(cfg, tokenizer, 2, rank=rank, world=2, n=20, batch_size=4)
-        for b in batches:
-            original = b["labels"].where(b["labels"] != -100, b["input_ids"])
-            seen.extend(_rows({"input_ids": original, "attention_mask": b["attention_mask"]}))
+        seen.extend(_rows_of(batches))
     assert len(seen) == 160 and set(seen) == expected
     first, _ = _batches(cfg, tokenizer, 2, rank=1, world=2, n=7, batch_size=4)
     _, tail = _batches(

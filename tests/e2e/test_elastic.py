@@ -14,28 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import ROOT, TEST_ENV, TINY, events, free_port
+from runs import ROOT, TEST_ENV, TINY, events, free_port, process_tree
 
 pytestmark = pytest.mark.slow
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (the agent, its ranks and theirs)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo += children.get(p, [])
-    return found
 
 
 def wait_for(what: str, check, timeout: float = 120) -> None:
@@ -82,7 +63,7 @@ def test_a_node_that_joins_and_a_node_that_is_lost_each_restart_the_run_from_its
             log.read_text()))  # fmt: skip
         steps = train_steps(run)
         wait_for("a checkpoint of the two nodes", lambda: len(train_steps(run)) > len(steps) + 2)
-        for pid in descendants(second.pid):  # the second node is lost: its agent and its rank
+        for pid in process_tree(second.pid):  # the second node is lost: its agent and its rank
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -92,7 +73,7 @@ def test_a_node_that_joins_and_a_node_that_is_lost_each_restart_the_run_from_its
     finally:
         for proc in (first,):
             if proc.poll() is None:
-                for pid in descendants(proc.pid):
+                for pid in process_tree(proc.pid):
                     os.kill(pid, signal.SIGKILL)
     text = log.read_text()
     assert started(1) == 2 and started(2) == 1, text  # 1, then 2, then 1 process(es)
@@ -133,7 +114,7 @@ def test_a_schedulers_warning_stops_an_elastic_launch_without_a_restart(tmp_path
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            for pid in descendants(proc.pid):
+            for pid in process_tree(proc.pid):
                 os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 75, out[-3000:]
     (checkpoint,) = (run / "checkpoints").glob("step_*")

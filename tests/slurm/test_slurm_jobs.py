@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from runs import TINY as BASE_TINY
+from runs import process_tree
 
 from .slurm_cluster import cluster
 
@@ -276,28 +277,6 @@ def test_a_job_requeued_onto_fewer_nodes_goes_on_from_its_checkpoint(slurm, tmp_
     assert (run / "final" / "model.safetensors").is_file()
 
 
-def _proc_children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    return children
-
-
-def _tree(pid: int) -> list[int]:
-    children, found, todo = _proc_children(), [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo += children.get(p, [])
-    return found
-
-
 def _node_launchers(job: str) -> dict[str, int]:
     """SLURM_NODEID -> the pid of that node's ``mlmkit launch`` in the job."""
     found = {}
@@ -362,8 +341,8 @@ def test_an_elastic_job_goes_on_without_a_node_it_loses(slurm, tmp_path, cache_d
     host = _listener(int(env["MAIN_PORT"]))
     # the node that does not hold the rendezvous store is lost (torch's agents cannot outlive
     # the node that holds it)
-    lost = next(n for n, pid in launchers.items() if host not in _tree(pid))
-    for pid in _tree(launchers[lost]):
+    lost = next(n for n, pid in launchers.items() if host not in process_tree(pid))
+    for pid in process_tree(launchers[lost]):
         try:
             os.kill(pid, 9)
         except OSError:

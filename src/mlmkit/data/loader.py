@@ -2,9 +2,11 @@
 in the data as ``state_dict()`` / ``load_state_dict()`` for an exact resume.
 
 Map mode (``BatchStream``, over a packed dataset) and streaming
-(``mlmkit.data.streaming.StreamingBatches``) have the same interface: ``next()``,
-``epoch``, ``state_dict()`` and ``load_state_dict(state, world, saved_world)``;
-``training_stream`` builds the one the config asks for.
+(``mlmkit.data.streaming.StreamingBatches``) both give ``next()``, ``epoch`` and
+``state_dict()``; a resume restores map mode's position with ``load_state_dict(state, world,
+saved_world)`` and streaming's with ``load_ranks`` (the positions of all the checkpoint's ranks,
+dealt out again on another number of processes); ``training_stream`` builds the one the config
+asks for.
 """
 
 from __future__ import annotations
